@@ -1,0 +1,61 @@
+#include "adam.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../common/parallel.h"
+#include "../isa/dispatch.h"
+
+namespace zc {
+
+namespace {
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument(what);
+}
+}  // namespace
+
+AdamScalars adam_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
+                         int64_t step, bool adamw, double grad_scale) {
+  // Written as !(x >= 0) so NaN fails too.
+  require(std::isfinite(lr) && lr >= 0.0, "lr must be a finite number >= 0, got " + std::to_string(lr));
+  require(beta1 >= 0.0 && beta1 < 1.0, "betas[0] must be in [0, 1), got " + std::to_string(beta1));
+  require(beta2 >= 0.0 && beta2 < 1.0, "betas[1] must be in [0, 1), got " + std::to_string(beta2));
+  require(std::isfinite(eps) && eps >= 0.0, "eps must be a finite number >= 0, got " + std::to_string(eps));
+  require(std::isfinite(weight_decay) && weight_decay >= 0.0,
+          "weight_decay must be a finite number >= 0, got " + std::to_string(weight_decay));
+  require(step >= 1, "step must be >= 1 (the count after this update), got " + std::to_string(step));
+  require(std::isfinite(grad_scale), "grad_scale must be finite, got " + std::to_string(grad_scale));
+  const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  AdamScalars s;
+  s.beta1 = static_cast<float>(beta1);
+  s.beta2 = static_cast<float>(beta2);
+  s.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  s.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  s.eps = static_cast<float>(eps);
+  s.neg_step_size = static_cast<float>(-(lr / bc1));
+  s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  s.decay = adamw ? static_cast<float>(1.0 - lr * weight_decay) : 1.0f;
+  s.l2_wd = adamw ? 0.0f : static_cast<float>(weight_decay);
+  s.grad_scale = static_cast<float>(grad_scale);
+  return s;
+}
+
+void adam_step_multi(const AdamTensor* tensors, int64_t n, int num_threads) {
+  struct Span { int64_t t, begin, end; };
+  std::vector<Span> spans;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t b = 0; b < tensors[t].numel; b += kChunkElems)
+      spans.push_back({t, b, std::min(tensors[t].numel, b + kChunkElems)});
+  const KernelTable& k = active_kernels();
+  const int64_t count = static_cast<int64_t>(spans.size());
+  const int threads = threads_for(count, num_threads);
+  // Static schedule: each thread walks one contiguous run of chunks, which keeps the
+  // hardware prefetchers on long sequential streams.
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int64_t i = 0; i < count; ++i) k.adam(tensors[spans[i].t], spans[i].begin, spans[i].end);
+}
+
+}  // namespace zc

@@ -1,0 +1,168 @@
+// The one file that sees torch: turns tensors into raw pointers and sizes, checks them, and
+// calls the kernels. Checks raise ValueError / TypeError naming the argument; kernels that
+// reject input throw std::invalid_argument, which pybind11 turns into ValueError.
+#include <torch/extension.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "adam/adam.h"
+#include "bench/stream.h"
+#include "cast/cast.h"
+#include "flatten/flatten.h"
+#include "isa/dispatch.h"
+#include "norm/norm.h"
+
+namespace {
+
+zc::DType to_zc(const at::Tensor& t, const std::string& op, const std::string& arg) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return zc::DType::F32;
+    case at::kBFloat16: return zc::DType::BF16;
+    case at::kHalf: return zc::DType::F16;
+    default:
+      TORCH_CHECK_TYPE(false, op, ": '", arg, "' has dtype ", t.scalar_type(),
+                       "; expected float32, bfloat16 or float16");
+  }
+  return zc::DType::F32;
+}
+
+void check_cpu_contiguous(const at::Tensor& t, const std::string& op, const std::string& arg) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": '", arg, "' is on ", t.device(),
+                    "; this build has CPU kernels only (CUDA kernels are not built into it)");
+  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": '", arg, "' must be contiguous (call .contiguous())");
+}
+
+void check_f32(const at::Tensor& t, int64_t numel, const std::string& op, const std::string& arg) {
+  check_cpu_contiguous(t, op, arg);
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": '", arg, "' must be float32, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.numel() == numel, op, ": '", arg, "' has ", t.numel(), " elements but 'param' has ", numel);
+}
+
+zc::AdamTensor make_adam_tensor(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m,
+                                const at::Tensor& v, const std::optional<at::Tensor>& out,
+                                const zc::AdamScalars& s, const std::string& op, const std::string& sfx) {
+  check_f32(p, p.numel(), op, "param" + sfx);
+  check_cpu_contiguous(g, op, "grad" + sfx);
+  const zc::DType gdt = to_zc(g, op, "grad" + sfx);
+  TORCH_CHECK_VALUE(g.numel() == p.numel(), op, ": 'grad", sfx, "' has ", g.numel(),
+                    " elements but 'param", sfx, "' has ", p.numel());
+  check_f32(m, p.numel(), op, "exp_avg" + sfx);
+  check_f32(v, p.numel(), op, "exp_avg_sq" + sfx);
+  zc::AdamTensor t{p.data_ptr<float>(), g.data_ptr(), m.data_ptr<float>(), v.data_ptr<float>(),
+                   nullptr, p.numel(), gdt, zc::DType::F32, s};
+  if (out.has_value()) {
+    const at::Tensor& o = *out;
+    check_cpu_contiguous(o, op, "param_out" + sfx);
+    const zc::DType odt = to_zc(o, op, "param_out" + sfx);
+    TORCH_CHECK_TYPE(odt != zc::DType::F32, op, ": 'param_out", sfx, "' must be bfloat16 or float16, got float32");
+    TORCH_CHECK_VALUE(o.numel() == p.numel(), op, ": 'param_out", sfx, "' has ", o.numel(),
+                      " elements but 'param", sfx, "' has ", p.numel());
+    t.param_out = o.data_ptr();
+    t.out_dtype = odt;
+  }
+  return t;
+}
+
+void adam_step(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+               const at::Tensor& exp_avg_sq, const std::optional<at::Tensor>& param_out, double lr,
+               double beta1, double beta2, double eps, double weight_decay, int64_t step, bool adamw,
+               double grad_scale) {
+  const zc::AdamScalars s = zc::adam_scalars(lr, beta1, beta2, eps, weight_decay, step, adamw, grad_scale);
+  const zc::AdamTensor t = make_adam_tensor(param, grad, exp_avg, exp_avg_sq, param_out, s, "adam_step", "");
+  zc::adam_step_multi(&t, 1, at::get_num_threads());
+}
+
+// One native call for a whole parameter group: per-tensor step counts (torch keeps one per
+// parameter), shared hyper-parameters.
+void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                     const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                     const std::vector<int64_t>& steps, double lr, double beta1, double beta2, double eps,
+                     double weight_decay, bool adamw, double grad_scale) {
+  const size_t n = params.size();
+  TORCH_CHECK_VALUE(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n && steps.size() == n,
+                    "adam_step_multi: params, grads, exp_avgs, exp_avg_sqs and steps must have the same length");
+  std::vector<zc::AdamTensor> ts;
+  ts.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const zc::AdamScalars s = zc::adam_scalars(lr, beta1, beta2, eps, weight_decay, steps[i], adamw, grad_scale);
+    ts.push_back(make_adam_tensor(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], std::nullopt, s,
+                                  "adam_step_multi", "[" + std::to_string(i) + "]"));
+  }
+  zc::adam_step_multi(ts.data(), static_cast<int64_t>(n), at::get_num_threads());
+}
+
+std::vector<zc::Segment> segments(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& offsets,
+                                  const at::Tensor& flat, const std::string& op) {
+  TORCH_CHECK_VALUE(tensors.size() == offsets.size(), op, ": got ", tensors.size(), " tensors but ",
+                    offsets.size(), " offsets");
+  check_cpu_contiguous(flat, op, "flat");
+  const int64_t esize = flat.element_size();
+  std::vector<zc::Segment> segs;
+  segs.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string arg = "tensors[" + std::to_string(i) + "]";
+    check_cpu_contiguous(tensors[i], op, arg);
+    TORCH_CHECK_TYPE(tensors[i].scalar_type() == flat.scalar_type(), op, ": '", arg, "' has dtype ",
+                     tensors[i].scalar_type(), " but 'flat' has ", flat.scalar_type());
+    TORCH_CHECK_VALUE(offsets[i] >= 0 && offsets[i] + tensors[i].numel() <= flat.numel(), op, ": '", arg,
+                      "' with ", tensors[i].numel(), " elements at offset ", offsets[i],
+                      " does not fit in 'flat' of ", flat.numel(), " elements");
+    segs.push_back({tensors[i].data_ptr(), offsets[i] * esize, tensors[i].numel() * esize});
+  }
+  return segs;
+}
+
+void pack(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& offsets, at::Tensor& flat) {
+  const auto segs = segments(tensors, offsets, flat, "pack");
+  zc::pack(segs.data(), static_cast<int64_t>(segs.size()), flat.data_ptr(), flat.numel() * flat.element_size(),
+           at::get_num_threads());
+}
+
+void unpack(const at::Tensor& flat, const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& offsets) {
+  const auto segs = segments(tensors, offsets, flat, "unpack");
+  zc::unpack(flat.data_ptr(), flat.numel() * flat.element_size(), segs.data(), static_cast<int64_t>(segs.size()),
+             at::get_num_threads());
+}
+
+void cast(const at::Tensor& src, at::Tensor& dst) {
+  check_cpu_contiguous(src, "cast", "src");
+  check_cpu_contiguous(dst, "cast", "dst");
+  const zc::DType s = to_zc(src, "cast", "src"), d = to_zc(dst, "cast", "dst");
+  TORCH_CHECK_VALUE(src.numel() == dst.numel(), "cast: 'dst' has ", dst.numel(), " elements but 'src' has ",
+                    src.numel());
+  zc::cast(src.data_ptr(), s, dst.data_ptr(), d, src.numel(), at::get_num_threads());
+}
+
+std::tuple<double, bool> sum_squares(const at::Tensor& t) {
+  check_cpu_contiguous(t, "sum_squares", "tensor");
+  const zc::SumSquares r = zc::sum_squares(t.data_ptr(), to_zc(t, "sum_squares", "tensor"), t.numel(),
+                                           at::get_num_threads());
+  return {r.sum_sq, r.nonfinite};
+}
+
+void stream_rw4(at::Tensor& a, const at::Tensor& b, at::Tensor& c, at::Tensor& d, double s) {
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&a, &b, &c, &d}) check_f32(*t, a.numel(), "stream_rw4", "array");
+  zc::stream_rw4(a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>(), d.data_ptr<float>(),
+                 static_cast<float>(s), a.numel(), at::get_num_threads());
+}
+
+std::string active_isa() { return zc::active_kernels().isa; }
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "zerocore native kernels (CPU)";
+  m.def("adam_step", &adam_step, "Adam/AdamW step on one flat fp32 shard");
+  m.def("adam_step_multi", &adam_step_multi, "Adam/AdamW step on many tensors in one call");
+  m.def("pack", &pack, "pack tensors into a flat buffer (gaps zeroed)");
+  m.def("unpack", &unpack, "unpack a flat buffer into tensors");
+  m.def("cast", &cast, "dtype conversion, round-to-nearest-even");
+  m.def("sum_squares", &sum_squares, "sum of squares (double) and any-Inf/NaN flag");
+  m.def("stream_rw4", &stream_rw4, "memory roofline probe: read 4 arrays, write 3");
+  m.def("supported_isas", &zc::supported_isas);
+  m.def("set_isa", &zc::set_isa);
+  m.def("active_isa", &active_isa);
+  m.attr("WITH_CUDA") = false;
+}

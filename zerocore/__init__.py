@@ -1,0 +1,10 @@
+"""zerocore: ZeRO sharded data parallelism for PyTorch, with native kernels.
+
+The kernels are available now as ``zerocore.ops`` (fused Adam, packing, casts, norms).
+"""
+__version__ = "0.1.0"
+
+from . import ops  # noqa: E402
+from .ops import FusedAdam  # noqa: E402
+
+__all__ = ["ops", "FusedAdam", "__version__"]

@@ -1,0 +1,137 @@
+"""Finds the native extension: the prebuilt ``zerocore._C`` if it imports, else a JIT build of
+the same sources (``build_spec``) with torch.utils.cpp_extension and ninja, announced once.
+
+A failed build raises :class:`NativeBuildError` naming the op that needed it, the compiler
+step that failed and what to install, instead of surfacing later as an AttributeError.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import threading
+
+from . import build_spec
+
+log = logging.getLogger("zerocore.ops")
+
+_lock = threading.Lock()
+_module = None
+_how: str | None = None  # "prebuilt" | "jit"
+_error: Exception | None = None
+_prebuilt_error: str | None = None
+
+
+class NativeBuildError(RuntimeError):
+    """The native extension could not be imported or built."""
+
+
+def _jit_dir() -> str:
+    import torch
+
+    base = os.environ.get("ZEROCORE_JIT_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "zerocore", "jit"
+    )
+    return os.path.join(base, "torch-" + torch.__version__.replace("+", "_"))
+
+
+def _explain_build_failure(op: str, exc: BaseException) -> NativeBuildError:
+    text = str(exc)
+    failed = re.findall(r"FAILED: (\S+)", text)
+    errors = [ln.strip() for ln in text.splitlines() if "error:" in ln or "fatal error" in ln]
+    step = "compiling " + failed[0] if failed else ("linking" if "collect2" in text or "ld:" in text else "building")
+    if "Ninja is required" in text or shutil.which("ninja") is None:
+        hint = "install ninja (`pip install ninja`)"
+    elif "Python.h" in text:
+        hint = "install the Python development headers (Debian: `apt-get install python3-dev`)"
+    elif "command not found" in text or "No such file or directory" in text and ("c++" in text or "g++" in text):
+        hint = "install a C++17 compiler (Debian: `apt-get install g++`)"
+    else:
+        hint = "install g++ (C++17, OpenMP) and ninja, or install a prebuilt zerocore wheel"
+    first = errors[0] if errors else text.strip().splitlines()[-1] if text.strip() else repr(exc)
+    return NativeBuildError(
+        f"zerocore op '{op}' needs the native extension, which is not prebuilt here "
+        f"({_prebuilt_error}) and failed to JIT-build: {step} failed: {first}. "
+        f"To fix: {hint}; then retry, or reinstall with `pip install --no-build-isolation .`."
+    )
+
+
+def _jit_build(op: str):
+    from torch.utils import cpp_extension
+
+    srcs = build_spec.sources()
+    missing = [s for s in srcs if not os.path.exists(s)]
+    if missing:
+        raise NativeBuildError(
+            f"zerocore op '{op}' needs the native extension: no prebuilt one is importable "
+            f"({_prebuilt_error}) and its sources are not here to JIT-build ({missing[0]} is "
+            "missing). Reinstall with `pip install --no-build-isolation .`."
+        )
+    build_dir = _jit_dir()
+    os.makedirs(build_dir, exist_ok=True)
+    log.warning(
+        "zerocore: no prebuilt native extension (%s); JIT-building it with ninja in %s "
+        "(about a minute the first time, cached afterwards)", _prebuilt_error, build_dir,
+    )
+    try:
+        return cpp_extension.load(
+            name="zerocore_C_jit",
+            sources=srcs,
+            extra_include_paths=build_spec.include_dirs(),
+            extra_cflags=build_spec.CXX_FLAGS,
+            extra_ldflags=build_spec.LINK_FLAGS,
+            build_directory=build_dir,
+            verbose=False,
+        )
+    except Exception as exc:  # the compiler's output is in the message
+        raise _explain_build_failure(op, exc) from exc
+
+
+def load(op: str = "native"):
+    """The extension module, built on first use if need be. ``op`` names the caller for
+    error messages. A failure is remembered and re-raised: no retry storm per call."""
+    global _module, _how, _error, _prebuilt_error
+    if _module is not None:
+        return _module
+    with _lock:
+        if _module is not None:
+            return _module
+        if _error is not None:
+            raise _error
+        try:
+            if os.environ.get("ZEROCORE_FORCE_JIT"):
+                raise ImportError("ZEROCORE_FORCE_JIT is set")
+            from zerocore import _C as mod  # type: ignore[attr-defined]
+
+            _how = "prebuilt"
+        except ImportError as exc:
+            _prebuilt_error = f"prebuilt zerocore._C not importable: {exc}"
+            try:
+                mod = _jit_build(op)
+                _how = "jit"
+            except NativeBuildError as err:
+                _error = err
+                raise
+        try:
+            _apply_isa_env(mod)
+        except ValueError as err:
+            _error = err
+            raise
+        _module = mod
+        return mod
+
+
+def _apply_isa_env(mod) -> None:
+    want = os.environ.get("ZEROCORE_CPU_ISA")
+    if want:
+        try:
+            mod.set_isa(want.strip().lower())
+        except ValueError as exc:
+            raise ValueError(f"ZEROCORE_CPU_ISA={want!r}: {exc}") from None
+
+
+def status() -> dict:
+    """How the extension was obtained, without triggering a build."""
+    return {"loaded": _module is not None, "how": _how, "error": str(_error) if _error else None,
+            "prebuilt_error": _prebuilt_error}

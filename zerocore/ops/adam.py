@@ -1,0 +1,37 @@
+"""The functional Adam/AdamW step on one flat fp32 shard: the op the engine calls."""
+from __future__ import annotations
+
+import torch
+
+from . import _loader
+from ._checks import FLOAT16S, GRAD_DTYPES, check_betas, check_number, check_tensor
+
+
+def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
+              lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0, step: int,
+              adamw_mode: bool = True, grad_scale: float = 1.0, param_out: torch.Tensor | None = None) -> None:
+    """One Adam (``adamw_mode=False``: L2 decay added to the gradient) or AdamW (decoupled
+    decay) update, in one pass over memory.
+
+    ``param``, ``exp_avg``, ``exp_avg_sq``: fp32, updated in place. ``grad``: fp32, bf16 or
+    fp16, multiplied by ``grad_scale`` as it is read (fold loss-scale unscaling and the clip
+    coefficient in here). ``step``: the step count *including* this update (1 on the first).
+    ``param_out``: optional bf16/fp16 tensor of the same size that receives the updated
+    parameter in the same pass.
+    """
+    check_tensor("param", param, (torch.float32,))
+    n = param.numel()
+    check_tensor("grad", grad, GRAD_DTYPES, n)
+    check_tensor("exp_avg", exp_avg, (torch.float32,), n)
+    check_tensor("exp_avg_sq", exp_avg_sq, (torch.float32,), n)
+    if param_out is not None:
+        check_tensor("param_out", param_out, FLOAT16S, n)
+    lr = check_number("lr", lr)
+    beta1, beta2 = check_betas(betas)
+    eps = check_number("eps", eps)
+    weight_decay = check_number("weight_decay", weight_decay)
+    grad_scale = check_number("grad_scale", grad_scale, low=float("-inf"))
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"step must be an int >= 1 (the count including this update), got {step!r}")
+    _loader.load("adam").adam_step(param, grad, exp_avg, exp_avg_sq, param_out, lr, beta1, beta2, eps,
+                                   weight_decay, step, bool(adamw_mode), grad_scale)
