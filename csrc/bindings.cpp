@@ -14,6 +14,16 @@
 #include "isa/dispatch.h"
 #include "norm/norm.h"
 
+// Optional parts register their functions from their own binding files: the CUDA binding
+// needs ATen's CUDA headers, which a CPU torch does not have, and keeping aio apart keeps
+// this file small. Each is compiled only when build_spec says the part is built.
+#ifdef ZEROCORE_WITH_AIO
+void register_aio(pybind11::module_& m);
+#endif
+#ifdef ZEROCORE_WITH_CUDA
+void register_cuda(pybind11::module_& m);
+#endif
+
 namespace {
 
 zc::DType to_zc(const at::Tensor& t, const std::string& op, const std::string& arg) {
@@ -164,5 +174,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported_isas", &zc::supported_isas);
   m.def("set_isa", &zc::set_isa);
   m.def("active_isa", &active_isa);
+#ifdef ZEROCORE_WITH_AIO
+  register_aio(m);
+  m.attr("WITH_AIO") = true;
+#else
+  m.attr("WITH_AIO") = false;
+#endif
+#ifdef ZEROCORE_WITH_CUDA
+  register_cuda(m);
+  m.attr("WITH_CUDA") = true;
+#else
   m.attr("WITH_CUDA") = false;
+#endif
 }

@@ -21,6 +21,7 @@ _module = None
 _how: str | None = None  # "prebuilt" | "jit"
 _error: Exception | None = None
 _prebuilt_error: str | None = None
+_jit_unavailable: dict | None = None  # optional parts a JIT build left out, and why
 
 
 class NativeBuildError(RuntimeError):
@@ -74,14 +75,23 @@ def _jit_build(op: str):
         "zerocore: no prebuilt native extension (%s); JIT-building it with ninja in %s "
         "(about a minute the first time, cached afterwards)", _prebuilt_error, build_dir,
     )
+    import torch
+
+    cfg = build_spec.extension_config(torch_has_cuda=torch.version.cuda is not None)
+    global _jit_unavailable
+    _jit_unavailable = cfg["unavailable"]
+    macros = [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in cfg["define_macros"]]
+    libs = [f"-L{d}" for d in cfg["library_dirs"]] + [f"-l{lib}" for lib in cfg["libraries"]]
     try:
         return cpp_extension.load(
             name="zerocore_C_jit",
-            sources=srcs,
-            extra_include_paths=build_spec.include_dirs(),
-            extra_cflags=build_spec.CXX_FLAGS,
-            extra_ldflags=build_spec.LINK_FLAGS,
+            sources=cfg["sources"],
+            extra_include_paths=cfg["include_dirs"],
+            extra_cflags=cfg["extra_compile_args"] + macros,
+            extra_cuda_cflags=cfg["extra_cuda_args"] + macros,
+            extra_ldflags=cfg["extra_link_args"] + libs,
             build_directory=build_dir,
+            with_cuda=cfg["with_cuda"],
             verbose=False,
         )
     except Exception as exc:  # the compiler's output is in the message
@@ -129,6 +139,18 @@ def _apply_isa_env(mod) -> None:
             mod.set_isa(want.strip().lower())
         except ValueError as exc:
             raise ValueError(f"ZEROCORE_CPU_ISA={want!r}: {exc}") from None
+
+
+def unavailable_parts() -> dict:
+    """Optional parts (aio, cuda) left out of the loaded extension, with the reason."""
+    if _how == "jit":
+        return dict(_jit_unavailable or {})
+    try:
+        from zerocore import _build_info  # type: ignore[attr-defined]
+
+        return dict(_build_info.UNAVAILABLE)
+    except ImportError:
+        return {}
 
 
 def status() -> dict:

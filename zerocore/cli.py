@@ -1,0 +1,31 @@
+"""The `zerocore` command (also `python -m zerocore`)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="zerocore", description="ZeRO sharded data parallelism for PyTorch")
+    sub = parser.add_subparsers(dest="command", required=True)
+    env = sub.add_parser("env", help="versions, which ops are prebuilt / JIT / unavailable and why")
+    env.add_argument("--json", action="store_true", help="machine-readable output")
+    demo = sub.add_parser("demo", help="a small demo training run")
+    from . import demo as demo_mod
+
+    demo_mod.add_arguments(demo)
+    args = parser.parse_args(argv)
+    if args.command == "env":
+        from .env_report import collect, render
+
+        info = collect()
+        print(json.dumps(info, indent=2) if args.json else render(info))
+        return 0
+    if args.command == "demo":
+        return demo_mod.run(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""`zerocore env`: what this installation can do and why not, in one screen."""
+from __future__ import annotations
+
+import os
+import platform
+
+from .ops import _loader
+from .ops.build_spec import OP_SOURCES
+
+
+def collect() -> dict:
+    import torch
+
+    info: dict = {
+        "zerocore": __import__("zerocore").__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "openmp_threads": torch.get_num_threads(),
+        "ZEROCORE_CPU_ISA": os.environ.get("ZEROCORE_CPU_ISA"),
+    }
+    ops: dict = {}
+    try:
+        lib = _loader.load("env")
+        how = _loader.status()["how"]
+        info["extension"] = how
+        if how == "jit":
+            info["prebuilt_missing_because"] = _loader.status()["prebuilt_error"]
+        info["cpu_isa_active"] = lib.active_isa()
+        info["cpu_isas_supported"] = list(lib.supported_isas())
+        for op in OP_SOURCES:
+            ops[op] = how
+        unavailable = _loader.unavailable_parts()
+        ops["aio"] = how if getattr(lib, "WITH_AIO", False) else "unavailable: " + unavailable.get("aio", "not built")
+        ops["cuda"] = how if getattr(lib, "WITH_CUDA", False) else "unavailable: " + unavailable.get("cuda", "not built")
+    except Exception as exc:  # report, never crash: env is what people run when things break
+        info["extension"] = f"unavailable: {exc}"
+        for op in list(OP_SOURCES) + ["aio", "cuda"]:
+            ops[op] = "unavailable (see extension)"
+    info["ops"] = ops
+    info["libaio_headers"] = os.path.exists("/usr/include/libaio.h")
+    return info
+
+
+def render(info: dict) -> str:
+    lines = ["zerocore environment", "-" * 60]
+    for key, value in info.items():
+        if key == "ops":
+            continue
+        lines.append(f"{key:<26} {value}")
+    lines.append("ops:")
+    for op, how in info["ops"].items():
+        lines.append(f"  {op:<24} {how}")
+    return "\n".join(lines)
