@@ -60,38 +60,47 @@ class FusedAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         lib = _loader.load("adam")
+        # Check everything before touching any state, so a bad group or parameter leaves the
+        # optimizer and the model exactly as they were.
+        work = []
         for gi, group in enumerate(self.param_groups):
             _validate_group(group, where=f"param_groups[{gi}]")
-            params, grads, exp_avgs, exp_avg_sqs, steps, writeback = [], [], [], [], [], []
+            with_grad = [p for p in group["params"] if p.grad is not None]
             for pi, p in enumerate(group["params"]):
-                if p.grad is None:
-                    continue
-                _check_param(p, gi, pi)
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                state["step"] += 1
-                steps.append(int(state["step"].item()))
-                exp_avgs.append(state["exp_avg"])
-                exp_avg_sqs.append(state["exp_avg_sq"])
-                grads.append(p.grad if p.grad.is_contiguous() else p.grad.contiguous())
-                if p.is_contiguous():
-                    params.append(p)
-                else:  # the kernel walks flat memory: step a contiguous copy, then copy back
-                    flat = p.contiguous()
-                    params.append(flat)
-                    writeback.append((p, flat))
-            if not params:
-                continue
-            beta1, beta2 = group["betas"]
-            lib.adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, steps, float(group["lr"]), float(beta1),
-                                float(beta2), float(group["eps"]), float(group["weight_decay"]),
-                                bool(group["decoupled_weight_decay"]), 1.0)
-            for p, flat in writeback:
-                p.copy_(flat)
+                if p.grad is not None:
+                    _check_param(p, gi, pi)
+            work.append((group, with_grad))
+        for group, with_grad in work:
+            if with_grad:
+                self._step_group(lib, group, with_grad)
         return loss
+
+
+    def _step_group(self, lib, group: dict, with_grad: list) -> None:
+        params, grads, exp_avgs, exp_avg_sqs, steps, writeback = [], [], [], [], [], []
+        for p in with_grad:
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            state["step"] += 1
+            steps.append(int(state["step"].item()))
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+            grads.append(p.grad if p.grad.is_contiguous() else p.grad.contiguous())
+            if p.is_contiguous():
+                params.append(p)
+            else:  # the kernel walks flat memory: step a contiguous copy, then copy back
+                flat = p.contiguous()
+                params.append(flat)
+                writeback.append((p, flat))
+        beta1, beta2 = group["betas"]
+        lib.adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, steps, float(group["lr"]), float(beta1),
+                            float(beta2), float(group["eps"]), float(group["weight_decay"]),
+                            bool(group["decoupled_weight_decay"]), 1.0)
+        for p, flat in writeback:
+            p.copy_(flat)
 
 
 def _validate_group(group: dict, where: str) -> None:
