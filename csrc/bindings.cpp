@@ -88,16 +88,20 @@ void adam_step(const at::Tensor& param, const at::Tensor& grad, const at::Tensor
 // parameter), shared hyper-parameters.
 void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                      const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
-                     const std::vector<int64_t>& steps, double lr, double beta1, double beta2, double eps,
+                     const std::optional<std::vector<at::Tensor>>& param_outs, const std::vector<int64_t>& steps, double lr, double beta1, double beta2, double eps,
                      double weight_decay, bool adamw, double grad_scale) {
   const size_t n = params.size();
   TORCH_CHECK_VALUE(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n && steps.size() == n,
                     "adam_step_multi: params, grads, exp_avgs, exp_avg_sqs and steps must have the same length");
+  TORCH_CHECK_VALUE(!param_outs.has_value() || param_outs->size() == n,
+                    "adam_step_multi: param_outs must have one tensor per param");
   std::vector<zc::AdamTensor> ts;
   ts.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     const zc::AdamScalars s = zc::adam_scalars(lr, beta1, beta2, eps, weight_decay, steps[i], adamw, grad_scale);
-    ts.push_back(make_adam_tensor(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], std::nullopt, s,
+    std::optional<at::Tensor> out;
+    if (param_outs.has_value()) out = (*param_outs)[i];
+    ts.push_back(make_adam_tensor(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], out, s,
                                   "adam_step_multi", "[" + std::to_string(i) + "]"));
   }
   zc::adam_step_multi(ts.data(), static_cast<int64_t>(n), at::get_num_threads());

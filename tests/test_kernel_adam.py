@@ -131,3 +131,28 @@ def test_native_binding_checks_too():
         lib.adam_step(p, g, m.double(), v, None, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1, True, 1.0)
     with pytest.raises(ValueError, match="lr"):
         lib.adam_step(p, g, m, v, None, float("nan"), 0.9, 0.999, 1e-8, 0.0, 1, True, 1.0)
+
+
+def test_multi_equals_single_calls():
+    """Many tensors in one call (each with its own step count and 16-bit output) give exactly
+    what one call per tensor gives."""
+    gen = torch.Generator().manual_seed(11)
+    sizes = [1, 17, 65536 + 5, 1000, 3]
+    states = [_state(n, gen, torch.float16) for n in sizes]
+    copies = [tuple(t.clone() for t in s) for s in states]
+    outs = [torch.full((n,), float("nan"), dtype=torch.bfloat16) for n in sizes]
+    outs2 = [o.clone() for o in outs]
+    steps = [1, 5, 9, 2, 100]
+    hp = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, adamw_mode=True, grad_scale=0.5)
+    ops.adam_step_multi([s[0] for s in states], [s[1] for s in states], [s[2] for s in states],
+                        [s[3] for s in states], steps=steps, param_outs=outs, **hp)
+    for (p, g, m, v), o, st in zip(copies, outs2, steps):
+        ops.adam_step(p, g, m, v, step=st, param_out=o, **hp)
+    for a, b in zip(states, copies):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+    for a, b in zip(outs, outs2):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match=r"'grad\[1\]' has 16 elements"):
+        ops.adam_step_multi([torch.zeros(3), torch.zeros(17)], [torch.zeros(3), torch.zeros(16)],
+                            [torch.zeros(3), torch.zeros(17)], [torch.zeros(3), torch.zeros(17)], steps=[1, 1], lr=0.1)

@@ -4,12 +4,12 @@ Each op has a plain-torch reference in ``zerocore.ops.reference``. The native ex
 loaded (or JIT-built) on first use, not at import.
 """
 from ._loader import NativeBuildError
-from .adam import adam_step
+from .adam import adam_step, adam_step_multi
 from .cast import cast
 from .flatten import pack, unpack
 from .fused_adam import FusedAdam
 from .isa import active_isa, force_isa, set_isa, supported_isas
 from .norm import sum_squares
 
-__all__ = ["adam_step", "FusedAdam", "pack", "unpack", "cast", "sum_squares", "active_isa", "force_isa",
+__all__ = ["adam_step", "adam_step_multi", "FusedAdam", "pack", "unpack", "cast", "sum_squares", "active_isa", "force_isa",
            "set_isa", "supported_isas", "NativeBuildError"]

@@ -35,3 +35,20 @@ def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, ex
         raise ValueError(f"step must be an int >= 1 (the count including this update), got {step!r}")
     _loader.load("adam").adam_step(param, grad, exp_avg, exp_avg_sq, param_out, lr, beta1, beta2, eps,
                                    weight_decay, step, bool(adamw_mode), grad_scale)
+
+
+def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, betas=(0.9, 0.999),
+                    eps: float = 1e-8, weight_decay: float = 0.0, adamw_mode: bool = True,
+                    grad_scale: float = 1.0, param_outs=None) -> None:
+    """:func:`adam_step` over many tensors in one native call (one thread team, chunks spread
+    over it). ``steps[i]`` is tensor i's step count including this update; the other
+    hyper-parameters are shared. Tensor checks happen in the binding, naming the index."""
+    lr = check_number("lr", lr)
+    beta1, beta2 = check_betas(betas)
+    eps = check_number("eps", eps)
+    weight_decay = check_number("weight_decay", weight_decay)
+    grad_scale = check_number("grad_scale", grad_scale, low=float("-inf"))
+    _loader.load("adam").adam_step_multi(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs),
+                                         None if param_outs is None else list(param_outs),
+                                         [int(s) for s in steps], lr, beta1, beta2, eps, weight_decay,
+                                         bool(adamw_mode), grad_scale)

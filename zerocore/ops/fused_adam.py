@@ -96,7 +96,7 @@ class FusedAdam(torch.optim.Optimizer):
                 params.append(flat)
                 writeback.append((p, flat))
         beta1, beta2 = group["betas"]
-        lib.adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, steps, float(group["lr"]), float(beta1),
+        lib.adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, None, steps, float(group["lr"]), float(beta1),
                             float(beta2), float(group["eps"]), float(group["weight_decay"]),
                             bool(group["decoupled_weight_decay"]), 1.0)
         for p, flat in writeback:
