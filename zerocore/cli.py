@@ -11,6 +11,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     env = sub.add_parser("env", help="versions, which ops are prebuilt / JIT / unavailable and why")
     env.add_argument("--json", action="store_true", help="machine-readable output")
+    docs = sub.add_parser("config-docs", help="print the config reference table (docs/config.md) from the schema")
+    docs.add_argument("--write", metavar="PATH", help="write it to PATH instead of printing")
     demo = sub.add_parser("demo", help="a small demo training run")
     from . import demo as demo_mod
 
@@ -21,6 +23,15 @@ def main(argv: list[str] | None = None) -> int:
 
         info = collect()
         print(json.dumps(info, indent=2) if args.json else render(info))
+        return 0
+    if args.command == "config-docs":
+        from .config.docs import render
+
+        if args.write:
+            with open(args.write, "w", encoding="utf-8") as f:
+                f.write(render())
+        else:
+            sys.stdout.write(render())
         return 0
     if args.command == "demo":
         return demo_mod.run(args)

@@ -1,0 +1,277 @@
+"""The one config schema. Key names, nesting and defaults follow DeepSpeed's ``ds_config.json``
+(the file users already have); every section validates itself on construction, so a
+``ZeroConfig`` built in Python is checked exactly like one read from JSON.
+
+Read with :func:`zerocore.config.load_config` (dict, JSON path, or ZeroConfig); the ColossalAI
+``zero=dict(...)`` form and DeepSpeed's deprecated spellings are mapped in ``parse.py``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .options import ConfigError, coerce, is_section, option, section, spec_of
+
+STAGE3 = "ZeRO stage 3 (issue 4)"
+OFFLOAD = "CPU/NVMe offload (offload issue)"
+
+
+def _only_stage3(cfg) -> bool:
+    return cfg.zero_optimization.stage == 3
+
+
+def _offloads_optimizer(cfg) -> bool:
+    return cfg.zero_optimization.offload_optimizer.device != "none"
+
+
+def _offloads_params(cfg) -> bool:
+    return cfg.zero_optimization.offload_param.device != "none"
+
+
+def _uses_nvme(cfg) -> bool:
+    z = cfg.zero_optimization
+    return "nvme" in (z.offload_optimizer.device, z.offload_param.device)
+
+
+class _Section:
+    """Validates every scalar field of a section against its Spec after construction."""
+
+    PATH = ""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if is_section(f):
+                if not isinstance(getattr(self, f.name), f.default_factory):
+                    raise ConfigError(f"{self._key(f.name)}: expected a section (a JSON object)")
+                continue
+            setattr(self, f.name, coerce(self._key(f.name), getattr(self, f.name), spec_of(f)))
+        self.check()
+
+    def _key(self, name: str) -> str:
+        return f"{self.PATH}.{name}" if self.PATH else name
+
+    def check(self) -> None:
+        """Cross-field checks of this section (overridden where there are any)."""
+
+
+def _when(pred, text):
+    return {"applies_if": pred, "applies": text}
+
+
+_OPT = _when(_offloads_optimizer, "offload_optimizer.device cpu or nvme")
+_PAR = _when(_offloads_params, "offload_param.device cpu or nvme")
+
+
+@dataclasses.dataclass
+class OffloadOptimizerConfig(_Section):
+    PATH = "zero_optimization.offload_optimizer"
+    device: str = option("none", "Where the optimizer state (fp32 master, m, v) and its step live.",
+                         kind=str, choices=("none", "cpu", "nvme"), pending_if=lambda v: v != "none",
+                         pending=OFFLOAD)
+    nvme_path: str | None = option(None, "Directory for the swap files when device is nvme.", kind=str,
+                                   optional=True, **_OPT)
+    pin_memory: bool = option(True, "Use page-locked CPU buffers (faster host/device copies).", kind=bool, **_OPT)
+    buffer_count: int = option(4, "Staging buffers for NVMe swapping of optimizer state.", kind=int, ge=1, **_OPT)
+    ratio: float = option(1.0, "Fraction of the optimizer step offloaded.", kind=float, ge=0.0, le=1.0, **_OPT)
+    fast_init: bool = option(False, "Build the NVMe optimizer partitions in one batched swap.", kind=bool, **_OPT)
+    pipeline_read: bool = option(False, "Overlap NVMe reads with the step of the previous sub-group.",
+                                 kind=bool, **_OPT)
+    pipeline_write: bool = option(False, "Overlap NVMe writes with the step of the next sub-group.", kind=bool,
+                                  **_OPT)
+
+    def check(self):
+        if self.device == "nvme" and not self.nvme_path:
+            raise ConfigError(f"{self.PATH}.nvme_path: required when device is 'nvme'")
+
+
+@dataclasses.dataclass
+class OffloadParamConfig(_Section):
+    PATH = "zero_optimization.offload_param"
+    device: str = option("none", "Where stage-3 parameter shards live between uses.", kind=str,
+                         choices=("none", "cpu", "nvme"), pending_if=lambda v: v != "none", pending=OFFLOAD)
+    nvme_path: str | None = option(None, "Directory for the swap files when device is nvme.", kind=str,
+                                   optional=True, **_PAR)
+    pin_memory: bool = option(True, "Use page-locked CPU buffers.", kind=bool, **_PAR)
+    buffer_count: int = option(5, "Staging buffers for NVMe parameter swapping.", kind=int, ge=1, **_PAR)
+    buffer_size: int = option(100_000_000, "Elements per staging buffer.", kind=int, ge=1, **_PAR)
+    max_in_cpu: int = option(1_000_000_000, "Elements of parameter shards kept in CPU memory before the rest "
+                             "stays on NVMe.", kind=int, ge=0, **_PAR)
+
+    def check(self):
+        if self.device == "nvme" and not self.nvme_path:
+            raise ConfigError(f"{self.PATH}.nvme_path: required when device is 'nvme'")
+
+
+@dataclasses.dataclass
+class ZeroOptimizationConfig(_Section):
+    PATH = "zero_optimization"
+    stage: int = option(0, "0: plain data parallel; 1: shard optimizer state; 2: + gradients; "
+                        "3: + parameters.", kind=int, choices=(0, 1, 2, 3), aliases=("level",),
+                        pending_if=lambda v: v == 3, pending=STAGE3)
+    contiguous_gradients: bool = option(True, "Copy gradients into flat buckets as they are produced.", kind=bool,
+                                        no_effect="zerocore always packs gradients into flat buckets")
+    reduce_scatter: bool = option(True, "Each rank receives only its reduced slice of the gradients; false: "
+                                  "all-reduce whole buckets. On gloo both run as an all-reduce (see above).",
+                                  kind=bool)
+    overlap_comm: bool | None = option(None, "Reduce full buckets while backward continues (two buckets in "
+                                       "flight). null: true at stage 3, else false.", kind=bool, optional=True)
+    reduce_bucket_size: int = option(500_000_000, "Elements per gradient bucket (= flat group at stages 1/2); a "
+                                     "parameter larger than this gets a group of its own.", kind=int, ge=1)
+    allgather_bucket_size: int = option(500_000_000, "Elements of parameter all-gathers in flight at once after "
+                                        "the optimizer step (stages 1/2).", kind=int, ge=1)
+    allgather_partitions: bool = option(True, "Refresh parameters with all-gather (DeepSpeed's false: "
+                                        "broadcasts).", kind=bool,
+                                        no_effect="zerocore always refreshes parameters with all-gather")
+    round_robin_gradients: bool = option(False, "Spread gradient copies to CPU across ranks (offload).", kind=bool,
+                                         pending_if=lambda v: v, pending=OFFLOAD)
+    sub_group_size: int = option(1_000_000_000, "Elements per optimizer-step tile (unit of NVMe swapping).",
+                                 kind=int, ge=1, applies_if=_only_stage3, applies="stage 3")
+    stage3_prefetch_bucket_size: int = option(50_000_000, "Elements prefetched ahead of use (stage 3).", kind=int,
+                                              ge=0, aliases=("prefetch_bucket_size",), applies_if=_only_stage3,
+                                              applies="stage 3")
+    stage3_param_persistence_threshold: int = option(100_000, "Parameters this small are never partitioned "
+                                                     "(stage 3).", kind=int, ge=0,
+                                                     aliases=("param_persistence_threshold",),
+                                                     applies_if=_only_stage3, applies="stage 3")
+    stage3_max_live_parameters: int = option(1_000_000_000, "Cap on gathered elements resident (stage 3).",
+                                             kind=int, ge=0, aliases=("max_live_parameters",),
+                                             applies_if=_only_stage3, applies="stage 3")
+    stage3_max_reuse_distance: int = option(1_000_000_000, "Keep a parameter gathered if reused within this many "
+                                            "elements of compute (stage 3).", kind=int, ge=0,
+                                            aliases=("max_reuse_distance",), applies_if=_only_stage3,
+                                            applies="stage 3")
+    stage3_gather_16bit_weights_on_model_save: bool = option(
+        False, "Gather full 16-bit weights when saving (stage 3).", kind=bool,
+        aliases=("gather_16bit_weights_on_model_save",), deprecated=("stage3_gather_fp16_weights_on_model_save",),
+        applies_if=_only_stage3, applies="stage 3")
+    offload_optimizer: OffloadOptimizerConfig = section(
+        OffloadOptimizerConfig, "Optimizer state offload.", aliases=("offload_optimizer_config",))
+    offload_param: OffloadParamConfig = section(OffloadParamConfig, "Parameter offload (stage 3 only).",
+                                                aliases=("offload_param_config",))
+
+    def check(self):
+        if self.offload_param.device != "none" and self.stage != 3:
+            raise ConfigError(f"{self.PATH}.offload_param.device: {self.offload_param.device!r} needs stage 3 "
+                              f"(got stage {self.stage}); allowed at this stage: 'none'")
+
+    @property
+    def overlap(self) -> bool:
+        """overlap_comm with its stage-dependent default applied."""
+        return self.stage == 3 if self.overlap_comm is None else self.overlap_comm
+
+
+@dataclasses.dataclass
+class FP16Config(_Section):
+    PATH = "fp16"
+    enabled: bool = option(False, "Train with fp16 parameters and gradients, an fp32 master and loss scaling.",
+                           kind=bool)
+    loss_scale: float = option(0.0, "0: dynamic loss scaling; > 0: this static scale.", kind=float, ge=0.0)
+    initial_scale_power: int = option(16, "Dynamic scaling starts at 2**initial_scale_power.", kind=int, ge=0,
+                                      le=64)
+    loss_scale_window: int = option(1000, "Steps without overflow before the scale doubles.", kind=int, ge=1)
+    hysteresis: int = option(2, "Overflows tolerated before the scale is lowered.", kind=int, ge=1)
+    consecutive_hysteresis: bool = option(False, "Refill hysteresis after every step without overflow.",
+                                          kind=bool)
+    min_loss_scale: float = option(1.0, "The scale never goes below this; training continues there with a "
+                                   "warning.", kind=float, gt=0.0)
+
+
+@dataclasses.dataclass
+class BF16Config(_Section):
+    PATH = "bf16"
+    enabled: bool = option(False, "Train with bf16 parameters and gradients and an fp32 master.", kind=bool)
+
+
+@dataclasses.dataclass
+class OptimizerParams(_Section):
+    PATH = "optimizer.params"
+    lr: float = option(1e-3, "Learning rate.", kind=float, ge=0.0)
+    betas: list = option([0.9, 0.999], "Adam's (beta1, beta2).", kind=list,
+                         allowed="two numbers in [0, 1)")
+    eps: float = option(1e-8, "Added to the denominator.", kind=float, ge=0.0)
+    weight_decay: float = option(0.0, "Weight decay (DeepSpeed's default 0, unlike torch.optim.AdamW's 0.01).",
+                                 kind=float, ge=0.0)
+    adam_w_mode: bool = option(True, "For type Adam: decoupled decay (AdamW) when true, as in DeepSpeed; "
+                               "L2 added to the gradient when false.", kind=bool)
+
+    def check(self):
+        if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
+                                           for b in self.betas):
+            raise ConfigError(f"{self.PATH}.betas: got {self.betas!r}; allowed: two numbers in [0, 1)")
+        self.betas = [float(b) for b in self.betas]
+
+
+@dataclasses.dataclass
+class OptimizerConfig(_Section):
+    PATH = "optimizer"
+    type: str = option("AdamW", "Adam or AdamW (the fused Adam kernel on the owned shard).", kind=str,
+                       choices=("Adam", "AdamW"))
+    params: OptimizerParams = section(OptimizerParams, "Optimizer hyper-parameters.")
+
+    @property
+    def decoupled(self) -> bool:
+        return self.type == "AdamW" or self.params.adam_w_mode
+
+
+@dataclasses.dataclass
+class AioConfig(_Section):
+    PATH = "aio"
+    block_size: int = option(1_048_576, "Bytes per NVMe read/write request.", kind=int, ge=4096,
+                             applies_if=_uses_nvme, applies="NVMe offload")
+    queue_depth: int = option(8, "Requests in flight per worker.", kind=int, ge=1, applies_if=_uses_nvme,
+                              applies="NVMe offload")
+    intra_op_parallelism: int = option(1, "I/O worker threads.", kind=int, ge=1, aliases=("thread_count",),
+                                       applies_if=_uses_nvme, applies="NVMe offload")
+    single_submit: bool = option(False, "Submit requests one at a time instead of in batches.", kind=bool,
+                                 applies_if=_uses_nvme, applies="NVMe offload")
+    overlap_events: bool = option(True, "Overlap submission and completion handling.", kind=bool,
+                                  applies_if=_uses_nvme, applies="NVMe offload")
+
+
+@dataclasses.dataclass
+class ZeroConfig(_Section):
+    """The whole zerocore config (DeepSpeed ``ds_config.json`` layout)."""
+
+    PATH = ""
+    train_batch_size: int | None = option(None, "Global batch = micro batch x accumulation x ranks.", kind=int,
+                                          ge=1, optional=True)
+    train_micro_batch_size_per_gpu: int | None = option(None, "Samples per rank per forward/backward.", kind=int,
+                                                        ge=1, optional=True)
+    gradient_accumulation_steps: int | None = option(None, "Micro-batches per optimizer step (null: derived from "
+                                                     "the batch sizes, else 1).", kind=int, ge=1, optional=True)
+    gradient_clipping: float = option(1.0, "Clip the global gradient norm (over all ranks) to this; 0: off.",
+                                      kind=float, ge=0.0)
+    optimizer: OptimizerConfig = section(OptimizerConfig, "The optimizer.")
+    fp16: FP16Config = section(FP16Config, "fp16 mixed precision.")
+    bf16: BF16Config = section(BF16Config, "bf16 mixed precision.", aliases=("bfloat16",))
+    zero_optimization: ZeroOptimizationConfig = section(ZeroOptimizationConfig, "ZeRO sharding.",
+                                                        aliases=("zero",))
+    aio: AioConfig = section(AioConfig, "NVMe I/O (used by NVMe offload).")
+
+    def check(self):
+        if self.fp16.enabled and self.bf16.enabled:
+            raise ConfigError("fp16.enabled and bf16.enabled: got both true; allowed: at most one")
+
+    def batch_sizes(self, world_size: int) -> tuple[int, int | None, int | None]:
+        """(accumulation steps, micro batch, global batch) resolved DeepSpeed's way: any two of
+        the three batch keys determine the third; all three given must agree."""
+        tb, mb, ga = self.train_batch_size, self.train_micro_batch_size_per_gpu, self.gradient_accumulation_steps
+        if tb is not None and mb is not None and ga is not None:
+            if tb != mb * ga * world_size:
+                raise ConfigError(f"train_batch_size: got {tb}; must equal train_micro_batch_size_per_gpu ({mb}) x "
+                                  f"gradient_accumulation_steps ({ga}) x ranks ({world_size}) = {mb * ga * world_size}")
+        elif tb is not None and mb is not None:
+            ga, rem = divmod(tb, mb * world_size)
+            if rem or ga < 1:
+                raise ConfigError(f"train_batch_size: got {tb}; must be a multiple of train_micro_batch_size_per_gpu "
+                                  f"({mb}) x ranks ({world_size})")
+        elif tb is not None:
+            ga = ga or 1
+            mb, rem = divmod(tb, ga * world_size)
+            if rem or mb < 1:
+                raise ConfigError(f"train_batch_size: got {tb}; must be a multiple of gradient_accumulation_steps "
+                                  f"({ga}) x ranks ({world_size})")
+        else:
+            ga = ga or 1
+            if mb is not None:
+                tb = mb * ga * world_size
+        return ga, mb, tb
