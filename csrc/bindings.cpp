@@ -50,25 +50,37 @@ void check_f32(const at::Tensor& t, int64_t numel, const std::string& op, const 
   TORCH_CHECK_VALUE(t.numel() == numel, op, ": '", arg, "' has ", t.numel(), " elements but 'param' has ", numel);
 }
 
+// `index` < 0 for a single-tensor call; else the position in the list, used only to name
+// the argument in an error (names are built on failure: this runs per tensor per step).
 zc::AdamTensor make_adam_tensor(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m,
                                 const at::Tensor& v, const std::optional<at::Tensor>& out,
-                                const zc::AdamScalars& s, const std::string& op, const std::string& sfx) {
-  check_f32(p, p.numel(), op, "param" + sfx);
-  check_cpu_contiguous(g, op, "grad" + sfx);
-  const zc::DType gdt = to_zc(g, op, "grad" + sfx);
-  TORCH_CHECK_VALUE(g.numel() == p.numel(), op, ": 'grad", sfx, "' has ", g.numel(),
-                    " elements but 'param", sfx, "' has ", p.numel());
-  check_f32(m, p.numel(), op, "exp_avg" + sfx);
-  check_f32(v, p.numel(), op, "exp_avg_sq" + sfx);
+                                const zc::AdamScalars& s, const char* op, int64_t index) {
+  auto name = [index](const char* arg) {
+    return index < 0 ? std::string(arg) : std::string(arg) + "[" + std::to_string(index) + "]";
+  };
+  const int64_t n = p.numel();
+  auto ok_f32 = [n](const at::Tensor& t) {
+    return t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == at::kFloat && t.numel() == n;
+  };
+  if (!ok_f32(p)) check_f32(p, n, op, name("param"));
+  if (!ok_f32(m)) check_f32(m, n, op, name("exp_avg"));
+  if (!ok_f32(v)) check_f32(v, n, op, name("exp_avg_sq"));
+  if (!(g.device().is_cpu() && g.is_contiguous())) check_cpu_contiguous(g, op, name("grad"));
+  const zc::DType gdt = g.scalar_type() == at::kFloat  ? zc::DType::F32
+                       : g.scalar_type() == at::kBFloat16 ? zc::DType::BF16
+                       : g.scalar_type() == at::kHalf     ? zc::DType::F16
+                                                          : to_zc(g, op, name("grad"));
+  TORCH_CHECK_VALUE(g.numel() == n, op, ": '", name("grad"), "' has ", g.numel(), " elements but '",
+                    name("param"), "' has ", n);
   zc::AdamTensor t{p.data_ptr<float>(), g.data_ptr(), m.data_ptr<float>(), v.data_ptr<float>(),
-                   nullptr, p.numel(), gdt, zc::DType::F32, s};
+                   nullptr, n, gdt, zc::DType::F32, s};
   if (out.has_value()) {
     const at::Tensor& o = *out;
-    check_cpu_contiguous(o, op, "param_out" + sfx);
-    const zc::DType odt = to_zc(o, op, "param_out" + sfx);
-    TORCH_CHECK_TYPE(odt != zc::DType::F32, op, ": 'param_out", sfx, "' must be bfloat16 or float16, got float32");
-    TORCH_CHECK_VALUE(o.numel() == p.numel(), op, ": 'param_out", sfx, "' has ", o.numel(),
-                      " elements but 'param", sfx, "' has ", p.numel());
+    check_cpu_contiguous(o, op, name("param_out"));
+    const zc::DType odt = to_zc(o, op, name("param_out"));
+    TORCH_CHECK_TYPE(odt != zc::DType::F32, op, ": '", name("param_out"), "' must be bfloat16 or float16, got float32");
+    TORCH_CHECK_VALUE(o.numel() == n, op, ": '", name("param_out"), "' has ", o.numel(), " elements but '",
+                      name("param"), "' has ", n);
     t.param_out = o.data_ptr();
     t.out_dtype = odt;
   }
@@ -80,7 +92,7 @@ void adam_step(const at::Tensor& param, const at::Tensor& grad, const at::Tensor
                double beta1, double beta2, double eps, double weight_decay, int64_t step, bool adamw,
                double grad_scale) {
   const zc::AdamScalars s = zc::adam_scalars(lr, beta1, beta2, eps, weight_decay, step, adamw, grad_scale);
-  const zc::AdamTensor t = make_adam_tensor(param, grad, exp_avg, exp_avg_sq, param_out, s, "adam_step", "");
+  const zc::AdamTensor t = make_adam_tensor(param, grad, exp_avg, exp_avg_sq, param_out, s, "adam_step", -1);
   zc::adam_step_multi(&t, 1, at::get_num_threads());
 }
 
@@ -102,7 +114,7 @@ void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at
     std::optional<at::Tensor> out;
     if (param_outs.has_value()) out = (*param_outs)[i];
     ts.push_back(make_adam_tensor(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], out, s,
-                                  "adam_step_multi", "[" + std::to_string(i) + "]"));
+                                  "adam_step_multi", static_cast<int64_t>(i)));
   }
   zc::adam_step_multi(ts.data(), static_cast<int64_t>(n), at::get_num_threads());
 }

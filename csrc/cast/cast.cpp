@@ -16,7 +16,7 @@ void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t 
   }
   const KernelTable& k = active_kernels();
   const int64_t chunks = num_chunks(n);
-  const int threads = threads_for(chunks, num_threads);
+  const int threads = threads_for(chunks, num_threads, n);
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
   for (int64_t c = 0; c < chunks; ++c)
     k.cast(src, src_dtype, dst, dst_dtype, c * kChunkElems, std::min(n, (c + 1) * kChunkElems));

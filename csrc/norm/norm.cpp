@@ -14,7 +14,7 @@ SumSquares sum_squares(const void* src, DType dtype, int64_t n, int num_threads)
   const KernelTable& k = active_kernels();
   const int64_t chunks = num_chunks(n);
   std::vector<double> partial(static_cast<size_t>(chunks));
-  const int threads = threads_for(chunks, num_threads);
+  const int threads = threads_for(chunks, num_threads, n);
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
   for (int64_t c = 0; c < chunks; ++c)
     partial[c] = k.sumsq(src, dtype, c * kChunkElems, std::min(n, (c + 1) * kChunkElems));

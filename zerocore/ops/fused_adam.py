@@ -77,15 +77,13 @@ class FusedAdam(torch.optim.Optimizer):
 
 
     def _step_group(self, lib, group: dict, with_grad: list) -> None:
-        params, grads, exp_avgs, exp_avg_sqs, steps, writeback = [], [], [], [], [], []
+        params, grads, exp_avgs, exp_avg_sqs, writeback = [], [], [], [], []
         for p in with_grad:
             state = self.state[p]
             if not state:
                 state["step"] = torch.tensor(0.0, dtype=torch.float32)
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-            state["step"] += 1
-            steps.append(int(state["step"].item()))
             exp_avgs.append(state["exp_avg"])
             exp_avg_sqs.append(state["exp_avg_sq"])
             grads.append(p.grad if p.grad.is_contiguous() else p.grad.contiguous())
@@ -95,6 +93,11 @@ class FusedAdam(torch.optim.Optimizer):
                 flat = p.contiguous()
                 params.append(flat)
                 writeback.append((p, flat))
+        # Step counters stay per-parameter float tensors (torch's layout); bump and read them
+        # in two batched ops rather than one .item() per parameter.
+        counters = [self.state[p]["step"] for p in with_grad]
+        torch._foreach_add_(counters, 1.0)
+        steps = [int(s) for s in torch.stack(counters).tolist()]
         beta1, beta2 = group["betas"]
         lib.adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, None, steps, float(group["lr"]), float(beta1),
                             float(beta2), float(group["eps"]), float(group["weight_decay"]),
