@@ -1,0 +1,59 @@
+"""Shared pieces of the microbenchmarks: machine facts, robust timing summaries, hugepage
+advice, and a cache-flushing "cold" protocol."""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import statistics
+
+import torch
+
+MADV_HUGEPAGE = 14
+
+
+def machine_info() -> dict:
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    thp = ""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            thp = f.read().strip()
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "thp_setting": thp}
+
+
+def advise_hugepages(t: torch.Tensor) -> bool:
+    """madvise(MADV_HUGEPAGE) on a tensor's pages (THP is madvise-only on this machine)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = 4096
+    start = t.data_ptr()
+    end = start + t.numel() * t.element_size()
+    a = (start + page - 1) // page * page
+    length = (end // page * page) - a
+    if length <= 0:
+        return False
+    return libc.madvise(ctypes.c_void_p(a), ctypes.c_size_t(length), MADV_HUGEPAGE) == 0
+
+
+def summary(times_s: list[float]) -> dict:
+    ms = sorted(t * 1e3 for t in times_s)
+    return {"median_ms": statistics.median(ms), "min_ms": ms[0], "max_ms": ms[-1], "n": len(ms),
+            "spread_pct": 100.0 * (ms[-1] - ms[0]) / statistics.median(ms)}
+
+
+class ColdFlusher:
+    """Streams through a buffer larger than the caches before each timed step, so the step
+    finds its own arrays cold, as in training where forward/backward ran in between."""
+
+    def __init__(self, nbytes: int = 1 << 30):
+        self.buf = torch.ones(nbytes // 4)
+
+    def __call__(self) -> None:
+        self.buf.mul_(1.0)
