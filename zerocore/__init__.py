@@ -7,5 +7,6 @@ __version__ = "0.1.0"
 from . import ops  # noqa: E402
 from .ops import FusedAdam  # noqa: E402
 from .config import ConfigError, ZeroConfig  # noqa: E402
+from .runtime import Engine, initialize  # noqa: E402
 
-__all__ = ["ops", "FusedAdam", "ZeroConfig", "ConfigError", "__version__"]
+__all__ = ["ops", "FusedAdam", "initialize", "Engine", "ZeroConfig", "ConfigError", "__version__"]

@@ -1,0 +1,158 @@
+"""The engine's API and its building blocks in one process (world of one): records and
+padding, the state machine, the fp16 loss scaler, misuse errors, settings not implemented yet."""
+import math
+import os
+import socket
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import zerocore
+from zerocore.config import FP16Config
+from zerocore.runtime.loss_scale import LossScaler
+from zerocore.sharding import GradState, ParamState, StateError, build_groups, padded_size
+from zerocore.sharding.state import grad_state, param_state
+
+
+def small_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+
+
+def test_groups_pad_to_world_and_alignment_and_params_straddle_ranks():
+    params = [((f"p{i}",), torch.empty(n)) for i, n in enumerate([5, 130, 1, 77, 1000, 3])]
+    groups = build_groups(params, bucket_elems=200, world=3, dtype=torch.bfloat16)
+    assert [len(g.slots) for g in groups] == [3, 1, 1, 1]  # 5+130+1 | 77 | 1000 (own group) | 3
+    for g in groups:
+        assert g.padded % (3 * 32) == 0 and g.padded >= g.numel and g.padded == padded_size(g.numel, 3)
+        # every element of every parameter belongs to exactly one rank's range
+        covered = {s.name: 0 for s in g.slots}
+        for r in range(3):
+            lo, hi = g.range_of(r)
+            for slot, a, b in g.pieces(lo, hi):
+                covered[slot.name] += b - a
+        assert covered == {s.name: s.numel for s in g.slots}
+    big = groups[2]
+    assert len({r for r in range(3) for _ in big.pieces(*big.range_of(r))}) == 3  # one param over 3 ranks
+    assert groups[0].range_of(0, parts=1) == (0, groups[0].padded)  # stage 0 owns it all
+
+
+def test_state_transitions_are_asserted():
+    s = grad_state(4)
+    s.to(GradState.FILLING)
+    s.to(GradState.REDUCING)
+    with pytest.raises(StateError, match="group 4 grads: illegal transition REDUCING -> FILLING"):
+        s.to(GradState.FILLING)
+    p = param_state(1, ParamState.SHARDED)
+    with pytest.raises(StateError, match="is SHARDED, expected GATHERED"):
+        p.expect(ParamState.GATHERED)
+
+
+def test_loss_scaler_follows_deepspeed_and_never_aborts():
+    sc = LossScaler(FP16Config(enabled=True, initial_scale_power=4, hysteresis=2, loss_scale_window=3,
+                               min_loss_scale=4))
+    assert sc.scale == 16
+    sc.update(True)
+    assert sc.scale == 16  # hysteresis 2: the first overflow only uses up one
+    sc.update(True)
+    assert sc.scale == 8
+    sc.update(True)
+    assert sc.scale == 4
+    with pytest.warns(RuntimeWarning, match="minimum"):
+        sc.update(True)  # at the minimum: warn, keep going
+    assert sc.scale == 4
+    for _ in range(3):
+        sc.update(False)
+    assert sc.scale == 8  # doubled after loss_scale_window clean steps
+    assert LossScaler(FP16Config(enabled=True, loss_scale=128)).scale == 128
+    assert LossScaler(None).scale == 1.0
+
+
+def test_world_of_one_end_to_end_bf16_names_and_lr():
+    from zerocore.demo import TinyGPT
+
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=11, dim=16, layers=1, heads=2, ctx=8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    engine = zerocore.initialize(model, {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2},
+                                         "optimizer": {"params": {"lr": 1e-2}}})
+    assert engine.world_size == 1 and engine.module is model
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    x = torch.randint(0, 11, (2, 8))
+    for _ in range(2):
+        loss = torch.nn.functional.cross_entropy(engine(x).flatten(0, 1).float(), x.flatten())
+        engine.backward(loss)
+        engine.step()
+    assert engine.optimizer_steps == 2 and engine.skipped_steps == 0 and engine.loss_scale == 1.0
+    assert engine.global_grad_norm > 0
+    sd = engine.full_state_dict()
+    assert list(sd) == list(before)  # the model's own names, tied head.weight included
+    assert all(v.dtype == torch.float32 and v.device.type == "cpu" for v in sd.values())
+    assert torch.equal(sd["head.weight"], sd["tok.weight"])
+    assert not torch.equal(sd["tok.weight"], before["tok.weight"])
+    engine.lr = 0.0  # a schedule can set the learning rate; lr 0 with no decay moves nothing
+    loss = torch.nn.functional.cross_entropy(engine(x).flatten(0, 1).float(), x.flatten())
+    engine.backward(loss)
+    engine.step()
+    assert torch.equal(engine.full_state_dict()["tok.weight"], sd["tok.weight"])
+
+
+def test_misuse_is_named():
+    engine = zerocore.initialize(small_model(), {"zero_optimization": {"stage": 1}})
+    x = torch.randn(4, 5)
+    with pytest.raises(RuntimeError, match="step\\(\\) without backward"):
+        engine.step()
+    with pytest.raises(RuntimeError, match="outside engine.backward"):
+        engine(x).sum().backward()
+    engine.zero_grad()
+    engine.backward(engine(x).sum())
+    with pytest.raises(RuntimeError, match="backward\\(\\) called twice"):
+        engine.backward(engine(x).sum())
+    engine.step()
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        zerocore.initialize(small_model().requires_grad_(False), {})
+
+
+@pytest.mark.parametrize("cfg,named", [
+    ({"zero_optimization": {"stage": 3}}, "zero_optimization.stage=3"),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, "offload_optimizer.device"),
+    ({"zero_optimization": {"stage": 1, "cpu_offload": True}}, "offload_optimizer.device"),
+])
+def test_settings_not_implemented_yet_are_refused(cfg, named):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(NotImplementedError, match=named):
+            zerocore.initialize(small_model(), cfg)
+
+
+def test_accumulation_updates_only_at_the_boundary():
+    model = small_model()
+    engine = zerocore.initialize(model, {"gradient_accumulation_steps": 3, "zero_optimization": {"stage": 2}})
+    w0 = model[0].weight.detach().clone()
+    for i in range(3):
+        engine.backward(engine(torch.randn(2, 5)).pow(2).mean())
+        engine.step()
+        assert torch.equal(model[0].weight, w0) == (i < 2)
+    assert engine.global_steps == 1 and engine.micro_steps == 3
+
+
+def test_torchrun_environment_initializes_the_default_group(monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+    assert not dist.is_initialized()
+    try:
+        engine = zerocore.initialize(small_model(), {})
+        assert dist.is_initialized() and dist.get_backend() == "gloo" and engine.comm.group is not None
+        engine.backward(engine(torch.randn(2, 5)).sum())
+        engine.step()
+        assert math.isfinite(engine.global_grad_norm)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert "RANK" in os.environ

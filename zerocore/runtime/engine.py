@@ -1,0 +1,233 @@
+"""The engine users drive: forward, backward(loss), step(), with DeepSpeed's semantics.
+
+``backward`` and ``step`` are called every micro-batch; the loss is divided by the
+accumulation steps and the optimizer updates at each accumulation boundary. Ranks' gradients
+are summed by the collectives and the 1/world average, the fp16 unscale and the clip
+coefficient are folded into the Adam kernel's ``grad_scale``: no extra pass over gradients.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+from .. import ops
+from ..comm import Comm
+from ..config import ZeroConfig, require_implemented
+from ..sharding import (AdamHyper, GradReducer, OptimizerShard, ParamState, ShardedGroup, build_groups,
+                        policy_for)
+from .loss_scale import LossScaler
+from .memory import held_bytes
+from .model_setup import convert_rest, named_params, training_dtype
+
+
+class Engine:
+    def __init__(self, module: torch.nn.Module, config: ZeroConfig, comm: Comm):
+        require_implemented(config)
+        self.module = module
+        self.config = config
+        self.comm = comm
+        z = config.zero_optimization
+        self.policy = policy_for(z.stage)
+        self.dtype = training_dtype(config)
+        self.gas, _, _ = config.batch_sizes(comm.world)
+        trainable, frozen = named_params(module)
+        if not trainable:
+            raise ValueError("zerocore: the model has no trainable parameters")
+        self.device = trainable[0][1].device
+        # Groups in reverse registration order: close to the order backward produces gradients,
+        # so buckets fill (and launch) one after another.
+        order = list(reversed(trainable))
+        layouts = build_groups(order, bucket_elems=z.reduce_bucket_size, world=comm.world, dtype=self.dtype)
+        self.groups: list[ShardedGroup] = []
+        self.shards: list[OptimizerShard] = []
+        i = 0
+        for layout in layouts:
+            params = [p for _, p in order[i:i + len(layout.slots)]]
+            i += len(layout.slots)
+            self._add_group(layout, params)
+        convert_rest(module, frozen, self.dtype, comm)
+        self.reducer = GradReducer(self.groups, comm, overlap=z.overlap, reduce_scatter=z.reduce_scatter,
+                                   device=self.device)
+        self.scaler = LossScaler(config.fp16 if config.fp16.enabled else None)
+        p = config.optimizer.params
+        self.hyper = AdamHyper(lr=p.lr, betas=tuple(p.betas), eps=p.eps, weight_decay=p.weight_decay,
+                               decoupled=config.optimizer.decoupled)
+        self.micro_steps = 0
+        self.global_steps = 0  # accumulation boundaries reached (including skipped updates)
+        self.optimizer_steps = 0  # updates applied (Adam's step count)
+        self.skipped_steps = 0
+        self.global_grad_norm: float | None = None
+        self._backward_done = False
+
+    def _add_group(self, layout, params) -> None:
+        # The initial values, in fp32, broadcast from rank 0 so every rank starts identical;
+        # the fp32 master is cut from them before the parameters are rounded to 16 bits.
+        init = torch.zeros(layout.padded, dtype=torch.float32, device=self.device)
+        ops.pack([p.detach().float().contiguous().reshape(-1) for p in params], [s.offset for s in layout.slots],
+                 init)
+        self.comm.broadcast(init)
+        if self.dtype == torch.float32:
+            flat = init
+        else:
+            flat = ops.cast(init, dtype=self.dtype).to(self.device)
+        g = ShardedGroup(layout, params, self.policy, self.comm.rank, self.device, param_flat=flat)
+        self.shards.append(OptimizerShard(g, init))
+        g.bind_params()
+        self.groups.append(g)
+
+    # -- the training loop ---------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def backward(self, loss: torch.Tensor) -> torch.Tensor:
+        """Backpropagates ``loss`` (divided by the accumulation steps, times the fp16 loss scale)
+        and reduces gradients; returns ``loss``."""
+        if self._backward_done:
+            raise RuntimeError("zerocore: backward() called twice without step(); call engine.step() after "
+                               "every micro-batch's backward (it only updates at the accumulation boundary)")
+        boundary = (self.micro_steps + 1) % self.gas == 0
+        self.reducer.begin_backward(boundary)
+        try:
+            (loss.float() * (self.scaler.scale / self.gas)).backward()
+        except BaseException:
+            self.reducer.in_backward = False
+            raise
+        self.reducer.finish_backward()
+        self._backward_done = True
+        return loss
+
+    def step(self) -> None:
+        """Ends a micro-batch; at the accumulation boundary updates the parameters."""
+        if not self._backward_done:
+            raise RuntimeError("zerocore: step() without backward(); call engine.backward(loss) first")
+        self._backward_done = False
+        self.micro_steps += 1
+        if self.micro_steps % self.gas:
+            return
+        self.global_steps += 1
+        # The reduced gradients are sums over ranks of loss-scaled gradients.
+        denom = self.comm.world * self.scaler.scale
+        sumsq, bad = 0.0, False
+        for g in self.groups:
+            s, b = ops.sum_squares(g.owned_grad())
+            sumsq += s
+            bad = bad or b
+        if self.policy.partitions(self.comm.world) > 1:
+            sumsq, nbad = self.comm.sum_floats([sumsq, float(bad)])
+            bad = nbad > 0
+        if bad or not math.isfinite(sumsq):
+            self._skip()
+            return
+        norm = math.sqrt(sumsq) / denom
+        self.global_grad_norm = norm
+        coef = 1.0 / denom
+        clip = self.config.gradient_clipping
+        if clip > 0:
+            coef *= min(1.0, clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s coefficient
+        self.optimizer_steps += 1
+        self._update(coef)
+        self.scaler.update(False)
+        self.reducer.clear()
+
+    def _update(self, coef: float) -> None:
+        gather = self.policy.shard_optimizer and self.comm.world > 1
+        cap = self.config.zero_optimization.allgather_bucket_size
+        inflight, elems = [], 0
+        for g, shard in zip(self.groups, self.shards):
+            shard.step(g.owned_grad(), self.hyper, step=self.optimizer_steps, grad_scale=coef)
+            if not gather:
+                continue
+            g.param_state.to(ParamState.SHARDED)
+            # The all-gather of this group runs while the next group's Adam step computes;
+            # at most allgather_bucket_size elements are in flight.
+            while inflight and elems + g.layout.padded > cap:
+                h, done = inflight.pop(0)
+                h.wait()
+                done.param_state.to(ParamState.GATHERED)
+                elems -= done.layout.padded
+            g.param_state.to(ParamState.GATHERING)
+            inflight.append((self.comm.all_gather(g.param_flat, async_op=True), g))
+            elems += g.layout.padded
+        for h, done in inflight:
+            h.wait()
+            done.param_state.to(ParamState.GATHERED)
+
+    def _skip(self) -> None:
+        self.skipped_steps += 1
+        self.global_grad_norm = math.inf
+        if self.scaler.dynamic:
+            self.scaler.update(True)  # lowers the scale; warns (and goes on) at the minimum
+        else:
+            warnings.warn(f"zerocore: Inf/NaN in the gradients at step {self.global_steps}; the update was skipped",
+                          RuntimeWarning, stacklevel=3)
+        self.reducer.clear()
+
+    def zero_grad(self) -> None:
+        """Discards the gradients accumulated so far (step() already does this after updating)."""
+        self.reducer.clear()
+
+    # -- facts -----------------------------------------------------------------------------
+    @property
+    def loss_scale(self) -> float:
+        return self.scaler.scale
+
+    @property
+    def lr(self) -> float:
+        return self.hyper.lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self.hyper.lr = float(value)
+
+    @property
+    def world_size(self) -> int:
+        return self.comm.world
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    def memory_report(self) -> dict[str, int]:
+        """Model-state bytes this rank holds, by role, counted from its tensors."""
+        return held_bytes(self)
+
+    def train(self, mode: bool = True):
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    # -- weights out -----------------------------------------------------------------------
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's state dict with full fp32 weights on CPU, under the model's own names (every
+        name of a tied weight), on every rank. A collective: call it on all ranks."""
+        full: dict[int, torch.Tensor] = {}
+        for g, shard in zip(self.groups, self.shards):
+            for p, t in zip(g.params, self._full_fp32(g, shard)):
+                full[id(p)] = t
+        out = {}
+        for name, t in self.module.state_dict(keep_vars=True).items():
+            if id(t) in full:
+                out[name] = full[id(t)]
+            else:
+                out[name] = t.detach().to("cpu", torch.float32 if t.is_floating_point() else t.dtype, copy=True)
+        return out
+
+    def _full_fp32(self, g: ShardedGroup, shard: OptimizerShard) -> list[torch.Tensor]:
+        g.param_state.expect(ParamState.GATHERED)
+        if self.dtype == torch.float32:
+            flat = g.param_flat  # the parameters are the fp32 master, and gathered
+        elif not self.policy.shard_optimizer:
+            flat = shard.master  # stage 0: the whole master is here
+        else:
+            flat = torch.zeros(g.layout.padded, dtype=torch.float32, device=self.device)
+            flat[g.lo:g.hi] = shard.master
+            self.comm.all_gather(flat)
+        return [flat[s.offset:s.end].view(s.shape).to("cpu", copy=True) for s in g.layout.slots]

@@ -1,0 +1,42 @@
+"""Bytes of model state one rank actually holds, counted from the engine's tensors (each
+underlying storage once, under the first role that holds it), not from a formula."""
+from __future__ import annotations
+
+ROLES = ("params", "grads", "master", "exp_avg", "exp_avg_sq", "buckets")
+
+
+def held_bytes(engine) -> dict[str, int]:
+    seen: set[int] = set()
+    out = dict.fromkeys(ROLES, 0)
+
+    def count(role, t):
+        if t is None:
+            return
+        st = t.untyped_storage()
+        if st.data_ptr() in seen:
+            return
+        seen.add(st.data_ptr())
+        out[role] += st.nbytes()
+
+    for g, shard in zip(engine.groups, engine.shards):
+        for role, t in g.tensors().items():
+            count(role, t)
+        for role, t in shard.tensors().items():
+            count(role, t)
+    for b in engine.reducer.bucket_tensors():
+        count("buckets", b)
+    out["total"] = sum(out[r] for r in ROLES)
+    return out
+
+
+def formula_bytes(numel: int, world: int, stage: int, half: bool) -> int:
+    """ZeRO's per-rank model-state bytes for ``numel`` trainable parameters (Adam), without buckets:
+    16-bit params + fp32 master: 2+2+12 split per stage; fp32: the master is the parameter."""
+    p, g, opt = (2, 2, 12) if half else (4, 4, 8)
+    if stage == 0:
+        return (p + g + opt) * numel
+    if stage == 1:
+        return (p + g) * numel + opt * numel // world
+    if stage == 2:
+        return p * numel + (g + opt) * numel // world
+    return (p + g + opt) * numel // world

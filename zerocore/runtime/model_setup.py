@@ -1,0 +1,52 @@
+"""What the engine needs to know about a model before sharding it: parameter names (tied
+weights have several), which parameters train, and converting everything else to the
+training dtype, as DeepSpeed does (callers feed inputs of that dtype)."""
+from __future__ import annotations
+
+import torch
+
+from ..comm import Comm
+from ..config import ZeroConfig
+
+
+def training_dtype(cfg: ZeroConfig) -> torch.dtype:
+    if cfg.bf16.enabled:
+        return torch.bfloat16
+    if cfg.fp16.enabled:
+        return torch.float16
+    return torch.float32
+
+
+def named_params(module: torch.nn.Module) -> tuple[list[tuple[tuple[str, ...], torch.nn.Parameter]],
+                                                   list[tuple[tuple[str, ...], torch.nn.Parameter]]]:
+    """(trainable, frozen) as (all names, parameter) in registration order; a parameter shared by
+    several modules appears once with every name."""
+    names: dict[int, list[str]] = {}
+    params: dict[int, torch.nn.Parameter] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+        params[id(p)] = p
+    trainable, frozen = [], []
+    for key, p in params.items():
+        (trainable if p.requires_grad else frozen).append((tuple(names[key]), p))
+    for ns, p in trainable:
+        if not p.is_floating_point():
+            raise TypeError(f"zerocore: trainable parameter '{ns[0]}' has dtype {p.dtype}; only floating point "
+                            "parameters can be trained")
+    return trainable, frozen
+
+
+def convert_rest(module: torch.nn.Module, frozen, dtype: torch.dtype, comm: Comm) -> None:
+    """Frozen parameters and floating buffers to ``dtype``, synced from rank 0 (as DDP does)."""
+    for _, p in frozen:
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+        comm.broadcast(p.data)
+    for mod in module.modules():
+        for name, b in list(mod._buffers.items()):
+            if b is None:
+                continue
+            if b.is_floating_point() and b.dtype != dtype:
+                b = b.to(dtype)
+                mod._buffers[name] = b
+            comm.broadcast(b)

@@ -1,0 +1,79 @@
+"""A flat group at run time: the layout record plus the tensors one rank holds for it.
+
+The model's parameters become views into ``param_flat`` (so the all-gather after the step
+updates the model in place); with full gradients kept (stages 0/1) ``param.grad`` is a view
+into ``grad_full`` too, so autograd accumulates micro-batches straight into the bucket.
+"""
+from __future__ import annotations
+
+import torch
+
+from .policy import StagePolicy
+from .records import FlatGroup
+from .state import GradState, ParamState, grad_state, param_state
+
+
+class ShardedGroup:
+    def __init__(self, layout: FlatGroup, params: list[torch.nn.Parameter], policy: StagePolicy, rank: int,
+                 device: torch.device, param_flat: torch.Tensor | None = None):
+        assert len(params) == len(layout.slots)
+        self.layout = layout
+        self.params = params
+        self.policy = policy
+        parts = policy.partitions(layout.world)
+        self.lo, self.hi = layout.range_of(rank if parts > 1 else 0, parts)
+        if param_flat is None:
+            param_flat = torch.zeros(layout.padded, dtype=layout.dtype, device=device)
+        assert param_flat.numel() == layout.padded and param_flat.dtype == layout.dtype
+        self.param_flat = param_flat
+        self.param_state = param_state(layout.index, ParamState.GATHERED)
+        self.grad_state = grad_state(layout.index)
+        # Stages 0/1: the full gradient buffer; stage 2+: only the owned, reduced slice.
+        self.grad_full = (torch.zeros(layout.padded, dtype=layout.dtype, device=device)
+                          if policy.keep_full_grads else None)
+        self.grad_shard = (None if policy.keep_full_grads
+                           else torch.zeros(self.hi - self.lo, dtype=layout.dtype, device=device))
+        self.has_grad = False  # the owned slice holds a gradient of this optimizer step
+
+    @property
+    def index(self) -> int:
+        return self.layout.index
+
+    def owned_params(self) -> torch.Tensor:
+        return self.param_flat[self.lo:self.hi]
+
+    def owned_grad(self) -> torch.Tensor:
+        """The reduced gradient of the owned range (valid in state HELD)."""
+        self.grad_state.expect(GradState.HELD)
+        return self.grad_full[self.lo:self.hi] if self.grad_full is not None else self.grad_shard
+
+    def bind_params(self) -> None:
+        """Makes every parameter a view of its slot in ``param_flat``."""
+        for slot, p in zip(self.layout.slots, self.params):
+            p.data = self.param_flat[slot.offset:slot.end].view(slot.shape)
+
+    def grad_view(self, i: int) -> torch.Tensor:
+        slot = self.layout.slots[i]
+        return self.grad_full[slot.offset:slot.end].view(slot.shape)
+
+    def bind_grads(self) -> None:
+        """Stages 0/1: every parameter's ``.grad`` is a view of its slot in ``grad_full``."""
+        if self.grad_full is not None:
+            for i, p in enumerate(self.params):
+                p.grad = self.grad_view(i)
+
+    def clear_grads(self) -> None:
+        """Forgets this step's gradients (after the optimizer step, or zero_grad)."""
+        self.grad_state.expect(GradState.EMPTY, GradState.FILLING, GradState.HELD)
+        if self.grad_full is not None:
+            self.grad_full.zero_()
+            self.bind_grads()
+        else:
+            for p in self.params:
+                p.grad = None
+        self.has_grad = False
+        self.grad_state.to(GradState.EMPTY)
+
+    def tensors(self) -> dict[str, torch.Tensor | None]:
+        """The tensors this group holds, by role (for memory accounting)."""
+        return {"params": self.param_flat, "grads": self.grad_full if self.grad_full is not None else self.grad_shard}
