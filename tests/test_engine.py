@@ -156,3 +156,15 @@ def test_torchrun_environment_initializes_the_default_group(monkeypatch):
         if dist.is_initialized():
             dist.destroy_process_group()
     assert "RANK" in os.environ
+
+
+def test_demo_runs_two_ranks_with_torchrun():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "zerocore", "demo", "--stage", "2", "--steps", "40", "--dim", "32",
+                        "--ctx", "32"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = r.stdout
+    assert "ZeRO stage 2, 2 ranks" in out and "median step" in out
+    assert "rank 0:" in out and "rank 1:" in out and "x stage 0's" in out and "sample:" in out

@@ -1,14 +1,17 @@
-"""`zerocore demo`: train a small character-level GPT on the corpus shipped in the package,
-with a progress bar, the loss, and the time per step.
+"""`zerocore demo`: train a small character-level GPT on the corpus shipped in the package, on
+2 local ranks over gloo, with the ZeRO stage chosen by ``--stage``: a progress bar, the loss,
+each rank's model-state memory against stage 0, and the time per step.
 
-Today it trains in one process with zerocore's FusedAdam against torch.optim.AdamW's result
-on the same data (the ZeRO stages arrive with the engine).
+The ranks are started by torchrun (``python -m torch.distributed.run``), the launcher users
+use too; under torchrun (RANK in the environment) this runs one rank's training instead.
 """
 from __future__ import annotations
 
 import argparse
 import math
 import os
+import subprocess
+import sys
 import time
 
 import torch
@@ -56,51 +59,114 @@ class TinyGPT(nn.Module):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--stage", type=int, default=2, choices=(0, 1, 2), help="ZeRO stage (default 2)")
+    p.add_argument("--ranks", type=int, default=2, help="local gloo ranks started with torchrun (default 2)")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="training dtype (bf16: fp32 master)")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
     p.add_argument("--ctx", type=int, default=64)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--bucket", type=float, default=5e4, help="reduce_bucket_size in elements")
     p.add_argument("--seed", type=int, default=0)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    if "RANK" in os.environ:
+        return train_rank(args)
+    # Start the ranks with torchrun; each runs this same command. One thread per rank: the
+    # ranks share this machine's cores.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}",
+           "-m", "zerocore", "demo"] + [f"--{k}={v}" for k, v in vars(args).items()
+                                        if k not in ("command", "ranks")]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    print(f"zerocore demo: starting {args.ranks} ranks with torchrun (gloo, CPU)", flush=True)
+    return subprocess.call(cmd, env=env)
 
-    from .ops import FusedAdam, active_isa
 
+def _mb(n: float) -> str:
+    return f"{n / 2**20:.2f} MB"
+
+
+def train_rank(args: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
+    import zerocore
+    from zerocore.runtime.memory import formula_bytes
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     text = load_corpus()
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
     torch.manual_seed(args.seed)
     model = TinyGPT(len(chars), args.dim, args.layers, ctx=args.ctx)
-    opt = FusedAdam(model.parameters(), lr=args.lr, weight_decay=0.01)
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"zerocore demo: {n_params / 1e6:.2f}M-parameter char GPT on {len(text) / 1e3:.0f} KB of text, "
-          f"FusedAdam ({active_isa()}), {torch.get_num_threads()} threads, 1 process")
-    gen = torch.Generator().manual_seed(args.seed)
+    engine = zerocore.initialize(model, {
+        "train_micro_batch_size_per_gpu": args.batch,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": 0.01}},
+        "bf16": {"enabled": args.dtype == "bf16"},
+        "zero_optimization": {"stage": args.stage, "reduce_bucket_size": int(args.bucket), "overlap_comm": True},
+    })
+    n_params = sum(g.layout.numel for g in engine.groups)
+    if rank == 0:
+        print(f"{n_params / 1e6:.2f}M-parameter char GPT on {len(text) / 1e3:.0f} KB of text; ZeRO stage "
+              f"{args.stage}, {world} ranks x {args.batch} sequences, {args.dtype}, {len(engine.groups)} flat groups, "
+              f"{torch.get_num_threads()} thread(s) per rank", flush=True)
+    # every rank draws its own batches from one seeded stream
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     losses, times = [], []
-    bar = tqdm(range(args.steps), desc="train", unit="step")
+    bar = range(args.steps)
+    if rank == 0:
+        from tqdm import tqdm
+
+        bar = tqdm(bar, desc=f"stage {args.stage}", unit="step", dynamic_ncols=True, mininterval=0.5)
     for _ in bar:
         starts = torch.randint(0, len(data) - args.ctx - 1, (args.batch,), generator=gen)
         x = torch.stack([data[s:s + args.ctx] for s in starts])
         y = torch.stack([data[s + 1:s + args.ctx + 1] for s in starts])
         t0 = time.perf_counter()
-        loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        logits = engine(x)
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1).to(torch.float32), y.flatten())
+        engine.backward(loss)
+        engine.step()
         times.append(time.perf_counter() - t0)
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-    first = sum(losses[:10]) / min(10, len(losses))
-    last = sum(losses[-10:]) / min(10, len(losses))
-    med = sorted(times)[len(times) // 2]
-    print(f"loss {first:.3f} -> {last:.3f} (uniform guess {math.log(len(chars)):.3f}); "
-          f"median step {med * 1e3:.1f} ms")
-    if not last < first:
+        mean_loss = engine.comm.sum_floats([loss.item()])[0] / world
+        losses.append(mean_loss)
+        if rank == 0:
+            bar.set_postfix(loss=f"{mean_loss:.3f}", ms=f"{times[-1] * 1e3:.0f}")
+    mem = engine.memory_report()
+    # every rank's total, collected on rank 0 in one small collective
+    totals = engine.comm.sum_floats([mem["total"] if r == rank else 0.0 for r in range(world)])
+    stage0 = formula_bytes(n_params, world, 0, half=dtype != torch.float32)
+    first, last = sum(losses[:10]) / min(10, len(losses)), sum(losses[-10:]) / min(10, len(losses))
+    med = sorted(times[len(times) // 5:] or times)[len(times[len(times) // 5:] or times) // 2]  # after warm-up
+    if rank == 0:
+        bar.close()
+        print(f"loss {first:.3f} -> {last:.3f} (uniform guess {math.log(len(chars)):.3f}); "
+              f"median step {med * 1e3:.1f} ms")
+        print(f"model states held per rank (params {_mb(mem['params'])}, grads {_mb(mem['grads'])}, "
+              f"master+m+v {_mb(mem['master'] + mem['exp_avg'] + mem['exp_avg_sq'])}, buckets {_mb(mem['buckets'])} "
+              f"on rank 0):")
+        for r, t in enumerate(totals):
+            print(f"  rank {r}: {_mb(t)} = {t / stage0:.2f}x stage 0's {_mb(stage0)} (16 bytes/param; "
+                  f"{(t - mem['buckets']) / stage0:.2f}x without the gradient buckets)")
+    # a few greedy characters; every rank runs the forward (stage 3 will gather in it)
+    model.eval()
+    with torch.no_grad():
+        idx = torch.tensor([[stoi[c] for c in "The "]])
+        for _ in range(80):
+            nxt = engine(idx[:, -args.ctx:])[0, -1].float().argmax()
+            idx = torch.cat([idx, nxt.view(1, 1)], dim=1)
+    if rank == 0:
+        print("sample: " + repr("".join(chars[i] for i in idx[0].tolist())))
+    ok = last < first
+    if rank == 0 and not ok:
         print("error: the loss did not go down")
-        return 1
-    return 0
+    engine.comm.sum_floats([0.0])  # no rank tears down the group while another still uses it
+    dist.destroy_process_group()
+    return 0 if ok else 1
