@@ -37,7 +37,7 @@ AdamScalars adam_scalars(double lr, double beta1, double beta2, double eps, doub
   s.one_minus_beta2 = static_cast<float>(1.0 - beta2);
   s.eps = static_cast<float>(eps);
   s.neg_step_size = static_cast<float>(-(lr / bc1));
-  s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  s.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
   s.decay = adamw ? static_cast<float>(1.0 - lr * weight_decay) : 1.0f;
   s.l2_wd = adamw ? 0.0f : static_cast<float>(weight_decay);
   s.grad_scale = static_cast<float>(grad_scale);

@@ -13,7 +13,7 @@ namespace zc {
 struct AdamScalars {
   float beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
   float neg_step_size;  // -lr / (1 - beta1^step)
-  float bc2_sqrt;       // sqrt(1 - beta2^step)
+  float inv_bc2_sqrt;   // 1 / sqrt(1 - beta2^step)
   float decay;          // 1 - lr*wd for AdamW (decoupled), 1 for Adam
   float l2_wd;          // wd for Adam (L2, added to the gradient), 0 for AdamW
   float grad_scale;     // multiplies the gradient as it is read
