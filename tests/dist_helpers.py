@@ -95,6 +95,7 @@ class Case:
     inject_inf: tuple[int, int] | None = None  # (optimizer step, rank): an Inf gradient there
     fp16: dict = dataclasses.field(default_factory=dict)
     memory_only: bool = False  # one step, then report bytes held
+    native_rs: bool = False  # the backend's own reduce-scatter even on gloo (the NCCL code path)
 
     def config(self) -> dict:
         z = {"stage": self.stage, "reduce_bucket_size": self.bucket, "reduce_scatter": self.reduce_scatter}
@@ -114,7 +115,14 @@ def run_case(case: Case, rank: int, world: int) -> dict:
     """Trains ``case`` on this rank through zerocore.initialize; returns what the tests compare."""
     baseline = gc_tensor_bytes() if case.memory_only else 0
     model = make_model(case.model, case.seed)
-    engine = zerocore.initialize(model, case.config())
+    if case.native_rs:
+        from zerocore.comm import Comm
+        from zerocore.config import load_config
+
+        engine = zerocore.Engine(model, load_config(case.config()), Comm(dist.group.WORLD,
+                                                                         reduce_scatter_via_all_reduce=False))
+    else:
+        engine = zerocore.initialize(model, case.config())
     dtype = DTYPES[case.dtype]
     rows = case.micro * case.gas * world
     out = {"losses": [], "norms": [], "scales": [], "skipped": []}

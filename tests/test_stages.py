@@ -101,6 +101,11 @@ W2 = [
     Case("gpt_stage2_fp16", "gpt", 2, dtype="fp16", lr=3e-3, fp16={"initial_scale_power": 10}),
     Case("mlp_stage2_fp16_overflow", "mlp", 2, dtype="fp16", inject_inf=(3, 1),
          fp16={"initial_scale_power": 8, "hysteresis": 1}),
+    # the backend's own reduce-scatter, as on NCCL (gloo normally runs an all-reduce instead)
+    Case("gpt_stage0_native_rs", "gpt", 0, native_rs=True, bucket=3000, overlap=True),
+    Case("mlp_stage1_native_rs_acc2", "mlp_frozen_unused", 1, gas=2, native_rs=True, bucket=500, overlap=True),
+    Case("mlp_stage2_native_rs_acc2_bf16", "mlp", 2, gas=2, dtype="bf16", native_rs=True, bucket=500,
+         overlap=True),
     Case("memory_stage0", "mlp_big", 0, dtype="bf16", memory_only=True),
     Case("memory_stage1", "mlp_big", 1, dtype="bf16", memory_only=True, bucket=300_000),
     Case("memory_stage2", "mlp_big", 2, dtype="bf16", memory_only=True, bucket=300_000, overlap=True),
@@ -110,6 +115,7 @@ W4 = [
     Case("mlp_stage1_acc2_clip_tiny_bucket", "mlp_frozen_unused", 1, gas=2, clip=0.05, bucket=100, overlap=True),
     Case("mlp_stage2_acc4_clip_frozen_unused", "mlp_frozen_unused", 2, gas=4, clip=0.05, bucket=700, overlap=True),
     Case("gpt_stage2_bf16", "gpt", 2, dtype="bf16", lr=3e-3, bucket=3000, overlap=True),
+    Case("mlp_stage2_native_rs", "mlp", 2, native_rs=True, bucket=600, overlap=True),
     Case("memory_stage1", "mlp_big", 1, dtype="bf16", memory_only=True, bucket=300_000),
     Case("memory_stage2", "mlp_big", 2, dtype="bf16", memory_only=True, bucket=300_000, overlap=True),
 ]

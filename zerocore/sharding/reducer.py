@@ -59,8 +59,10 @@ class GradReducer:
         self.comm = comm
         self.overlap = overlap
         # reduce_scatter False = DeepSpeed's all-reduce of whole buckets; on gloo the comm layer
-        # runs both as an all-reduce (measured faster there).
-        self._reduce = comm.reduce_scatter if reduce_scatter else comm.all_reduce
+        # runs both as an all-reduce (measured faster there). Stage 0 steps the whole group on
+        # every rank, so it needs the whole sum: always an all-reduce.
+        sharded = bool(groups) and groups[0].policy.shard_optimizer
+        self._reduce = comm.reduce_scatter if reduce_scatter and sharded else comm.all_reduce
         self.full_grads = bool(groups) and groups[0].policy.keep_full_grads
         self.slot_of: dict[int, tuple[int, int]] = {}
         for g in groups:
