@@ -15,6 +15,7 @@ missing=()
 command -v g++ >/dev/null || missing+=(g++)
 command -v cmake >/dev/null || missing+=(cmake)
 [ -f /usr/include/libaio.h ] || missing+=(libaio-dev)
+[ -f /usr/include/liburing.h ] || missing+=(liburing-dev)  # optional io_uring backend of NVMe I/O
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "zerocore: installing ${missing[*]} (apt)"

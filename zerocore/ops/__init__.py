@@ -5,6 +5,7 @@ loaded (or JIT-built) on first use, not at import.
 """
 from ._loader import NativeBuildError
 from .adam import adam_step, adam_step_multi
+from .aio import AsyncIO, aligned_pinned_empty
 from .cast import cast
 from .flatten import pack, unpack
 from .fused_adam import FusedAdam

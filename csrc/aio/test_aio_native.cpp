@@ -1,0 +1,229 @@
+// Native tests of the torch-free I/O engine (ctest): round trips of odd sizes at odd offsets
+// through each backend and several shapes of the queue, aligned and unaligned memory, many
+// requests in flight, and the error paths. Usage: test_aio_native <scratch dir>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "aio/aligned_buffer.h"
+#include "aio/io_engine.h"
+#include "aio/io_error.h"
+
+using namespace zc::aio;
+
+namespace {
+
+int g_failures = 0;
+int g_checks = 0;
+#define CHECK(cond, ...)                                            \
+  do {                                                              \
+    ++g_checks;                                                     \
+    if (!(cond)) {                                                  \
+      ++g_failures;                                                 \
+      if (g_failures < 30) {                                        \
+        std::printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+        std::printf(__VA_ARGS__);                                   \
+        std::printf("\n");                                          \
+      }                                                             \
+    }                                                               \
+  } while (0)
+
+std::string g_dir;
+
+std::vector<char> random_bytes(uint64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<char> v(n);
+  for (auto& c : v) c = static_cast<char>(rng());
+  return v;
+}
+
+uint64_t file_size(const std::string& p) {
+  struct stat st {};
+  return stat(p.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : UINT64_MAX;
+}
+
+template <class F>
+int expect_io_error(F&& f, const std::string& path, std::string* msg = nullptr) {
+  try {
+    f();
+  } catch (const IoError& e) {
+    CHECK(e.path() == path, "error names '%s', want '%s'", e.path().c_str(), path.c_str());
+    if (msg) *msg = e.what();
+    return e.err();
+  } catch (const std::exception& e) {
+    CHECK(false, "unexpected exception type: %s", e.what());
+    return -2;
+  }
+  CHECK(false, "no error for %s", path.c_str());
+  return -1;
+}
+
+// Writes n random bytes at `offset` (memory `shift` bytes past an aligned address), reads them
+// back into differently shifted memory, and checks bytes and file size.
+void round_trip(Engine& e, uint64_t n, int64_t offset, size_t shift_w, size_t shift_r, uint32_t seed) {
+  const std::string path = g_dir + "/rt_" + std::to_string(seed);
+  unlink(path.c_str());
+  const std::vector<char> data = random_bytes(n, seed);
+  AlignedBuffer wb(n + shift_w + 1), rb(n + shift_r + 1);
+  std::memcpy(wb.data() + shift_w, data.data(), n);
+  e.submit(true, wb.data() + shift_w, n, path, offset, nullptr);
+  CHECK(e.wait() == 1, "write count");
+  CHECK(file_size(path) == static_cast<uint64_t>(offset) + n, "size %llu after writing %llu at %lld",
+        (unsigned long long)file_size(path), (unsigned long long)n, (long long)offset);
+  std::memset(rb.data(), 0x5a, n + shift_r);
+  e.run(false, rb.data() + shift_r, n, path, offset);
+  CHECK(std::memcmp(rb.data() + shift_r, data.data(), n) == 0, "bytes differ: n=%llu offset=%lld shift=%zu/%zu",
+        (unsigned long long)n, (long long)offset, shift_w, shift_r);
+  unlink(path.c_str());
+}
+
+void test_round_trips(Backend b) {
+  const uint64_t sizes[] = {1, 4095, 4096, 4097, 65536 + 7, (1u << 20) + 3, 5u << 20};
+  const int64_t offsets[] = {0, 1, 4096, 12345};
+  const EngineOptions shapes[] = {
+      {4096, 1, 1, b, false, true, DirectMode::Auto},
+      {65536, 4, 2, b, false, true, DirectMode::Auto},
+      {1 << 20, 8, 3, b, true, false, DirectMode::Auto},
+  };
+  uint32_t seed = 1;
+  for (const EngineOptions& o : shapes) {
+    Engine e(o);
+    for (uint64_t n : sizes)
+      for (int64_t off : offsets) {
+        round_trip(e, n, off, 0, 0, seed++);
+        round_trip(e, n, off, 64, 8, seed++);
+      }
+  }
+}
+
+// A write into the middle of an existing file keeps the bytes around it.
+void test_overwrite_keeps_neighbours() {
+  Engine e(EngineOptions{});
+  const std::string path = g_dir + "/keep";
+  unlink(path.c_str());
+  std::vector<char> base = random_bytes(20000, 7), patch = random_bytes(5000, 8);
+  e.run(true, base.data(), base.size(), path, 0);
+  e.run(true, patch.data(), patch.size(), path, 3001);
+  std::memcpy(base.data() + 3001, patch.data(), patch.size());
+  std::vector<char> back(base.size());
+  e.run(false, back.data(), back.size(), path, 0);
+  CHECK(back == base, "neighbouring bytes changed");
+  CHECK(file_size(path) == base.size(), "size changed");
+}
+
+void test_many_in_flight(Backend b) {
+  Engine e(EngineOptions{8192, 16, 2, b, false, true, DirectMode::Auto});
+  const int files = 40;
+  std::vector<std::vector<char>> data;
+  for (int i = 0; i < files; ++i) {
+    data.push_back(random_bytes(static_cast<uint64_t>(1000 + 7919 * i), 100 + i));
+    e.submit(true, data.back().data(), data.back().size(), g_dir + "/many_" + std::to_string(i), i, nullptr);
+  }
+  CHECK(e.wait() == files, "count");
+  std::vector<std::vector<char>> back(files);
+  for (int i = 0; i < files; ++i) {
+    back[i].resize(data[i].size());
+    e.submit(false, back[i].data(), back[i].size(), g_dir + "/many_" + std::to_string(i), i, nullptr);
+  }
+  CHECK(e.wait() == files, "count");
+  for (int i = 0; i < files; ++i) {
+    CHECK(back[i] == data[i], "file %d differs", i);
+    unlink((g_dir + "/many_" + std::to_string(i)).c_str());
+  }
+}
+
+void test_errors(Backend b) {
+  Engine e(EngineOptions{65536, 4, 1, b, false, true, DirectMode::Auto});
+  std::vector<char> buf(10000);
+  const std::string missing = g_dir + "/no_such_file";
+  CHECK(expect_io_error([&] { e.run(false, buf.data(), buf.size(), missing, 0); }, missing) == ENOENT, "ENOENT");
+  const std::string nodir = g_dir + "/no_such_dir/f";
+  CHECK(expect_io_error([&] { e.submit(true, buf.data(), buf.size(), nodir, 0, nullptr); }, nodir) == ENOENT, "ENOENT");
+  CHECK(expect_io_error([&] { e.run(false, buf.data(), buf.size(), g_dir, 0); }, g_dir) == EISDIR, "EISDIR read");
+  CHECK(expect_io_error([&] { e.run(true, buf.data(), buf.size(), g_dir, 0); }, g_dir) == EISDIR, "EISDIR write");
+  const std::string small = g_dir + "/small";
+  e.run(true, buf.data(), 100, small, 0);
+  std::string msg;
+  CHECK(expect_io_error([&] { e.run(false, buf.data(), 101, small, 0); }, small, &msg) == 0, "past EOF");
+  CHECK(msg.find("offset 0") != std::string::npos && msg.find("100") != std::string::npos, "message: %s", msg.c_str());
+  CHECK(e.pending() == 0, "nothing left pending");
+  // Still usable.
+  e.submit(true, buf.data(), buf.size(), small, 0, nullptr);
+  CHECK(e.wait() == 1, "usable after errors");
+  bool threw = false;
+  try {
+    e.submit(true, buf.data(), buf.size(), small, -1, nullptr);
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  CHECK(threw, "negative offset");
+  unlink(small.c_str());
+}
+
+void test_fallback() {
+  EngineOptions o;
+  o.direct = DirectMode::Require;
+  Engine strict(o);
+  strict.set_simulate_no_direct(true);
+  std::vector<char> data = random_bytes(10001, 3);
+  const std::string path = g_dir + "/nodirect";
+  CHECK(expect_io_error([&] { strict.run(true, data.data(), data.size(), path, 0); }, path) == EINVAL, "refused");
+  o.direct = DirectMode::Auto;
+  Engine lax(o);
+  lax.set_simulate_no_direct(true);
+  const SubmitInfo info = lax.run(true, data.data(), data.size(), path, 5);
+  CHECK(!info.direct, "fell back");
+  std::vector<char> back(data.size());
+  lax.run(false, back.data(), back.size(), path, 5);
+  CHECK(back == data, "fallback round trip");
+  unlink(path.c_str());
+}
+
+void test_options() {
+  const EngineOptions bad[] = {{1000, 8, 1}, {0, 8, 1}, {4096, 0, 1}, {4096, 8, 0}};
+  for (const EngineOptions& o : bad) {
+    bool threw = false;
+    try {
+      Engine e(o);
+    } catch (const std::invalid_argument&) {
+      threw = true;
+    }
+    CHECK(threw, "bad options accepted");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  g_dir = argc > 1 ? argv[1] : "/tmp/zerocore_aio_native";
+  mkdir(g_dir.c_str(), 0755);
+  std::vector<Backend> backends{Backend::LibAio};
+  std::string why;
+  if (backend_available(Backend::IoUring, &why)) backends.push_back(Backend::IoUring);
+  else std::printf("io_uring not tested: %s\n", why.c_str());
+  try {
+    for (Backend b : backends) {
+      test_round_trips(b);
+      test_many_in_flight(b);
+      test_errors(b);
+    }
+    test_overwrite_keeps_neighbours();
+    test_fallback();
+    test_options();
+  } catch (const std::exception& e) {
+    std::printf("FAIL: unexpected exception: %s\n", e.what());
+    ++g_failures;
+  }
+  rmdir(g_dir.c_str());
+  std::printf("%d checks, %d failures\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
