@@ -370,8 +370,11 @@ def test_bad_arguments(tmp_path):
         h._engine.submit(True, t, str(tmp_path / "x"), -5)
     assert h.wait() == 0
     h.close()
+    assert h.pending == 0
     with pytest.raises(ValueError, match="closed"):
         h.async_pwrite(t, tmp_path / "x")
+    with pytest.raises(ValueError, match="closed"):
+        h.wait()
 
 
 def test_explicit_backends_and_auto():

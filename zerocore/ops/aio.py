@@ -199,12 +199,14 @@ class AsyncIO:
         """Waits for every async request; returns how many completed since the last wait and
         raises the first error among them (the others are still finished; the handle stays
         usable)."""
+        if self._engine is None:
+            raise ValueError("wait: this AsyncIO handle is closed")
         return self._engine.wait()
 
     @property
     def pending(self) -> int:
         """Async requests submitted and not yet finished."""
-        return self._engine.pending()
+        return 0 if self._engine is None else self._engine.pending()
 
     def close(self) -> None:
         """Waits for what is in flight (errors dropped) and stops the workers."""
