@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import _loader
+from .cuda import _lib as _cuda
 from ._checks import FLOAT16S, GRAD_DTYPES, check_betas, check_number, check_tensor
 
 
@@ -19,6 +20,12 @@ def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, ex
     ``param_out``: optional bf16/fp16 tensor of the same size that receives the updated
     parameter in the same pass.
     """
+    if _cuda.routes(param):  # CUDA tensors: zerocore.ops.cuda (a clear error below if not built)
+        from .cuda import kernels
+
+        return kernels.adam_step(param, grad, exp_avg, exp_avg_sq, lr=lr, betas=betas, eps=eps,
+                                 weight_decay=weight_decay, step=step, adamw_mode=adamw_mode,
+                                 grad_scale=grad_scale, param_out=param_out)
     check_tensor("param", param, (torch.float32,))
     n = param.numel()
     check_tensor("grad", grad, GRAD_DTYPES, n)
@@ -43,6 +50,13 @@ def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, b
     """:func:`adam_step` over many tensors in one native call (one thread team, chunks spread
     over it). ``steps[i]`` is tensor i's step count including this update; the other
     hyper-parameters are shared. Tensor checks happen in the binding, naming the index."""
+    params = list(params)
+    if params and _cuda.routes(params[0]):  # CUDA tensors: zerocore.ops.cuda
+        from .cuda import kernels
+
+        return kernels.adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, steps=steps, lr=lr, betas=betas,
+                                       eps=eps, weight_decay=weight_decay, adamw_mode=adamw_mode,
+                                       grad_scale=grad_scale, param_outs=param_outs)
     lr = check_number("lr", lr)
     beta1, beta2 = check_betas(betas)
     eps = check_number("eps", eps)

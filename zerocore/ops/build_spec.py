@@ -90,9 +90,51 @@ def aio_config(root: str) -> dict:
 
 
 def cuda_config(root: str, torch_has_cuda: bool) -> dict:
-    """CUDA kernels (csrc/cuda). Not built yet."""
-    return dict(sources=[], define_macros=[], extra_compile_args=[], extra_link_args=[], libraries=[],
-                library_dirs=[], include_dirs=[], unavailable="CUDA kernels are not part of this build yet")
+    """CUDA kernels (csrc/cuda/*.cu and the binding csrc/bindings_cuda.cpp): built when the torch
+    we build against is a CUDA build and nvcc is found. Architectures come from
+    TORCH_CUDA_ARCH_LIST ("8.0;9.0", "8.0 9.0+PTX", "9.0a", ...), default "8.0;9.0+PTX" (sm_80 and
+    sm_90 binaries, plus sm_90 PTX that newer GPUs JIT-compile). ZEROCORE_CUDA=0 leaves the
+    part out. The .cu files include no torch header, so they compile in seconds."""
+    none = dict(sources=[], define_macros=[], extra_compile_args=[], extra_cuda_args=[], extra_link_args=[],
+                libraries=[], library_dirs=[], include_dirs=[])
+    if os.environ.get("ZEROCORE_CUDA", "").strip().lower() in ("0", "false", "no", "off"):
+        return dict(none, unavailable="left out of this build by ZEROCORE_CUDA=0")
+    if not torch_has_cuda:
+        return dict(none, unavailable="the torch this was built against is a CPU-only build (torch.version.cuda "
+                                      "is None); install a CUDA build of torch and nvcc, then rebuild "
+                                      "(`pip install --no-build-isolation .`)")
+    import shutil
+
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = next((os.path.join(h, "bin", "nvcc") for h in homes if h and os.path.exists(os.path.join(h, "bin", "nvcc"))),
+                None) or shutil.which("nvcc")
+    if nvcc is None:
+        return dict(none, unavailable="nvcc was not found at build time (looked in $CUDA_HOME, $CUDA_PATH, "
+                                      "/usr/local/cuda and PATH); install the CUDA toolkit matching torch.version.cuda "
+                                      "and rebuild")
+    arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip() or "8.0;9.0+PTX"
+    gencode = []
+    for item in arch_list.replace(",", ";").replace(" ", ";").split(";"):
+        if not item:
+            continue
+        arch, ptx = (item[:-4], True) if item.upper().endswith("+PTX") else (item, False)
+        major, _, minor = arch.partition(".")
+        suffix = minor[1:] if len(minor) > 1 else ""
+        if not (major.isdigit() and minor[:1].isdigit() and suffix in ("", "a", "f")):
+            raise ValueError(f"TORCH_CUDA_ARCH_LIST={arch_list!r}: cannot read {item!r}; expected entries like "
+                             "8.0, 9.0, 9.0a or 9.0+PTX separated by ';' or spaces")
+        num = f"{major}{minor[0]}{suffix}"
+        gencode.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if ptx:
+            gencode.append(f"-gencode=arch=compute_{num},code=compute_{num}")
+    if not gencode:
+        raise ValueError(f"TORCH_CUDA_ARCH_LIST={arch_list!r} names no architecture")
+    cu = sorted(os.path.relpath(os.path.join(dp, f), root)
+                for dp, _, fs in os.walk(os.path.join(root, "csrc", "cuda")) for f in fs if f.endswith(".cu"))
+    # -std=c++17 here keeps torch from adding its own -std (nvcc refuses two); no fast-math:
+    # the kernels round exactly like the CPU ones.
+    return dict(none, sources=cu + ["csrc/bindings_cuda.cpp"], define_macros=[("ZEROCORE_WITH_CUDA", None)],
+                extra_cuda_args=["-O3", "-std=c++17"] + list(dict.fromkeys(gencode)), unavailable=None)
 
 
 def extension_config(root: str | None = None, torch_has_cuda: bool = False) -> dict:

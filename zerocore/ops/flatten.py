@@ -6,6 +6,7 @@ from collections.abc import Sequence
 import torch
 
 from . import _loader
+from .cuda import _lib as _cuda
 
 
 def _offsets(offsets: Sequence[int], count: int) -> list[int]:
@@ -19,10 +20,18 @@ def pack(tensors: Sequence[torch.Tensor], offsets: Sequence[int], flat: torch.Te
     """Copies ``tensors[i]`` to ``flat[offsets[i]:offsets[i]+numel]``; every element of ``flat``
     not covered is set to zero. Offsets are in elements of ``flat``'s dtype, which every tensor
     must share. Returns ``flat``."""
+    if _cuda.routes(flat):  # a CUDA bucket: one launch on the GPU (zerocore.ops.cuda)
+        from .cuda import kernels
+
+        return kernels.pack(tensors, offsets, flat)
     _loader.load("flatten").pack(list(tensors), _offsets(offsets, len(tensors)), flat)
     return flat
 
 
 def unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
     """Copies ``flat[offsets[i]:offsets[i]+numel]`` back into ``tensors[i]``."""
+    if _cuda.routes(flat):  # a CUDA bucket: one launch on the GPU (zerocore.ops.cuda)
+        from .cuda import kernels
+
+        return kernels.unpack(flat, tensors, offsets)
     _loader.load("flatten").unpack(flat, list(tensors), _offsets(offsets, len(tensors)))

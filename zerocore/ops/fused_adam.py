@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import _loader
+from .cuda import _lib as _cuda
 from ._checks import check_betas, check_number
 
 # torch.optim.Adam(W)'s group keys that we carry for state-dict compatibility, with the only
@@ -23,8 +24,8 @@ class FusedAdam(torch.optim.Optimizer):
     AdamW (``adamw_mode=True``, decoupled decay, like torch.optim.AdamW).
 
     ``weight_decay`` defaults to the matching torch class's default: 0.01 for AdamW, 0 for Adam.
-    Parameters must be fp32 and on the CPU (CUDA kernels are a separate build); a param group
-    may set its own ``adamw_mode``.
+    Parameters must be fp32, on the CPU or (when zerocore's CUDA kernels are built) on CUDA
+    devices; a param group may set its own ``adamw_mode``.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
@@ -99,9 +100,21 @@ class FusedAdam(torch.optim.Optimizer):
         torch._foreach_add_(counters, 1.0)
         steps = [int(s) for s in torch.stack(counters).tolist()]
         beta1, beta2 = group["betas"]
-        lib.adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, None, steps, float(group["lr"]), float(beta1),
-                            float(beta2), float(group["eps"]), float(group["weight_decay"]),
-                            bool(group["decoupled_weight_decay"]), 1.0)
+        hyper = (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]), float(group["weight_decay"]),
+                 bool(group["decoupled_weight_decay"]), 1.0)
+        on_gpu = [i for i, p in enumerate(params) if p.is_cuda]  # CUDA params: the CUDA kernel
+        if on_gpu:
+            from .cuda import kernels
+
+            pick = lambda xs, idx: [xs[i] for i in idx]  # noqa: E731
+            kernels.adam_step_multi(pick(params, on_gpu), pick(grads, on_gpu), pick(exp_avgs, on_gpu),
+                                    pick(exp_avg_sqs, on_gpu), steps=pick(steps, on_gpu), lr=hyper[0],
+                                    betas=hyper[1:3], eps=hyper[3], weight_decay=hyper[4], adamw_mode=hyper[5])
+            rest = [i for i, p in enumerate(params) if not p.is_cuda]
+            params, grads, exp_avgs, exp_avg_sqs, steps = (pick(xs, rest) for xs in
+                                                           (params, grads, exp_avgs, exp_avg_sqs, steps))
+        if params:
+            lib.adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, None, steps, *hyper)
         for p, flat in writeback:
             p.copy_(flat)
 
@@ -118,7 +131,7 @@ def _validate_group(group: dict, where: str) -> None:
 
 def _check_param(p: torch.Tensor, gi: int, pi: int) -> None:
     where = f"FusedAdam: param_groups[{gi}]['params'][{pi}]"
-    if p.device.type != "cpu":
+    if p.device.type != "cpu" and not (p.is_cuda and _cuda.available()):
         raise ValueError(f"{where} is on {p.device}; this zerocore build has CPU kernels only "
                          "(the CUDA multi-tensor Adam is not built into it)")
     if p.dtype != torch.float32:

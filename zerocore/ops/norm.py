@@ -4,8 +4,16 @@ from __future__ import annotations
 import torch
 
 from . import _loader
+from .cuda import _lib as _cuda
 
 
-def sum_squares(t: torch.Tensor) -> tuple[float, bool]:
-    """Returns (sum of squares accumulated in double, whether any element is Inf or NaN)."""
+def sum_squares(t: torch.Tensor, *, sync: bool = True):
+    """Returns (sum of squares accumulated in double, whether any element is Inf or NaN).
+
+    For a CUDA tensor, ``sync=False`` returns them as 0-d CUDA tensors (float64, bool) without
+    waiting for the GPU (zerocore.ops.cuda.sum_squares); on the CPU ``sync`` changes nothing."""
+    if _cuda.routes(t):
+        from .cuda import kernels
+
+        return kernels.sum_squares(t, sync=sync)
     return _loader.load("norm").sum_squares(t)

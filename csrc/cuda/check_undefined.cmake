@@ -1,0 +1,17 @@
+# ctest helper: fails if the library LIB leaves a zerocore (zc::) symbol undefined, or does
+# not define register_cuda. Run as: cmake -DLIB=<path> -P check_undefined.cmake
+find_program(NM nm REQUIRED)
+execute_process(COMMAND ${NM} -C -u ${LIB} OUTPUT_VARIABLE undef RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "nm failed on ${LIB}")
+endif()
+string(REGEX MATCHALL "[^\n]*zc::[^\n]*" missing "${undef}")
+if(missing)
+  string(REPLACE ";" "\n" missing "${missing}")
+  message(FATAL_ERROR "undefined zerocore symbols in ${LIB}:\n${missing}")
+endif()
+execute_process(COMMAND ${NM} -C --defined-only ${LIB} OUTPUT_VARIABLE defs)
+if(NOT defs MATCHES "register_cuda\\(pybind11::module_&\\)")
+  message(FATAL_ERROR "${LIB} does not define register_cuda(pybind11::module_&)")
+endif()
+message(STATUS "binding + kernels link: no undefined zc:: symbol, register_cuda defined")

@@ -1,0 +1,372 @@
+"""The CUDA kernels against their CPU oracles, on a GPU. Skipped (cleanly, with the reason)
+where torch has no CUDA device or zerocore was built without its CUDA part.
+
+Oracle: the CPU kernels (themselves tested against zerocore.ops.reference). The GPU Adam and
+casts must equal them bit for bit: same host-folded scalars (zc::adam_scalars), same operation
+order, explicitly rounded float operations (no FMA contraction), the same bf16/fp16 rounding
+code. Exceptions, by design: NaN *payloads* (x86 and GPUs produce different default NaNs, so
+NaN positions are compared, not bits) and the sum of squares (double accumulation in another
+order: relative 1e-12). Every test draws fresh random data from a seeded generator.
+"""
+from __future__ import annotations
+
+import os
+import random
+import zlib
+
+import pytest
+import torch
+
+import zerocore
+from zerocore import ops
+from zerocore.ops import cuda as zcuda
+from zerocore.ops.reference import adam_step_reference, pack_reference
+
+
+def _why_skip() -> str | None:
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    if not zcuda.available():
+        return "zerocore built without CUDA kernels: " + zcuda.unavailable_reason()
+    return None
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_why_skip() is not None, reason=str(_why_skip()))]
+
+DEV = torch.device("cuda", 0)
+SIZES = [1, 3, 4, 5, 17, 1000, 16383, 16384, 16385, 3 * 16384 + 7, 1_000_003]
+HP = dict(lr=3e-3, betas=(0.9, 0.995), eps=1e-8, weight_decay=0.05)
+
+
+# Fresh data on every proof run (benchmarks/gpu_proof.py sets ZC_TEST_SEED at random and records
+# it), reproducible by setting the same seed.
+BASE_SEED = int(os.environ.get("ZC_TEST_SEED", "0"))
+
+
+def _gen(*key) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()) ^ BASE_SEED)
+
+
+def _adam_state(n, gen, grad_dtype):
+    p = torch.randn(n, generator=gen)
+    g = torch.randn(n, generator=gen).to(grad_dtype)
+    m = torch.randn(n, generator=gen) * 0.1
+    v = torch.rand(n, generator=gen) * 0.01 + 1e-6
+    return p, g, m, v
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    a, b = a.cpu(), b.cpu()
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    assert torch.equal(nan_a, nan_b), f"{what}: NaN positions differ"
+    ia = a[~nan_a].view(torch.int16 if a.element_size() == 2 else torch.int32)
+    ib = b[~nan_b].view(torch.int16 if b.element_size() == 2 else torch.int32)
+    bad = (ia != ib).nonzero()
+    assert bad.numel() == 0, f"{what}: {bad.numel()} elements differ, first at {bad[0].item()}"
+
+
+# ---- Adam ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("out_dtype", [None, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("adamw", [True, False])
+def test_adam_equals_cpu_kernel(n, grad_dtype, out_dtype, adamw):
+    gen = _gen("adam", n, str(grad_dtype), str(out_dtype), adamw)
+    p, g, m, v = _adam_state(n, gen, grad_dtype)
+    step = int(torch.randint(1, 1000, (1,), generator=gen))
+    hp = dict(HP, step=step, adamw_mode=adamw, grad_scale=0.37)
+    gp, gg, gm, gv = (t.to(DEV) for t in (p, g, m, v))
+    gout = None if out_dtype is None else torch.full((n,), float("nan"), dtype=out_dtype, device=DEV)
+    cout = None if out_dtype is None else torch.empty(n, dtype=out_dtype)
+    ops.adam_step(gp, gg, gm, gv, param_out=gout, **hp)  # routed to the CUDA kernel
+    rp, rm, rv = p.clone(), m.clone(), v.clone()
+    ops.adam_step(p, g, m, v, param_out=cout, **hp)  # CPU kernel
+    for got, want, name in ((gp, p, "param"), (gm, m, "exp_avg"), (gv, v, "exp_avg_sq")):
+        _same_bits(got, want, name)
+    if out_dtype is not None:
+        _same_bits(gout, cout, "param_out")
+    adam_step_reference(rp, g, rm, rv, **hp)  # and near the plain-torch formula
+    torch.testing.assert_close(gp.cpu(), rp, rtol=1e-6, atol=1e-7)
+
+
+def test_adam_many_tensors_several_launches_views_and_steps():
+    """300 tensors (one launch holds 64), odd sizes, empty ones, views at odd element offsets
+    (scalar path), different step counts (separate launches), mixed grad dtypes and outputs."""
+    rnd = random.Random(BASE_SEED + 1)
+    gen = _gen("many")
+    params, grads, ms, vs, outs, steps, cpu = [], [], [], [], [], [], []
+    for i in range(300):
+        n = rnd.choice([0, 1, 5, 127, 4096, 20000, 70001])
+        gdt = rnd.choice([torch.float32, torch.bfloat16, torch.float16])
+        odt = rnd.choice([None, torch.bfloat16, torch.float16])
+        p, g, m, v = _adam_state(n, gen, gdt)
+        cpu.append((p.clone(), g.clone(), m.clone(), v.clone(), None if odt is None else torch.empty(n, dtype=odt)))
+        shift = 1 if i % 3 == 0 else 0  # a view starting one element into its storage
+        def place(t):
+            buf = torch.empty(n + shift, dtype=t.dtype, device=DEV)
+            buf[shift:].copy_(t)
+            return buf[shift:]
+        params.append(place(p)); grads.append(place(g)); ms.append(place(m)); vs.append(place(v))
+        outs.append(None if odt is None else torch.empty(n, dtype=odt, device=DEV))
+        steps.append(1 + i % 4)
+    hp = dict(HP, adamw_mode=True, grad_scale=2.0)
+    ops.adam_step_multi(params, grads, ms, vs, steps=steps, param_outs=outs, **hp)
+    for i, (p, g, m, v, o) in enumerate(cpu):
+        ops.adam_step(p, g, m, v, step=steps[i], param_out=o, **hp)
+        _same_bits(params[i], p, f"param[{i}]")
+        _same_bits(ms[i], m, f"exp_avg[{i}]")
+        _same_bits(vs[i], v, f"exp_avg_sq[{i}]")
+        if o is not None:
+            _same_bits(outs[i], o, f"param_out[{i}]")
+
+
+def test_adam_device_grad_scale_and_nonfinite_grads():
+    gen = _gen("scale")
+    n = 50_001
+    p, g, m, v = _adam_state(n, gen, torch.float16)
+    g[::997] = float("inf")
+    g[5] = float("nan")
+    gp, gg, gm, gv = (t.to(DEV) for t in (p, g, m, v))
+    scale = torch.tensor([0.25], device=DEV)  # read by the kernel: no host sync
+    zcuda.adam_step_multi([gp], [gg], [gm], [gv], steps=[3], grad_scale=scale, **HP)
+    ops.adam_step(p, g, m, v, step=3, grad_scale=0.25, **HP)
+    for got, want, name in ((gp, p, "param"), (gm, m, "exp_avg"), (gv, v, "exp_avg_sq")):
+        _same_bits(got, want, name)
+    assert torch.isnan(gp.cpu()[::997]).all()
+
+
+def test_fused_adam_on_cuda_matches_torch_adamw_and_cpu():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(37, 53), torch.nn.GELU(), torch.nn.Linear(53, 11))
+    ref = [p.detach().clone().to(DEV).requires_grad_() for p in model.parameters()]
+    cpu = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    gpu = [p.detach().clone().to(DEV).requires_grad_() for p in model.parameters()]
+    opts = [zerocore.FusedAdam(gpu, lr=1e-2, weight_decay=0.1), torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1,
+            foreach=False), zerocore.FusedAdam(cpu, lr=1e-2, weight_decay=0.1)]
+    gen = _gen("fused")
+    for _ in range(5):
+        grads = [torch.randn(p.shape, generator=gen) for p in cpu]
+        for params in (gpu, ref, cpu):
+            for p, g in zip(params, grads):
+                p.grad = g.to(p.device)
+        for opt in opts:
+            opt.step()
+    for a, b, c in zip(gpu, ref, cpu):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-6, atol=1e-7)
+        _same_bits(a.detach(), c.detach(), "FusedAdam cuda vs cpu")
+    assert opts[0].state[gpu[0]]["exp_avg"].is_cuda
+
+
+# ---- pack / unpack ------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.uint8, torch.int64])
+def test_pack_unpack_equal_cpu(dtype):
+    rnd = random.Random(f"{dtype}{BASE_SEED}")
+    sizes = [rnd.choice([1, 2, 3, 7, 64, 1000, 4097, 70000]) for _ in range(300)]
+    offsets, cursor = [], rnd.randint(0, 9)
+    for n in sizes:
+        offsets.append(cursor)
+        cursor += n + rnd.choice([0, 0, 1, 5, 33])  # gaps, some none
+    total = cursor + 17
+    order = list(range(len(sizes)))
+    rnd.shuffle(order)  # tensors need not come in offset order
+    sizes = [sizes[i] for i in order]
+    offsets = [offsets[i] for i in order]
+    gen = _gen("pack", str(dtype))
+    cpu = [(torch.randn(n, generator=gen) * 100).to(dtype) for n in sizes]
+    gpu = [t.to(DEV) for t in cpu]
+    flat = torch.full((total,), 7, dtype=dtype, device=DEV)  # poisoned: gaps must become 0
+    ops.pack(gpu, offsets, flat)
+    want = torch.full((total,), 7, dtype=dtype)
+    ops.pack(cpu, offsets, want)
+    ref = torch.empty(total, dtype=dtype)
+    pack_reference(cpu, offsets, ref)
+    assert torch.equal(flat.cpu(), want) and torch.equal(want, ref)
+    back = [torch.zeros_like(t) for t in gpu]
+    ops.unpack(flat, back, offsets)
+    for a, b in zip(back, cpu):
+        assert torch.equal(a.cpu(), b)
+
+
+def test_pack_misaligned_views_and_errors():
+    base = torch.arange(1000, dtype=torch.float16, device=DEV)
+    views = [base[1:8], base[3:700], base[701:702]]  # 2-byte aligned sources
+    flat = torch.full((1000,), -1.0, dtype=torch.float16, device=DEV)
+    ops.pack(views, [5, 13, 999], flat)
+    want = torch.full((1000,), -1.0, dtype=torch.float16)
+    ops.pack([v.cpu() for v in views], [5, 13, 999], want)
+    assert torch.equal(flat.cpu(), want)
+    with pytest.raises(ValueError, match="overlap"):
+        ops.pack(views, [5, 10, 999], flat)
+    with pytest.raises(ValueError, match="does not fit"):
+        ops.pack(views, [5, 13, 1000], flat)
+    with pytest.raises(TypeError, match="dtype"):
+        ops.pack([base.float()], [0], flat)
+
+
+# ---- casts --------------------------------------------------------------------------------------
+def _nasty(n, gen):
+    x = torch.randint(-2**31, 2**31 - 1, (n,), generator=gen, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 65504.0, 65519.0, 65520.0,
+                             6.1035156e-05, 5.9604645e-08, 2.9802322e-08, 3.3895314e38, 1e-40, 1.0 + 2**-8])
+    x[: min(n, specials.numel())] = specials[: min(n, specials.numel())]
+    return x
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 1_000_003])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cast_equals_cpu_both_ways(n, dtype):
+    x = _nasty(n, _gen("cast", n, str(dtype)))
+    got = ops.cast(x.to(DEV), dtype=dtype)
+    want = ops.cast(x, dtype=dtype)
+    _same_bits(got, want, "fp32 -> 16")
+    back = ops.cast(got, dtype=torch.float32)
+    _same_bits(back, ops.cast(want, dtype=torch.float32), "16 -> fp32")
+    other = torch.bfloat16 if dtype == torch.float16 else torch.float16
+    _same_bits(ops.cast(got, dtype=other), ops.cast(want, dtype=other), "16 -> 16")
+    # from an odd element offset: the scalar path
+    src = torch.empty(n + 1, dtype=torch.float32, device=DEV)
+    src[1:].copy_(x)
+    _same_bits(ops.cast(src[1:], dtype=dtype), want, "misaligned fp32 -> 16")
+
+
+def test_cast_fused_with_host_copy_and_pageable_refused():
+    x = _nasty(100_003, _gen("hostcast"))
+    pinned = torch.empty(x.numel(), dtype=torch.bfloat16).pin_memory()
+    ops.cast(x.to(DEV), pinned)  # the kernel writes host memory
+    torch.cuda.synchronize()
+    _same_bits(pinned, ops.cast(x, dtype=torch.bfloat16), "device fp32 -> pinned bf16")
+    dev = torch.empty(x.numel(), dtype=torch.float32, device=DEV)
+    ops.cast(pinned, dev)  # the kernel reads host memory
+    _same_bits(dev, ops.cast(pinned.clone(), dtype=torch.float32), "pinned bf16 -> device fp32")
+    with pytest.raises(ValueError, match="pageable"):
+        ops.cast(x.to(DEV), torch.empty(x.numel(), dtype=torch.bfloat16))
+
+
+# ---- sum of squares -----------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [0, 1, 7, 4096, 16385, 5_000_003])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_sum_squares_equals_cpu(n, dtype):
+    x = torch.randn(n, generator=_gen("ss", n, str(dtype))).to(dtype)
+    got, bad = ops.sum_squares(x.to(DEV))
+    want, wbad = ops.sum_squares(x)
+    assert got == pytest.approx(want, rel=1e-12, abs=0) and bad is wbad is False
+
+
+def test_sum_squares_no_sync_flag_and_determinism():
+    x = torch.randn(3_000_001, generator=_gen("ss2")).to(DEV)
+    s1, f1 = ops.sum_squares(x, sync=False)
+    assert s1.is_cuda and f1.is_cuda and s1.dtype == torch.float64 and f1.dtype == torch.bool and s1.dim() == 0
+    s2, _ = ops.sum_squares(x, sync=False)
+    assert torch.equal(s1, s2) and not f1.item()  # same blocks, same order: same bits
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        y = x.clone()
+        y[2_999_999] = bad
+        assert ops.sum_squares(y)[1] is True
+    big = torch.full((1000,), 3e38, device=DEV)  # squares overflow fp32, not double
+    total, flag = ops.sum_squares(big)
+    assert flag is False and total == pytest.approx(1000 * big[0].item() ** 2, rel=1e-12)
+
+
+# ---- pinned pool and async copies ---------------------------------------------------------------
+def test_pinned_pool_and_async_copier_roundtrip():
+    pool = zcuda.PinnedBufferPool(limit_bytes=256 << 20)
+    copier = zcuda.AsyncCopier(DEV, pool=pool)
+    src = torch.randn(3_000_007, device=DEV)
+    host = pool.empty(src.shape, torch.float32)
+    assert host.is_pinned() and host.data_ptr() % 4096 == 0
+    ev = copier.copy(host, src)  # D2H on the side stream, after the randn on the current stream
+    ev.synchronize()
+    assert torch.equal(host, src.cpu())
+    back = torch.empty_like(src)
+    copier.wait(copier.copy(back, host))
+    assert torch.equal(back, src)
+    half = pool.empty(src.shape, torch.bfloat16)
+    copier.cast(half, src).synchronize()  # cast fused with the D2H copy
+    assert torch.equal(half, ops.cast(src.cpu(), dtype=torch.bfloat16))
+    ptr = host.data_ptr()
+    del host  # released while nothing is in flight: the next request of that size reuses it
+    torch.cuda.synchronize()
+    again = pool.empty((3_000_007,), torch.float32)
+    assert again.data_ptr() == ptr and pool.stats()["hits"] >= 1
+    with pytest.raises(RuntimeError, match="limit"):
+        pool.empty((300 << 20,), torch.uint8)
+    with pytest.raises(ValueError, match="pinned"):
+        zcuda.copy_async(torch.empty(10), torch.zeros(10, device=DEV))
+    del again, half
+    assert pool.trim() > 0
+
+
+def test_pinned_block_not_reused_while_copy_in_flight():
+    pool = zcuda.PinnedBufferPool()
+    side = torch.cuda.Stream(DEV)
+    big = torch.randn(64 << 20, device=DEV)  # 256 MiB: the copy takes a while
+    host = pool.empty(big.shape, torch.float32)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # keep the side stream busy so the copy is surely pending
+    side.wait_stream(torch.cuda.current_stream(DEV))
+    zcuda.copy_async(host, big, stream=side, pool=pool)
+    ptr = host.data_ptr()
+    del host  # released with the copy still queued
+    other = pool.empty((64 << 20,), torch.float32)
+    assert other.data_ptr() != ptr, "a block with a pending copy was handed out again"
+    side.synchronize()
+
+
+# ---- tensors over 2^31 elements -----------------------------------------------------------------
+def _need(nbytes: int) -> None:
+    free, _ = torch.cuda.mem_get_info(DEV)
+    if free < nbytes * 1.1:
+        pytest.skip(f"needs {nbytes / 2**30:.1f} GiB of free GPU memory, {free / 2**30:.1f} GiB free")
+
+
+BIG = 2**31 + 4099  # past int32 indexing, not a multiple of the chunk or of 4
+
+
+@pytest.mark.slow
+def test_adam_over_2pow31_elements():
+    _need(BIG * (4 * 3 + 2 + 2 + 4))  # + a transient fp32 while making the bf16 grads
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    p = torch.randn(BIG, device=DEV, generator=gen)
+    g = torch.randn(BIG, device=DEV, generator=gen).to(torch.bfloat16)
+    m = torch.randn(BIG, device=DEV, generator=gen) * 0.1
+    v = torch.rand(BIG, device=DEV, generator=gen) * 0.01 + 1e-6
+    out = torch.empty(BIG, dtype=torch.float16, device=DEV)
+    windows = [(0, 1 << 20), (2**31 - (1 << 20), BIG)]  # the start, and across 2^31 to the end
+    before = [tuple(t[a:b].cpu() for t in (p, g, m, v)) for a, b in windows]
+    ops.adam_step(p, g, m, v, step=9, param_out=out, **HP)
+    for (a, b), (cp, cg, cm, cv) in zip(windows, before):
+        co = torch.empty(b - a, dtype=torch.float16)
+        ops.adam_step(cp, cg, cm, cv, step=9, param_out=co, **HP)
+        _same_bits(p[a:b], cp, f"param[{a}:{b}]")
+        _same_bits(v[a:b], cv, f"exp_avg_sq[{a}:{b}]")
+        _same_bits(out[a:b], co, f"param_out[{a}:{b}]")
+
+
+@pytest.mark.slow
+def test_cast_sum_squares_pack_over_2pow31_elements():
+    _need(BIG * (2 + 4 + 2))
+    x = torch.ones(BIG, dtype=torch.bfloat16, device=DEV)
+    x[-3:] = 2.0
+    total, bad = ops.sum_squares(x)
+    assert total == BIG - 3 + 12 and bad is False  # exact in double
+    y = ops.cast(x, dtype=torch.float32)
+    assert y[-4:].tolist() == [1.0, 2.0, 2.0, 2.0] and y[:5].tolist() == [1.0] * 5
+    del y
+    flat = torch.full((BIG,), 5.0, dtype=torch.bfloat16, device=DEV)
+    tail = torch.arange(10, dtype=torch.bfloat16, device=DEV)
+    ops.pack([x[:100], tail], [0, BIG - 10], flat)  # a tensor past byte 2^32, gap zeroed
+    assert flat[BIG - 10:].tolist() == tail.tolist() and flat[100:200].abs().sum().item() == 0
+    assert flat[2**31 + 5].item() == 0
+    back = torch.empty_like(tail)
+    ops.unpack(flat, [back], [BIG - 10])
+    assert torch.equal(back, tail)
+
+
+# ---- the build ----------------------------------------------------------------------------------
+def test_build_reports_archs_and_kernel_image():
+    info = zcuda.build_info()
+    assert info["built"] and info["devices"] >= 1
+    major, minor = torch.cuda.get_device_capability(DEV)
+    assert "cuda:0" in info["kernel_image"] and "no usable" not in info["kernel_image"]["cuda:0"]
+    assert any(int(a[3:]) <= major * 10 + minor for a in info["archs"])
