@@ -21,15 +21,17 @@ if(NOT ZC_CUDA)
 endif()
 
 include(CheckLanguage)
-if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
-  find_program(ZC_NVCC nvcc HINTS /usr/local/cuda/bin ENV CUDA_HOME PATH_SUFFIXES bin)
+if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
+  # $CUDA_HOME, then /usr/local/cuda, then PATH; check_language still tries it (a broken
+  # nvcc leaves CMAKE_CUDA_COMPILER NOTFOUND and the CPU build goes on).
+  find_program(ZC_NVCC nvcc HINTS ENV CUDA_HOME /usr/local/cuda PATH_SUFFIXES bin)
   if(ZC_NVCC)
-    set(CMAKE_CUDA_COMPILER ${ZC_NVCC})
+    set(ENV{CUDACXX} ${ZC_NVCC})
   endif()
 endif()
 check_language(CUDA)
 if(NOT CMAKE_CUDA_COMPILER)
-  message(STATUS "zerocore: nvcc not found; CUDA kernels not compiled")
+  message(STATUS "zerocore: no working nvcc found; CUDA kernels not compiled")
   return()
 endif()
 
