@@ -23,6 +23,9 @@ target was missed:
            usual way" (grad up-cast, torch fused fp32 step, param down-cast: 40 bytes/param); the
            other kernels' bandwidth (cast, pack/unpack, sum of squares, pinned host<->device).
 
+Under a per-command time limit, split it: `--steps build,native`, then `--steps tests,bench`; the
+second call keeps the first one's steps in the report.
+
 Targets (from issue 5): fp32 Adam >= 90% of the copy bandwidth at 28 B/param; fp32 not slower than
 torch fused AdamW (median within 2%); one-pass mixed precision >= 1.3x the usual way.
 Timing protocol: CUDA events around each call, variants interleaved (rotated order each round),
@@ -401,7 +404,8 @@ def markdown(report: dict) -> str:
         lines.append(f"| {name} | {'yes' if s.get('ok') else 'NO'} | {detail} |")
     bench = report["steps"].get("bench", {})
     if bench.get("ok"):
-        lines += ["", f"Device copy bandwidth (torch copy_, 1 GiB): **{bench['copy']['gbps']:.0f} GB/s**", "",
+        lines += ["", f"Device copy bandwidth (torch copy_ of {bench['copy']['bytes'] / 2 / 2**30:.2f} GiB): "
+                      f"**{bench['copy']['gbps']:.0f} GB/s**", "",
                   "## Adam", "", "| case | variant | median ms | B/param | GB/s | % of copy |", "|---|---|---|---|---|---|"]
         for c in bench["adam"]:
             case = f"{c['precision']}, {c['layout']} ({c['tensors']} tensors)"
@@ -466,6 +470,19 @@ def main() -> int:
     slug = re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_")
     os.makedirs(args.out_dir, exist_ok=True)
     base = os.path.join(args.out_dir, f"gpu_{slug}")
+    # Steps split over several calls (--steps build,native then --steps tests,bench, e.g. under a
+    # per-command time limit) end up in one report: steps not run now are kept from the last one.
+    try:
+        with open(base + ".json") as f:
+            earlier = json.load(f)
+        for name, s in earlier.get("steps", {}).items():
+            if name not in steps:
+                steps[name] = dict(s, from_earlier_run=earlier.get("when"))
+        if "bench" not in want and earlier.get("targets"):
+            report["targets"] = earlier["targets"]
+    except (OSError, ValueError):
+        pass
+    report["steps"] = {k: steps[k] for k in ("build", "native", "tests", "bench") if k in steps}
     with open(base + ".json", "w") as f:
         json.dump(report, f, indent=1, default=str)
     md = markdown(report)
