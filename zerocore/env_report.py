@@ -39,6 +39,12 @@ def collect() -> dict:
         for op in list(OP_SOURCES) + ["aio", "cuda"]:
             ops[op] = "unavailable (see extension)"
     info["ops"] = ops
+    try:  # what the CUDA part was compiled for and which code each visible GPU would run
+        from .ops.cuda import build_info
+
+        info["cuda_build"] = build_info()
+    except Exception as exc:  # never let a report crash
+        info["cuda_build"] = f"unknown: {exc}"
     info["libaio_headers"] = os.path.exists("/usr/include/libaio.h")
     return info
 
