@@ -38,14 +38,23 @@ class Handle:
 
 
 class Comm:
-    """The ranks of one process group (``None``: a world of one, where every collective is the
-    identity and nothing touches torch.distributed)."""
+    """The ranks of one process group. ``Comm()`` is the default group; ``Comm.single()`` a
+    world of one, where every collective is the identity and nothing touches torch.distributed.
 
-    def __init__(self, group=None, *, reduce_scatter_via_all_reduce: bool | None = None):
-        self.group = group
-        if group is None:
-            self.rank, self.world, self.backend = 0, 1, "none"
+    The default group is not held by reference (torch.distributed calls get ``group=None``), so
+    ``destroy_process_group()`` really frees it and joins gloo's worker threads: a Python
+    reference kept here made the group outlive it, and a gloo thread then released a finished
+    Work's tensors during interpreter shutdown, aborting the process ("terminate called
+    without an active exception", seen in about 1 exit in 5 here).
+    """
+
+    def __init__(self, group=None, *, reduce_scatter_via_all_reduce: bool | None = None, _single: bool = False):
+        if _single:
+            self.group, self.rank, self.world, self.backend = None, 0, 1, "none"
         else:
+            if group is not None and group is dist.group.WORLD:
+                group = None
+            self.group = group
             self.rank = dist.get_rank(group)
             self.world = dist.get_world_size(group)
             self.backend = str(dist.get_backend(group)).lower()
@@ -55,6 +64,10 @@ class Comm:
         # NCCL reduces only device tensors; the few scalars of a step travel there.
         self._scalar_device = (torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl"
                                else torch.device("cpu"))
+
+    @classmethod
+    def single(cls) -> "Comm":
+        return cls(_single=True)
 
     def chunk(self, flat: torch.Tensor, rank: int | None = None) -> torch.Tensor:
         """Rank ``rank``'s (default: this rank's) chunk of a rank-major flat buffer."""
@@ -91,7 +104,8 @@ class Comm:
 
     def broadcast(self, t: torch.Tensor, src: int = 0) -> None:
         if self.world > 1:
-            dist.broadcast(t, src=dist.get_global_rank(self.group, src), group=self.group)
+            dist.broadcast(t, src=src if self.group is None else dist.get_global_rank(self.group, src),
+                           group=self.group)
 
     def sum_floats(self, values: list[float]) -> list[float]:
         """Sums a few Python floats over ranks in one small collective (float64)."""

@@ -18,9 +18,9 @@ def default_comm(device: torch.device | None = None) -> Comm:
     CUDA models, gloo otherwise. With neither, training runs as a world of one.
     """
     if dist.is_available() and dist.is_initialized():
-        return Comm(dist.group.WORLD)
+        return Comm()
     if dist.is_available() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
         dist.init_process_group(backend)
-        return Comm(dist.group.WORLD)
-    return Comm(None)
+        return Comm()
+    return Comm.single()

@@ -2,9 +2,12 @@
 
 ``register_post_accumulate_grad_hook`` fires once per parameter per backward, after autograd
 has accumulated its gradient. Stages 0/1 keep a full gradient buffer per group (``.grad`` is a
-view of it, so micro-batches accumulate in place) and reduce it at the accumulation boundary;
-stage 2 copies each gradient into a transient bucket, frees ``.grad``, and reduces every
-micro-batch, adding the owned slice into the gradient shard.
+view of it, so micro-batches accumulate in place) and reduce it at the accumulation boundary.
+Stage 2 takes each gradient from ``.grad`` as it arrives; when a group's last gradient is in,
+one multi-tensor ``pack`` call copies them all into a transient bucket (zeroing the slots of
+unused parameters and the padding in the same pass), the bucket is reduced, and the owned
+slice is added into the gradient shard. Packing per group rather than per hook keeps the
+hook itself to a few microseconds (it was most of the cost of a 200-tensor model at 4 MB).
 
 Groups are launched strictly in index order (group k only after groups < k), whatever order
 the hooks fire in, so every rank issues the same collectives in the same order even when
@@ -25,8 +28,8 @@ from .state import GradState
 
 
 class BucketPool:
-    """Transient stage-2 buckets, all ``numel`` long; at most ``cap`` unless every bucket is
-    still filling (hooks fired out of group order), when one more is made (counted)."""
+    """Transient stage-2 buckets, all ``numel`` long, at most ``cap`` of them (2 with
+    overlap_comm: one reducing while the next is packed)."""
 
     def __init__(self, numel: int, dtype: torch.dtype, device: torch.device, cap: int):
         self.numel, self.dtype, self.device, self.cap = numel, dtype, device, cap
@@ -37,16 +40,10 @@ class BucketPool:
         if self.free:
             return self.free.pop()
         if len(self.all) < self.cap:
-            return self._new()
+            b = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
+            self.all.append(b)
+            return b
         return None
-
-    def take_extra(self) -> torch.Tensor:
-        return self._new()
-
-    def _new(self) -> torch.Tensor:
-        b = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
-        self.all.append(b)
-        return b
 
     def give(self, b: torch.Tensor) -> None:
         self.free.append(b)
@@ -72,8 +69,10 @@ class GradReducer:
         if groups and not self.full_grads:
             self.pool = BucketPool(max(g.layout.padded for g in groups), groups[0].layout.dtype, device,
                                    cap=2 if overlap else 1)
-        self.buckets: dict[int, torch.Tensor] = {}  # group -> bucket it is filling / reducing (stage 2)
+        self.buckets: dict[int, torch.Tensor] = {}  # group -> its bucket while reducing (stage 2)
         self.inflight: deque[tuple[int, Handle]] = deque()
+        # stage 2: this micro-batch's gradients, held from their hook until their group is packed
+        self.stash: list[list[torch.Tensor | None]] = [[None] * len(g.params) for g in groups]
         self.arrived = [[False] * len(g.params) for g in groups]
         self.count = [0] * len(groups)
         self.launched = [False] * len(groups)
@@ -90,10 +89,9 @@ class GradReducer:
             raise RuntimeError("zerocore: backward called again before the previous one finished")
         self.in_backward = True
         self.reducing = boundary or not self.full_grads
-        for k in range(len(self.groups)):
-            self.arrived[k] = [False] * len(self.groups[k].params)
-            self.count[k] = 0
-            self.launched[k] = False
+        self.arrived = [[False] * len(g.params) for g in self.groups]
+        self.count = [0] * len(self.groups)
+        self.launched = [False] * len(self.groups)
         self.next_launch = 0
 
     def _on_grad(self, p: torch.nn.Parameter) -> None:
@@ -102,9 +100,9 @@ class GradReducer:
                                "instead of loss.backward() so loss scaling and gradient reduction happen")
         k, i = self.slot_of[id(p)]
         g = self.groups[k]
-        if self.launched[k] or self.arrived[k][i]:
-            raise RuntimeError(f"zerocore: gradient of '{g.layout.slots[i].name}' arrived twice in one backward "
-                               "(after its bucket was reduced); reentrant backward is not supported")
+        if self.launched[k]:
+            raise RuntimeError(f"zerocore: gradient of '{g.layout.slots[i].name}' arrived after its bucket was "
+                               "reduced (a second backward through it?); reentrant backward is not supported")
         if self.full_grads:
             view = g.grad_view(i)
             if p.grad.data_ptr() != view.data_ptr():  # .grad was reset to None behind our back
@@ -113,32 +111,17 @@ class GradReducer:
             if g.grad_state == GradState.EMPTY:
                 g.grad_state.to(GradState.FILLING)
         else:
-            bucket = self._bucket_for(k)
-            slot = g.layout.slots[i]
-            grad = p.grad
-            if grad.dtype == bucket.dtype and grad.is_contiguous():
-                ops.pack([grad.reshape(-1)], [0], bucket[slot.offset:slot.end])
-            else:
-                bucket[slot.offset:slot.end].copy_(grad.reshape(-1))
+            if g.grad_state != GradState.FILLING:
+                g.grad_state.to(GradState.FILLING)
+            prev = self.stash[k][i]  # a parameter reached twice (reentrant checkpointing): sum
+            self.stash[k][i] = p.grad if prev is None else prev + p.grad
             p.grad = None  # stage 2 keeps only the owned slice
+        if self.arrived[k][i]:
+            return
         self.arrived[k][i] = True
         self.count[k] += 1
-        if self.reducing:
+        if self.reducing and k == self.next_launch and self.count[k] == len(g.params):
             self._launch_ready()
-
-    def _bucket_for(self, k: int) -> torch.Tensor:
-        g = self.groups[k]
-        if k in self.buckets:
-            return self.buckets[k]
-        b = self.pool.take()
-        while b is None and self.inflight:
-            self._finish_oldest()
-            b = self.pool.take()
-        if b is None:
-            b = self.pool.take_extra()
-        g.grad_state.to(GradState.FILLING)
-        self.buckets[k] = b
-        return b
 
     def _launch_ready(self) -> None:
         while self.next_launch < len(self.groups):
@@ -149,18 +132,27 @@ class GradReducer:
 
     def _launch(self, k: int) -> None:
         g = self.groups[k]
+        if g.grad_state != GradState.FILLING:  # no parameter of this group got a gradient
+            g.grad_state.to(GradState.FILLING)
         if self.full_grads:
-            if g.grad_state == GradState.EMPTY:  # no parameter of this group got a gradient this step
-                g.grad_state.to(GradState.FILLING)
             flat = g.grad_full
         else:
-            b = self._bucket_for(k)
-            # zero what no hook wrote this micro-batch: unused parameters and the padding
-            for i, s in enumerate(g.layout.slots):
-                if not self.arrived[k][i]:
-                    b[s.offset:s.end].zero_()
-            b[g.layout.numel:g.layout.padded].zero_()
+            b = self.pool.take()
+            while b is None:  # both buckets busy: the oldest reduction must land first
+                self._finish_oldest()
+                b = self.pool.take()
             flat = b[:g.layout.padded]
+            stash, tensors, offsets = self.stash[k], [], []
+            for slot, grad in zip(g.layout.slots, stash):
+                if grad is not None:
+                    if grad.dtype != flat.dtype or not grad.is_contiguous():
+                        grad = grad.to(flat.dtype).contiguous()
+                    tensors.append(grad.reshape(-1))
+                    offsets.append(slot.offset)
+            # one pass: every gradient into place, unused slots and the padding zeroed
+            ops.pack(tensors, offsets, flat)
+            self.stash[k] = [None] * len(stash)
+            self.buckets[k] = b
         g.grad_state.to(GradState.REDUCING)
         self.launched[k] = True
         self.next_launch = k + 1
@@ -197,6 +189,7 @@ class GradReducer:
                 self._finish_oldest()
         finally:
             self.in_backward = False
+            self.stash = [[None] * len(g.params) for g in self.groups]
 
     def clear(self) -> None:
         """Forgets all gradients of this optimizer step."""
