@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "adam/adam.h"
+#include "tests/check.h"
 #include "cast/cast.h"
 #include "common/half.h"
 #include "cuda/api.h"
@@ -33,20 +34,6 @@
 namespace {
 constexpr cudaMemcpyKind kMemcpyDefault = cudaMemcpyDefault;
 
-int g_failures = 0;
-int g_checks = 0;
-#define CHECK(cond, ...)                                             \
-  do {                                                               \
-    ++g_checks;                                                      \
-    if (!(cond)) {                                                   \
-      ++g_failures;                                                  \
-      if (g_failures < 30) {                                         \
-        std::printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);  \
-        std::printf(__VA_ARGS__);                                    \
-        std::printf("\n");                                           \
-      }                                                              \
-    }                                                                \
-  } while (0)
 
 uint32_t bits(float f) { return zc::f32_bits(f); }
 
@@ -436,10 +423,9 @@ int main() {
       test_device_cast_norm_pack();
       test_device_pool();
     } catch (const std::exception& e) {
-      ++g_failures;
+      ++zc_test::failures;
       std::printf("FAIL: exception: %s\n", e.what());
     }
   }
-  std::printf("%d checks, %d failed\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return zc_test::summary();
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "adam/adam.h"
+#include "tests/check.h"
 #include "cast/cast.h"
 #include "common/half.h"
 #include "flatten/flatten.h"
@@ -20,20 +21,6 @@
 
 namespace {
 
-int g_failures = 0;
-int g_checks = 0;
-#define CHECK(cond, ...)                                              \
-  do {                                                                \
-    ++g_checks;                                                       \
-    if (!(cond)) {                                                    \
-      ++g_failures;                                                   \
-      if (g_failures < 20) {                                          \
-        std::printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);   \
-        std::printf(__VA_ARGS__);                                     \
-        std::printf("\n");                                            \
-      }                                                               \
-    }                                                                 \
-  } while (0)
 
 const int64_t kSizes[] = {1, 7, 15, 16, 17, 63, 1000, (1 << 16) + 5, (1 << 20) + 3};
 
@@ -269,6 +256,5 @@ int main() {
   test_adam();
   test_sum_squares();
   test_pack_unpack();
-  std::printf("%d checks, %d failed\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return zc_test::summary();
 }
