@@ -168,3 +168,34 @@ def test_demo_runs_two_ranks_with_torchrun():
     out = r.stdout
     assert "ZeRO stage 2, 2 ranks" in out and "median step" in out
     assert "rank 0:" in out and "rank 1:" in out and "x stage 0's" in out and "sample:" in out
+
+
+def test_unused_parameters_do_not_pin_buckets():
+    """A group waiting for an unused parameter would hold its bucket (and every later group's)
+    until the end of backward; after the first backward finds unused parameters, the graph is
+    walked up front and they count as done."""
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            # registered first, so its group is launched first (groups follow reverse registration)
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(9, 9) for _ in range(5))
+            self.unused = torch.nn.Linear(9, 9)
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = torch.tanh(layer(x))
+            return x
+
+    torch.manual_seed(0)
+    engine = zerocore.initialize(Net(), {"zero_optimization": {"stage": 2, "reduce_bucket_size": 90,
+                                                               "overlap_comm": True}})
+    pool = engine.reducer.pool
+    for step in range(3):
+        engine.backward(engine(torch.randn(3, 9)).square().mean())
+        engine.step()
+        assert len(pool.all) == 2  # extra buckets are given back after the backward
+        if step == 0:
+            first_extra = pool.extra
+            assert first_extra > 0 and engine.reducer.find_unused
+    assert pool.extra == first_extra  # no more after the first backward

@@ -91,7 +91,7 @@ class Engine:
             raise RuntimeError("zerocore: backward() called twice without step(); call engine.step() after "
                                "every micro-batch's backward (it only updates at the accumulation boundary)")
         boundary = (self.micro_steps + 1) % self.gas == 0
-        self.reducer.begin_backward(boundary)
+        self.reducer.begin_backward(boundary, loss)
         try:
             (loss.float() * (self.scaler.scale / self.gas)).backward()
         except BaseException:

@@ -3,11 +3,9 @@
 ``register_post_accumulate_grad_hook`` fires once per parameter per backward, after autograd
 has accumulated its gradient. Stages 0/1 keep a full gradient buffer per group (``.grad`` is a
 view of it, so micro-batches accumulate in place) and reduce it at the accumulation boundary.
-Stage 2 takes each gradient from ``.grad`` as it arrives; when a group's last gradient is in,
-one multi-tensor ``pack`` call copies them all into a transient bucket (zeroing the slots of
-unused parameters and the padding in the same pass), the bucket is reduced, and the owned
-slice is added into the gradient shard. Packing per group rather than per hook keeps the
-hook itself to a few microseconds (it was most of the cost of a 200-tensor model at 4 MB).
+Stage 2 packs each gradient into its group's transient bucket as it arrives and frees
+``.grad`` at once (so at most a bucket, not a group's worth of gradients, is alive on top of
+the model), reduces every micro-batch, and adds the owned slice into the gradient shard.
 
 Groups are launched strictly in index order (group k only after groups < k), whatever order
 the hooks fire in, so every rank issues the same collectives in the same order even when
@@ -28,18 +26,21 @@ from .state import GradState
 
 
 class BucketPool:
-    """Transient stage-2 buckets, all ``numel`` long, at most ``cap`` of them (2 with
-    overlap_comm: one reducing while the next is packed)."""
+    """Transient stage-2 buckets, all ``numel`` long: at most ``cap`` (2 with overlap_comm: one
+    reducing while the next fills), plus one more only when every bucket is still filling
+    because hooks fired out of group order (counted in ``extra``)."""
 
     def __init__(self, numel: int, dtype: torch.dtype, device: torch.device, cap: int):
         self.numel, self.dtype, self.device, self.cap = numel, dtype, device, cap
         self.free: list[torch.Tensor] = []
         self.all: list[torch.Tensor] = []
+        self.extra = 0
 
-    def take(self) -> torch.Tensor | None:
+    def take(self, force: bool = False) -> torch.Tensor | None:
         if self.free:
             return self.free.pop()
-        if len(self.all) < self.cap:
+        if len(self.all) < self.cap or force:
+            self.extra += len(self.all) >= self.cap
             b = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
             self.all.append(b)
             return b
@@ -47,6 +48,28 @@ class BucketPool:
 
     def give(self, b: torch.Tensor) -> None:
         self.free.append(b)
+
+    def trim(self) -> None:
+        """Frees free buckets beyond ``cap``."""
+        while len(self.all) > self.cap and self.free:
+            b = self.free.pop()
+            self.all = [x for x in self.all if x is not b]
+
+
+def reachable_leaves(loss: torch.Tensor) -> set[int]:
+    """ids of the leaf tensors whose gradient ``loss.backward()`` will produce."""
+    seen, out = set(), set()
+    stack = [loss.grad_fn] if loss.grad_fn is not None else []
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        var = getattr(fn, "variable", None)  # AccumulateGrad nodes hold their leaf
+        if var is not None:
+            out.add(id(var))
+        stack.extend(nxt for nxt, _ in fn.next_functions)
+    return out
 
 
 class GradReducer:
@@ -69,30 +92,47 @@ class GradReducer:
         if groups and not self.full_grads:
             self.pool = BucketPool(max(g.layout.padded for g in groups), groups[0].layout.dtype, device,
                                    cap=2 if overlap else 1)
-        self.buckets: dict[int, torch.Tensor] = {}  # group -> its bucket while reducing (stage 2)
+        self.buckets: dict[int, torch.Tensor] = {}  # group -> its bucket while filling/reducing (stage 2)
         self.inflight: deque[tuple[int, Handle]] = deque()
-        # stage 2: this micro-batch's gradients, held from their hook until their group is packed
-        self.stash: list[list[torch.Tensor | None]] = [[None] * len(g.params) for g in groups]
         self.arrived = [[False] * len(g.params) for g in groups]
         self.count = [0] * len(groups)
         self.launched = [False] * len(groups)
         self.next_launch = 0
         self.reducing = False  # does this backward reduce (always at stage 2; at the boundary at 0/1)?
         self.in_backward = False
+        # Walk the graph for unused parameters before each backward; turned on the first time
+        # a backward ends with parameters that got no gradient (DDP's find_unused_parameters,
+        # found out instead of asked for).
+        self.find_unused = False
+        self.unreached = [[False] * len(g.params) for g in groups]
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for g in groups for p in g.params]
         for g in groups:
             g.bind_grads()
 
     # -- backward ------------------------------------------------------------------------
-    def begin_backward(self, boundary: bool) -> None:
+    def begin_backward(self, boundary: bool, loss: torch.Tensor | None = None) -> None:
+        """Starts a backward. With ``loss`` given and unused parameters seen before, the autograd
+        graph is walked first and parameters it cannot reach count as done (their slots reduce
+        as zeros), so a group with an unused parameter launches when its used ones are in,
+        instead of holding its bucket until the end of backward."""
         if self.in_backward:
             raise RuntimeError("zerocore: backward called again before the previous one finished")
         self.in_backward = True
         self.reducing = boundary or not self.full_grads
         self.arrived = [[False] * len(g.params) for g in self.groups]
         self.count = [0] * len(self.groups)
+        self.unreached = [[False] * len(g.params) for g in self.groups]
         self.launched = [False] * len(self.groups)
         self.next_launch = 0
+        if self.find_unused and loss is not None:
+            reached = reachable_leaves(loss)
+            for k, g in enumerate(self.groups):
+                for i, p in enumerate(g.params):
+                    if id(p) not in reached:
+                        self.unreached[k][i] = True
+                        self.count[k] += 1
+            if self.reducing:
+                self._launch_ready()  # groups with nothing reachable go now
 
     def _on_grad(self, p: torch.nn.Parameter) -> None:
         if not self.in_backward:
@@ -111,14 +151,22 @@ class GradReducer:
             if g.grad_state == GradState.EMPTY:
                 g.grad_state.to(GradState.FILLING)
         else:
-            if g.grad_state != GradState.FILLING:
-                g.grad_state.to(GradState.FILLING)
-            prev = self.stash[k][i]  # a parameter reached twice (reentrant checkpointing): sum
-            self.stash[k][i] = p.grad if prev is None else prev + p.grad
+            slot = g.layout.slots[i]
+            dst = self._bucket(k)[slot.offset:slot.end]
+            grad = p.grad.reshape(-1)
+            if self.arrived[k][i]:  # reached twice in one backward (reentrant checkpointing): sum
+                dst.add_(grad)
+            elif grad.dtype == dst.dtype and grad.is_contiguous():
+                ops.pack([grad], [0], dst)
+            else:
+                dst.copy_(grad)
             p.grad = None  # stage 2 keeps only the owned slice
         if self.arrived[k][i]:
             return
         self.arrived[k][i] = True
+        if self.unreached[k][i]:  # not in the graph at the start (reentrant checkpointing?) but came
+            self.unreached[k][i] = False  # before its group launched: already counted
+            return
         self.count[k] += 1
         if self.reducing and k == self.next_launch and self.count[k] == len(g.params):
             self._launch_ready()
@@ -130,6 +178,22 @@ class GradReducer:
                 return
             self._launch(k)
 
+    def _bucket(self, k: int) -> torch.Tensor:
+        b = self.buckets.get(k)
+        if b is not None:
+            return b
+        b = self.pool.take()
+        while b is None and self.inflight:  # both buckets reducing: the oldest must land first
+            self._finish_oldest()
+            b = self.pool.take()
+        if b is None:
+            b = self.pool.take(force=True)
+        g = self.groups[k]
+        if g.grad_state != GradState.FILLING:
+            g.grad_state.to(GradState.FILLING)
+        self.buckets[k] = b
+        return b
+
     def _launch(self, k: int) -> None:
         g = self.groups[k]
         if g.grad_state != GradState.FILLING:  # no parameter of this group got a gradient
@@ -137,22 +201,13 @@ class GradReducer:
         if self.full_grads:
             flat = g.grad_full
         else:
-            b = self.pool.take()
-            while b is None:  # both buckets busy: the oldest reduction must land first
-                self._finish_oldest()
-                b = self.pool.take()
+            b = self._bucket(k)
+            if not all(self.arrived[k]):  # zero the slots no gradient was written to
+                for slot, seen in zip(g.layout.slots, self.arrived[k]):
+                    if not seen:
+                        b[slot.offset:slot.end].zero_()
+            b[g.layout.numel:g.layout.padded].zero_()  # a reused bucket may hold another group's data
             flat = b[:g.layout.padded]
-            stash, tensors, offsets = self.stash[k], [], []
-            for slot, grad in zip(g.layout.slots, stash):
-                if grad is not None:
-                    if grad.dtype != flat.dtype or not grad.is_contiguous():
-                        grad = grad.to(flat.dtype).contiguous()
-                    tensors.append(grad.reshape(-1))
-                    offsets.append(slot.offset)
-            # one pass: every gradient into place, unused slots and the padding zeroed
-            ops.pack(tensors, offsets, flat)
-            self.stash[k] = [None] * len(stash)
-            self.buckets[k] = b
         g.grad_state.to(GradState.REDUCING)
         self.launched[k] = True
         self.next_launch = k + 1
@@ -182,14 +237,17 @@ class GradReducer:
         if not self.in_backward:
             return
         try:
+            if any(c < len(g.params) for c, g in zip(self.count, self.groups)):
+                self.find_unused = True  # some parameter got no gradient: look for them from now on
             if self.reducing:
                 while self.next_launch < len(self.groups):
                     self._launch(self.next_launch)
             while self.inflight:
                 self._finish_oldest()
+            if self.pool is not None:
+                self.pool.trim()  # give back buckets made for out-of-order gradients
         finally:
             self.in_backward = False
-            self.stash = [[None] * len(g.params) for g in self.groups]
 
     def clear(self) -> None:
         """Forgets all gradients of this optimizer step."""
