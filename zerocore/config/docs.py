@@ -22,10 +22,11 @@ key and what is allowed. Settings whose implementation has not landed raise
 `NotImplementedError` from `zerocore.initialize` naming them, instead of being ignored.
 
 Gradient reduction on gloo: with `reduce_scatter: true` each rank receives only its reduced
-slice. gloo's own reduce-scatter is about 2x slower than an all-reduce of the same buffer
-on this project's test machine (see `benchmarks/results/reduce_scatter*`), so on gloo
-zerocore implements it as an in-place all-reduce of the bucket and keeps its slice; the
-memory held is the same. On NCCL it uses the native reduce-scatter.
+slice. gloo's own reduce-scatter took 1.8-2.9x (2 ranks) and 1.1-1.8x (4 ranks) as long as an
+all-reduce of the same buffer on this project's 2-core test machine (4-64 MiB, see
+`benchmarks/results/reduce_scatter*`), so on gloo zerocore runs an in-place all-reduce of
+the bucket and keeps its slice; the memory held is the same. On NCCL it uses the native
+reduce-scatter.
 
 """
 
