@@ -71,7 +71,7 @@ class Engine:
         if self.dtype == torch.float32:
             flat = init
         else:
-            flat = ops.cast(init, dtype=self.dtype).to(self.device)
+            flat = ops.cast(init, torch.empty(layout.padded, dtype=self.dtype, device=self.device))
         g = ShardedGroup(layout, params, self.policy, self.comm.rank, self.device, param_flat=flat)
         self.shards.append(OptimizerShard(g, init))
         g.bind_params()
