@@ -17,25 +17,12 @@
 #include "aio/aligned_buffer.h"
 #include "aio/io_engine.h"
 #include "aio/io_error.h"
+#include "tests/check.h"
 
 using namespace zc::aio;
 
 namespace {
 
-int g_failures = 0;
-int g_checks = 0;
-#define CHECK(cond, ...)                                            \
-  do {                                                              \
-    ++g_checks;                                                     \
-    if (!(cond)) {                                                  \
-      ++g_failures;                                                 \
-      if (g_failures < 30) {                                        \
-        std::printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-        std::printf(__VA_ARGS__);                                   \
-        std::printf("\n");                                          \
-      }                                                             \
-    }                                                               \
-  } while (0)
 
 std::string g_dir;
 
@@ -221,9 +208,8 @@ int main(int argc, char** argv) {
     test_options();
   } catch (const std::exception& e) {
     std::printf("FAIL: unexpected exception: %s\n", e.what());
-    ++g_failures;
+    ++zc_test::failures;
   }
   rmdir(g_dir.c_str());
-  std::printf("%d checks, %d failures\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return zc_test::summary();
 }
