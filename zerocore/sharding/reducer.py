@@ -9,7 +9,9 @@ the model), reduces every micro-batch, and adds the owned slice into the gradien
 
 Groups are launched strictly in index order (group k only after groups < k), whatever order
 the hooks fire in, so every rank issues the same collectives in the same order even when
-ranks use different parameters (unused ones are reduced as zeros at the end of backward).
+ranks use different parameters (unused ones reduce as zeros: at the end of the first backward
+that meets them, and from then on as soon as a walk of the autograd graph shows them
+unreachable, so they do not hold buckets back).
 With ``overlap`` up to two buckets are in flight while backward continues; gloo's async Work
 is only ever completed through ``wait()`` (it never reports ``is_completed()``).
 """
