@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "adam/adam.h"
+#include "binding_dtype.h"
 #include "bench/stream.h"
 #include "cast/cast.h"
 #include "flatten/flatten.h"
@@ -26,17 +27,7 @@ void register_cuda(pybind11::module_& m);
 
 namespace {
 
-zc::DType to_zc(const at::Tensor& t, const std::string& op, const std::string& arg) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return zc::DType::F32;
-    case at::kBFloat16: return zc::DType::BF16;
-    case at::kHalf: return zc::DType::F16;
-    default:
-      TORCH_CHECK_TYPE(false, op, ": '", arg, "' has dtype ", t.scalar_type(),
-                       "; expected float32, bfloat16 or float16");
-  }
-  return zc::DType::F32;
-}
+using zc_bind::to_zc;
 
 void check_cpu_contiguous(const at::Tensor& t, const std::string& op, const std::string& arg) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": '", arg, "' is on ", t.device(),
@@ -66,10 +57,8 @@ zc::AdamTensor make_adam_tensor(const at::Tensor& p, const at::Tensor& g, const 
   if (!ok_f32(m)) check_f32(m, n, op, name("exp_avg"));
   if (!ok_f32(v)) check_f32(v, n, op, name("exp_avg_sq"));
   if (!(g.device().is_cpu() && g.is_contiguous())) check_cpu_contiguous(g, op, name("grad"));
-  const zc::DType gdt = g.scalar_type() == at::kFloat  ? zc::DType::F32
-                       : g.scalar_type() == at::kBFloat16 ? zc::DType::BF16
-                       : g.scalar_type() == at::kHalf     ? zc::DType::F16
-                                                          : to_zc(g, op, name("grad"));
+  const std::optional<zc::DType> known = zc_bind::kernel_dtype(g);
+  const zc::DType gdt = known ? *known : to_zc(g, op, name("grad"));
   TORCH_CHECK_VALUE(g.numel() == n, op, ": '", name("grad"), "' has ", g.numel(), " elements but '",
                     name("param"), "' has ", n);
   zc::AdamTensor t{p.data_ptr<float>(), g.data_ptr(), m.data_ptr<float>(), v.data_ptr<float>(),

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "adam/adam.h"
+#include "binding_dtype.h"
 #include "cuda/api.h"
 
 namespace {
@@ -28,16 +29,7 @@ namespace zcc = zc::cuda;
 
 cudaStream_t as_stream(uint64_t s) { return reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(s)); }
 
-zc::DType to_zc(const at::Tensor& t, const std::string& op, const std::string& arg) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return zc::DType::F32;
-    case at::kBFloat16: return zc::DType::BF16;
-    case at::kHalf: return zc::DType::F16;
-    default:
-      TORCH_CHECK_TYPE(false, op, ": '", arg, "' has dtype ", t.scalar_type(), "; expected float32, bfloat16 or float16");
-  }
-  return zc::DType::F32;
-}
+using zc_bind::to_zc;
 
 // A contiguous CUDA tensor on `device` (-1: any CUDA device). Returns its device index.
 int check_cuda(const at::Tensor& t, const std::string& op, const std::string& arg, int device = -1) {
