@@ -3,9 +3,11 @@ advice, and a cache-flushing "cold" protocol."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import platform
 import statistics
+import tempfile
 
 import torch
 
@@ -57,3 +59,17 @@ class ColdFlusher:
 
     def __call__(self) -> None:
         self.buf.mul_(1.0)
+
+
+def spawn_ranks(worker, ranks: int, args):
+    """Runs ``worker(rank, world, init_file, args, out_file)`` on ``ranks`` spawned processes
+    (gloo/NCCL rendezvous through ``init_file``) and returns the JSON that rank 0 wrote to
+    ``out_file``."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "raw.json")
+        mp.start_processes(worker, args=(ranks, os.path.join(d, "init"), args, out), nprocs=ranks,
+                           start_method="spawn")
+        with open(out) as f:
+            return json.load(f)

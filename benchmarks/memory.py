@@ -11,14 +11,12 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import machine_info  # noqa: E402
+from _common import machine_info, spawn_ranks  # noqa: E402
 
 
 def worker(rank: int, world: int, init: str, args, out: str) -> None:
@@ -99,12 +97,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for world in args.worlds:
-        with tempfile.TemporaryDirectory() as d:
-            raw = os.path.join(d, "raw.json")
-            mp.start_processes(worker, args=(world, os.path.join(d, "init"), args, raw), nprocs=world,
-                               start_method="spawn")
-            with open(raw) as f:
-                rows += json.load(f)
+        rows += spawn_ranks(worker, world, args)
     print(f"{'N':>2} {'stage':>5} {'dtype':>5} {'held MB':>9} {'buckets MB':>10} {'formula MB':>10} "
           f"{'held-buckets / formula':>22} {'B/param':>8}")
     for r in rows:

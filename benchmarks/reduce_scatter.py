@@ -23,15 +23,13 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import machine_info  # noqa: E402
+from _common import machine_info, spawn_ranks  # noqa: E402
 
 _rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -145,12 +143,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     ap.add_argument("--out")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as d:
-        raw = os.path.join(d, "raw.json")
-        mp.start_processes(worker, args=(args.ranks, os.path.join(d, "init"), args, raw), nprocs=args.ranks,
-                           start_method="spawn")
-        with open(raw) as f:
-            rows = json.load(f)
+    rows = spawn_ranks(worker, args.ranks, args)
     backend = "nccl" if args.device == "cuda" else "gloo"
     print(f"# {backend}, {args.ranks} ranks, fp32, {args.tensors} tensors for the bucketed/per-tensor variants, "
           f"zerocore bucket {args.bucket:.3g} elements, median of {args.iters} interleaved rounds")

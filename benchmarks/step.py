@@ -20,15 +20,13 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import machine_info, summary  # noqa: E402
+from _common import machine_info, summary, spawn_ranks  # noqa: E402
 
 VARIANTS = ["ddp_torch_adamw", "ddp_fused_adam", "fsdp2", "zerocore_stage0", "zerocore_stage1", "zerocore_stage2"]
 
@@ -129,12 +127,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     ap.add_argument("--out", help="JSON file for the results")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as d:
-        raw = os.path.join(d, "raw.json")
-        mp.start_processes(worker, args=(args.ranks, os.path.join(d, "init"), args, raw), nprocs=args.ranks,
-                           start_method="spawn")
-        with open(raw) as f:
-            res = json.load(f)
+    res = spawn_ranks(worker, args.ranks, args)
     base = statistics.median(res["times"]["ddp_torch_adamw"]) if "ddp_torch_adamw" in res["times"] else None
     like = statistics.median(res["times"]["ddp_fused_adam"]) if "ddp_fused_adam" in res["times"] else None
     rows = {}
