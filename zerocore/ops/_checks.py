@@ -33,6 +33,14 @@ def check_betas(betas) -> tuple[float, float]:
     return (check_number("betas[0]", betas[0], high=1.0), check_number("betas[1]", betas[1], high=1.0))
 
 
+def check_adam_hyper(lr, betas, eps, weight_decay) -> tuple[float, float, float, float, float]:
+    """Adam's shared hyper-parameters as floats (lr, beta1, beta2, eps, weight_decay), checked
+    in that order; ValueError/TypeError naming a bad one."""
+    lr = check_number("lr", lr)
+    beta1, beta2 = check_betas(betas)
+    return lr, beta1, beta2, check_number("eps", eps), check_number("weight_decay", weight_decay)
+
+
 def check_tensor(name: str, t, dtypes, numel: int | None = None, *, ref: str = "param") -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

@@ -5,7 +5,7 @@ import torch
 
 from . import _loader
 from .cuda import _lib as _cuda
-from ._checks import FLOAT16S, GRAD_DTYPES, check_betas, check_number, check_tensor
+from ._checks import FLOAT16S, GRAD_DTYPES, check_adam_hyper, check_number, check_tensor
 
 
 def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
@@ -33,10 +33,7 @@ def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, ex
     check_tensor("exp_avg_sq", exp_avg_sq, (torch.float32,), n)
     if param_out is not None:
         check_tensor("param_out", param_out, FLOAT16S, n)
-    lr = check_number("lr", lr)
-    beta1, beta2 = check_betas(betas)
-    eps = check_number("eps", eps)
-    weight_decay = check_number("weight_decay", weight_decay)
+    lr, beta1, beta2, eps, weight_decay = check_adam_hyper(lr, betas, eps, weight_decay)
     grad_scale = check_number("grad_scale", grad_scale, low=float("-inf"))
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise ValueError(f"step must be an int >= 1 (the count including this update), got {step!r}")
@@ -57,10 +54,7 @@ def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, b
         return kernels.adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, steps=steps, lr=lr, betas=betas,
                                        eps=eps, weight_decay=weight_decay, adamw_mode=adamw_mode,
                                        grad_scale=grad_scale, param_outs=param_outs)
-    lr = check_number("lr", lr)
-    beta1, beta2 = check_betas(betas)
-    eps = check_number("eps", eps)
-    weight_decay = check_number("weight_decay", weight_decay)
+    lr, beta1, beta2, eps, weight_decay = check_adam_hyper(lr, betas, eps, weight_decay)
     grad_scale = check_number("grad_scale", grad_scale, low=float("-inf"))
     _loader.load("adam").adam_step_multi(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs),
                                          None if param_outs is None else list(param_outs),

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .._checks import check_betas, check_number
+from .._checks import check_adam_hyper, check_number
 from ._lib import lib, stream_handle
 
 _F16 = (torch.bfloat16, torch.float16)
@@ -40,10 +40,7 @@ def adam_step_multi(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor
     params, grads, exp_avgs, exp_avg_sqs = list(params), list(grads), list(exp_avgs), list(exp_avg_sqs)
     outs = [] if param_outs is None else list(param_outs)
     steps = list(steps)  # ints >= 1; the binding checks them and every tensor, naming the index
-    lr = check_number("lr", lr)
-    beta1, beta2 = check_betas(betas)
-    eps = check_number("eps", eps)
-    weight_decay = check_number("weight_decay", weight_decay)
+    lr, beta1, beta2, eps, weight_decay = check_adam_hyper(lr, betas, eps, weight_decay)
     scale_tensor = None
     if isinstance(grad_scale, torch.Tensor) and grad_scale.is_cuda:
         scale_tensor, grad_scale = grad_scale, 1.0
