@@ -96,9 +96,12 @@ class Case:
     fp16: dict = dataclasses.field(default_factory=dict)
     memory_only: bool = False  # one step, then report bytes held
     native_rs: bool = False  # the backend's own reduce-scatter even on gloo (the NCCL code path)
+    zero: dict = dataclasses.field(default_factory=dict)  # more zero_optimization keys (stage 3's)
+    init: bool = False  # build the model under zerocore.init (stage 3 construction-time partitioning)
 
     def config(self) -> dict:
-        z = {"stage": self.stage, "reduce_bucket_size": self.bucket, "reduce_scatter": self.reduce_scatter}
+        z = {"stage": self.stage, "reduce_bucket_size": self.bucket, "reduce_scatter": self.reduce_scatter,
+             **self.zero}
         if self.overlap is not None:
             z["overlap_comm"] = self.overlap
         return {"zero_optimization": z, "gradient_accumulation_steps": self.gas, "gradient_clipping": self.clip,
@@ -114,7 +117,11 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def run_case(case: Case, rank: int, world: int) -> dict:
     """Trains ``case`` on this rank through zerocore.initialize; returns what the tests compare."""
     baseline = gc_tensor_bytes() if case.memory_only else 0
-    model = make_model(case.model, case.seed)
+    if case.init:
+        with zerocore.init(case.config()):
+            model = make_model(case.model, case.seed)
+    else:
+        model = make_model(case.model, case.seed)
     if case.native_rs:
         from zerocore.comm import Comm
         from zerocore.config import load_config
@@ -166,6 +173,7 @@ def gc_tensor_bytes() -> int:
     collector: a count independent of the engine's own bookkeeping."""
     import gc
 
+    gc.collect()  # engines of earlier cases (reference cycles) must not count as alive
     seen, total = set(), 0
     for obj in gc.get_objects():
         if isinstance(obj, torch.Tensor) and obj.device.type != "meta":

@@ -116,7 +116,6 @@ def test_misuse_is_named():
 
 
 @pytest.mark.parametrize("cfg,named", [
-    ({"zero_optimization": {"stage": 3}}, "zero_optimization.stage=3"),
     ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, "offload_optimizer.device"),
     ({"zero_optimization": {"stage": 1, "cpu_offload": True}}, "offload_optimizer.device"),
 ])

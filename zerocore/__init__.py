@@ -7,6 +7,8 @@ __version__ = "0.1.0"
 from . import ops  # noqa: E402
 from .ops import FusedAdam  # noqa: E402
 from .config import ConfigError, ZeroConfig  # noqa: E402
-from .runtime import Engine, initialize  # noqa: E402
+from .runtime import Engine, gathered, init, initialize  # noqa: E402
+from .comm.divergence import DivergenceError  # noqa: E402
 
-__all__ = ["ops", "FusedAdam", "initialize", "Engine", "ZeroConfig", "ConfigError", "__version__"]
+__all__ = ["ops", "FusedAdam", "initialize", "init", "gathered", "Engine", "ZeroConfig", "ConfigError",
+           "DivergenceError", "__version__"]

@@ -102,6 +102,16 @@ class Comm:
             raise ValueError(f"all_gather: {flat.numel()} elements do not split over {self.world} ranks")
         return Handle(_all_gather_flat(flat, self.chunk(flat), group=self.group, async_op=async_op))
 
+    def all_gather_into(self, out: torch.Tensor, mine: torch.Tensor, async_op: bool = False) -> Handle:
+        """Fills ``out`` (``world`` times the size of ``mine``) with every rank's ``mine``, rank-major.
+        Stage 3 gathers a unit's owned chunk (kept apart) into its freshly allocated full buffer."""
+        if out.numel() != mine.numel() * self.world:
+            raise ValueError(f"all_gather_into: {out.numel()} elements out for {mine.numel()} in on {self.world} ranks")
+        if self.world == 1:
+            out.copy_(mine)
+            return Handle()
+        return Handle(_all_gather_flat(out, mine, group=self.group, async_op=async_op))
+
     def broadcast(self, t: torch.Tensor, src: int = 0) -> None:
         if self.world > 1:
             dist.broadcast(t, src=src if self.group is None else dist.get_global_rank(self.group, src),

@@ -11,7 +11,6 @@ import dataclasses
 
 from .options import ConfigError, coerce, is_section, option, section, spec_of
 
-STAGE3 = "ZeRO stage 3 (issue 4)"
 OFFLOAD = "CPU/NVMe offload (offload issue)"
 
 
@@ -105,8 +104,7 @@ class OffloadParamConfig(_Section):
 class ZeroOptimizationConfig(_Section):
     PATH = "zero_optimization"
     stage: int = option(0, "0: plain data parallel; 1: shard optimizer state; 2: + gradients; "
-                        "3: + parameters.", kind=int, choices=(0, 1, 2, 3), aliases=("level",),
-                        pending_if=lambda v: v == 3, pending=STAGE3)
+                        "3: + parameters.", kind=int, choices=(0, 1, 2, 3), aliases=("level",))
     contiguous_gradients: bool = option(True, "Copy gradients into flat buckets as they are produced.", kind=bool,
                                         no_effect="zerocore always packs gradients into flat buckets")
     reduce_scatter: bool = option(True, "Each rank receives only its reduced slice of the gradients; false: "
@@ -135,10 +133,28 @@ class ZeroOptimizationConfig(_Section):
     stage3_max_live_parameters: int = option(1_000_000_000, "Cap on gathered elements resident (stage 3).",
                                              kind=int, ge=0, aliases=("max_live_parameters",),
                                              applies_if=_only_stage3, applies="stage 3")
-    stage3_max_reuse_distance: int = option(1_000_000_000, "Keep a parameter gathered if reused within this many "
-                                            "elements of compute (stage 3).", kind=int, ge=0,
-                                            aliases=("max_reuse_distance",), applies_if=_only_stage3,
-                                            applies="stage 3")
+    stage3_max_reuse_distance: int = option(0, "Keep a unit gathered after its forward when its next use (a "
+                                            "second call, or its backward) comes within this many gathered "
+                                            "elements. DeepSpeed's default, 1e9, keeps every block of a model "
+                                            "under a billion parameters gathered from its forward to its backward "
+                                            "(stage 2's memory); zerocore's default 0 frees after each use.",
+                                            kind=int, ge=0, aliases=("max_reuse_distance",),
+                                            applies_if=_only_stage3, applies="stage 3")
+    stage3_unit_classes: list = option([], "zerocore: class names of the modules that gather their parameters "
+                                       "together (one collective per module), e.g. [\"Block\"], as with FSDP2's "
+                                       "fully_shard per block. Empty: chosen by size (stage3_unit_min_params).",
+                                       kind=list, applies_if=_only_stage3, applies="stage 3")
+    stage3_unit_min_params: int = option(100_000, "zerocore: with no stage3_unit_classes, a child module with at "
+                                         "least this many trainable elements becomes a unit (containers and "
+                                         "modules holding over half the model are split further).", kind=int,
+                                         ge=1, applies_if=_only_stage3, applies="stage 3")
+    stage3_check_divergence: bool = option(True, "zerocore: before each stage-3 collective, check that every rank "
+                                           "is about to issue the same one, and raise naming the unit and ranks "
+                                           "if not (instead of hanging or crashing).", kind=bool,
+                                           applies_if=_only_stage3, applies="stage 3")
+    stage3_divergence_timeout: float = option(600.0, "zerocore: seconds a rank waits for the others at a stage-3 "
+                                              "collective before raising (a rank that stopped issuing them).",
+                                              kind=float, gt=0, applies_if=_only_stage3, applies="stage 3")
     stage3_gather_16bit_weights_on_model_save: bool = option(
         False, "Gather full 16-bit weights when saving (stage 3).", kind=bool,
         aliases=("gather_16bit_weights_on_model_save",), deprecated=("stage3_gather_fp16_weights_on_model_save",),

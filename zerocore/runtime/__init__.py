@@ -6,6 +6,8 @@ import torch
 from ..comm import default_comm
 from ..config import load_config
 from .engine import Engine
+from .gathered import gathered
+from .partition_init import init
 
 
 def initialize(model: torch.nn.Module, config=None) -> Engine:
@@ -20,4 +22,4 @@ def initialize(model: torch.nn.Module, config=None) -> Engine:
     return Engine(model, cfg, default_comm(device))
 
 
-__all__ = ["initialize", "Engine"]
+__all__ = ["initialize", "Engine", "init", "gathered"]

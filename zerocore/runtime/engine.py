@@ -15,11 +15,17 @@ import torch
 from .. import ops
 from ..comm import Comm
 from ..config import ZeroConfig, require_implemented
+from ..comm.divergence import DivergenceGuard, Op
 from ..sharding import (AdamHyper, GradReducer, OptimizerShard, ParamState, ShardedGroup, build_groups,
                         policy_for)
+from ..sharding.gatherer import Limits, ParamGatherer
 from .loss_scale import LossScaler
 from .memory import held_bytes
 from .model_setup import convert_rest, named_params, training_dtype
+from .gathered import register_engine
+from .partition_init import check_unchanged, initial_value
+from .stage3_layout import GroupSpec, stage3_groups
+from . import weights
 
 
 class Engine:
@@ -36,20 +42,30 @@ class Engine:
         if not trainable:
             raise ValueError("zerocore: the model has no trainable parameters")
         self.device = trainable[0][1].device
-        # Groups in reverse registration order: close to the order backward produces gradients,
-        # so buckets fill (and launch) one after another.
-        order = list(reversed(trainable))
-        layouts = build_groups(order, bucket_elems=z.reduce_bucket_size, world=comm.world, dtype=self.dtype)
+        for names, p in trainable + frozen:
+            check_unchanged(p, names[0])
         self.groups: list[ShardedGroup] = []
         self.shards: list[OptimizerShard] = []
-        i = 0
-        for layout in layouts:
-            params = [p for _, p in order[i:i + len(layout.slots)]]
-            i += len(layout.slots)
-            self._add_group(layout, params)
+        self.gatherer: ParamGatherer | None = None
+        units = []
+        for spec in self._group_specs(module, trainable, z):
+            g = self._add_group(spec.layout, spec.params, spec.policy)
+            if spec.unit is not None:
+                units.append((spec.unit[0], spec.unit[1], g))
         convert_rest(module, frozen, self.dtype, comm)
+        # which group and slot hold each parameter (zerocore.gathered finds them here)
+        self.param_index = {id(p): (g.index, i) for g in self.groups for i, p in enumerate(g.params)}
+        register_engine(self)
+        # Stage 3: every collective is checked first against the other ranks' (divergence).
+        self.guard = DivergenceGuard(comm, self._describe, enabled=z.stage == 3 and z.stage3_check_divergence,
+                                     timeout_s=z.stage3_divergence_timeout)
+        if z.stage == 3:
+            self.gatherer = ParamGatherer(module, units, comm, self.guard, Limits(
+                prefetch_elems=z.stage3_prefetch_bucket_size, max_live=z.stage3_max_live_parameters,
+                max_reuse=z.stage3_max_reuse_distance))
         self.reducer = GradReducer(self.groups, comm, overlap=z.overlap, reduce_scatter=z.reduce_scatter,
-                                   device=self.device)
+                                   device=self.device, guard=self.guard if self.guard.enabled else None,
+                                   on_complete=self.gatherer.on_group_complete if self.gatherer else None)
         self.scaler = LossScaler(config.fp16 if config.fp16.enabled else None)
         p = config.optimizer.params
         self.hyper = AdamHyper(lr=p.lr, betas=tuple(p.betas), eps=p.eps, weight_decay=p.weight_decay,
@@ -61,21 +77,47 @@ class Engine:
         self.global_grad_norm: float | None = None
         self._backward_done = False
 
-    def _add_group(self, layout, params) -> None:
+    def _group_specs(self, module, trainable, z) -> list[GroupSpec]:
+        if z.stage == 3:
+            return stage3_groups(module, trainable, z, self.comm.world, self.dtype)
+        # Groups in reverse registration order: close to the order backward produces gradients,
+        # so buckets fill (and launch) one after another.
+        order = list(reversed(trainable))
+        specs, i = [], 0
+        for layout in build_groups(order, bucket_elems=z.reduce_bucket_size, world=self.comm.world,
+                                   dtype=self.dtype):
+            specs.append(GroupSpec(layout, [p for _, p in order[i:i + len(layout.slots)]], self.policy, None))
+            i += len(layout.slots)
+        return specs
+
+    def _add_group(self, layout, params, policy) -> ShardedGroup:
         # The initial values, in fp32, broadcast from rank 0 so every rank starts identical;
         # the fp32 master is cut from them before the parameters are rounded to 16 bits.
         init = torch.zeros(layout.padded, dtype=torch.float32, device=self.device)
-        ops.pack([p.detach().float().contiguous().reshape(-1) for p in params], [s.offset for s in layout.slots],
-                 init)
+        for slot, p in zip(layout.slots, params):
+            init[slot.offset:slot.end] = initial_value(p, self.comm)
         self.comm.broadcast(init)
         if self.dtype == torch.float32:
             flat = init
         else:
             flat = ops.cast(init, torch.empty(layout.padded, dtype=self.dtype, device=self.device))
-        g = ShardedGroup(layout, params, self.policy, self.comm.rank, self.device, param_flat=flat)
-        self.shards.append(OptimizerShard(g, init))
+        g = ShardedGroup(layout, params, policy, self.comm.rank, self.device, param_flat=flat)
+        tile = self.config.zero_optimization.sub_group_size if self.config.zero_optimization.stage == 3 else None
+        self.shards.append(OptimizerShard(g, init, tile=tile))
         g.bind_params()
+        if g.partitioned:
+            g.free_full()  # stage 3: only the owned chunk stays
         self.groups.append(g)
+        return g
+
+    def _describe(self, op, index: int) -> str:
+        """The name a divergence error gives group ``index``."""
+        if self.gatherer is not None and index in self.gatherer.by_group:
+            return self.gatherer.by_group[index].label
+        if 0 <= index < len(self.groups):
+            g = self.groups[index]
+            return f"group {index} (persistent parameters '{g.layout.slots[0].name}'...)"
+        return f"group {index}"
 
     # -- the training loop ---------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -91,13 +133,19 @@ class Engine:
             raise RuntimeError("zerocore: backward() called twice without step(); call engine.step() after "
                                "every micro-batch's backward (it only updates at the accumulation boundary)")
         boundary = (self.micro_steps + 1) % self.gas == 0
+        if self.gatherer is not None:
+            self.gatherer.begin_backward()
         self.reducer.begin_backward(boundary, loss)
         try:
             (loss.float() * (self.scaler.scale / self.gas)).backward()
+            self.reducer.finish_backward()
         except BaseException:
             self.reducer.in_backward = False
+            if self.gatherer is not None:
+                self.gatherer.free_all()
             raise
-        self.reducer.finish_backward()
+        if self.gatherer is not None:
+            self.gatherer.end_backward()
         self._backward_done = True
         return loss
 
@@ -110,6 +158,9 @@ class Engine:
         if self.micro_steps % self.gas:
             return
         self.global_steps += 1
+        if self.gatherer is not None:
+            self.gatherer.free_all()  # no full buffer may outlive the update of its chunk
+        self.guard.check(Op.STEP, 0)
         # The reduced gradients are sums over ranks of loss-scaled gradients.
         denom = self.comm.world * self.scaler.scale
         sumsq, bad = 0.0, False
@@ -140,7 +191,7 @@ class Engine:
         inflight, elems = [], 0
         for g, shard in zip(self.groups, self.shards):
             shard.step(g.owned_grad(), self.hyper, step=self.optimizer_steps, grad_scale=coef)
-            if not gather:
+            if not gather or g.partitioned:  # stage 3 units: the next forward gathers the new chunks
                 continue
             g.param_state.to(ParamState.SHARDED)
             # The all-gather of this group runs while the next group's Adam step computes;
@@ -204,30 +255,13 @@ class Engine:
         return self.train(False)
 
     # -- weights out -----------------------------------------------------------------------
-    @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's state dict with full fp32 weights on CPU, under the model's own names (every
         name of a tied weight), on every rank. A collective: call it on all ranks."""
-        full: dict[int, torch.Tensor] = {}
-        for g, shard in zip(self.groups, self.shards):
-            for p, t in zip(g.params, self._full_fp32(g, shard)):
-                full[id(p)] = t
-        out = {}
-        for name, t in self.module.state_dict(keep_vars=True).items():
-            if id(t) in full:
-                out[name] = full[id(t)]
-            else:
-                out[name] = t.detach().to("cpu", torch.float32 if t.is_floating_point() else t.dtype, copy=True)
-        return out
+        return weights.full_state_dict(self, torch.float32)
 
-    def _full_fp32(self, g: ShardedGroup, shard: OptimizerShard) -> list[torch.Tensor]:
-        g.param_state.expect(ParamState.GATHERED)
-        if self.dtype == torch.float32:
-            flat = g.param_flat  # the parameters are the fp32 master, and gathered
-        elif not self.policy.shard_optimizer:
-            flat = shard.master  # stage 0: the whole master is here
-        else:
-            flat = torch.zeros(g.layout.padded, dtype=torch.float32, device=self.device)
-            flat[g.lo:g.hi] = shard.master
-            self.comm.all_gather(flat)
-        return [flat[s.offset:s.end].view(s.shape).to("cpu", copy=True) for s in g.layout.slots]
+    def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin") -> bool:
+        """DeepSpeed's ``save_16bit_model``: rank 0 writes the full weights in the training dtype
+        (atomically); at stage 3 only with ``stage3_gather_16bit_weights_on_model_save``. A
+        collective: call it on all ranks. Returns whether a file was written (on rank 0)."""
+        return weights.save_16bit_model(self, save_dir, save_filename)

@@ -2,7 +2,8 @@
 underlying storage once, under the first role that holds it), not from a formula."""
 from __future__ import annotations
 
-ROLES = ("params", "grads", "master", "exp_avg", "exp_avg_sq", "buckets")
+ROLES = ("params", "gathered", "grads", "master", "exp_avg", "exp_avg_sq", "buckets")
+# "gathered": stage 3's full parameter buffers while gathered (zero bytes between steps)
 
 
 def held_bytes(engine) -> dict[str, int]:
@@ -13,7 +14,7 @@ def held_bytes(engine) -> dict[str, int]:
         if t is None:
             return
         st = t.untyped_storage()
-        if st.data_ptr() in seen:
+        if st.nbytes() == 0 or st.data_ptr() in seen:
             return
         seen.add(st.data_ptr())
         out[role] += st.nbytes()

@@ -7,6 +7,7 @@ import torch
 
 from ..comm import Comm
 from ..config import ZeroConfig
+from .partition_init import gather_full
 
 
 def training_dtype(cfg: ZeroConfig) -> torch.dtype:
@@ -39,6 +40,9 @@ def named_params(module: torch.nn.Module) -> tuple[list[tuple[tuple[str, ...], t
 def convert_rest(module: torch.nn.Module, frozen, dtype: torch.dtype, comm: Comm) -> None:
     """Frozen parameters and floating buffers to ``dtype``, synced from rank 0 (as DDP does)."""
     for _, p in frozen:
+        if hasattr(p, "_zc_init"):  # partitioned by zerocore.init: frozen ones stay whole
+            p.data = gather_full(p, comm).clone()
+            del p._zc_init
         if p.is_floating_point() and p.dtype != dtype:
             p.data = p.data.to(dtype)
         comm.broadcast(p.data)

@@ -3,6 +3,12 @@
 The model's parameters become views into ``param_flat`` (so the all-gather after the step
 updates the model in place); with full gradients kept (stages 0/1) ``param.grad`` is a view
 into ``grad_full`` too, so autograd accumulates micro-batches straight into the bucket.
+
+Stage 3 (``policy.keep_full_params`` false) keeps the owned chunk in ``param_shard`` and
+allocates ``param_flat`` only while gathered: its storage is resized to zero bytes when freed
+and back when gathered (as FSDP2 does), so views of it that autograd saved during forward see
+the re-gathered values in backward. While sharded, every parameter's ``.data`` is an empty
+tensor (DeepSpeed's convention): a stray read fails on the shape instead of reading freed memory.
 """
 from __future__ import annotations
 
@@ -27,6 +33,11 @@ class ShardedGroup:
         assert param_flat.numel() == layout.padded and param_flat.dtype == layout.dtype
         self.param_flat = param_flat
         self.param_state = param_state(layout.index, ParamState.GATHERED)
+        self.partitioned = not policy.keep_full_params
+        # Stage 3: the owned chunk of the parameters, the only part kept between uses.
+        self.param_shard = param_flat[self.lo:self.hi].clone() if self.partitioned else None
+        self._views: list[torch.Tensor] = []
+        self._empty = torch.empty(0, dtype=layout.dtype, device=device)
         self.grad_state = grad_state(layout.index)
         # Stages 0/1: the full gradient buffer; stage 2+: only the owned, reduced slice.
         self.grad_full = (torch.zeros(layout.padded, dtype=layout.dtype, device=device)
@@ -40,7 +51,33 @@ class ShardedGroup:
         return self.layout.index
 
     def owned_params(self) -> torch.Tensor:
-        return self.param_flat[self.lo:self.hi]
+        return self.param_shard if self.partitioned else self.param_flat[self.lo:self.hi]
+
+    @property
+    def full_bytes(self) -> int:
+        return self.layout.padded * self.param_flat.element_size()
+
+    # -- stage 3: gather / free ------------------------------------------------------------
+    def start_gather(self, comm, async_op: bool = True):
+        """Allocates the full buffer and starts the all-gather of every rank's chunk into it."""
+        self.param_state.to(ParamState.GATHERING)
+        st = self.param_flat.untyped_storage()
+        if st.nbytes() != self.full_bytes:
+            st.resize_(self.full_bytes)
+        return comm.all_gather_into(self.param_flat, self.param_shard, async_op=async_op)
+
+    def finish_gather(self) -> None:
+        """The all-gather has landed: the parameters show their full values."""
+        self.param_state.to(ParamState.GATHERED)
+        for p, v in zip(self.params, self._views):
+            p.data = v
+
+    def free_full(self) -> None:
+        """Back to the owned chunk only: the full buffer's bytes are released."""
+        self.param_state.to(ParamState.SHARDED)
+        for p in self.params:
+            p.data = self._empty
+        self.param_flat.untyped_storage().resize_(0)
 
     def owned_grad(self) -> torch.Tensor:
         """The reduced gradient of the owned range (valid in state HELD)."""
@@ -49,8 +86,9 @@ class ShardedGroup:
 
     def bind_params(self) -> None:
         """Makes every parameter a view of its slot in ``param_flat``."""
-        for slot, p in zip(self.layout.slots, self.params):
-            p.data = self.param_flat[slot.offset:slot.end].view(slot.shape)
+        self._views = [self.param_flat[slot.offset:slot.end].view(slot.shape) for slot in self.layout.slots]
+        for p, v in zip(self.params, self._views):
+            p.data = v
 
     def grad_view(self, i: int) -> torch.Tensor:
         slot = self.layout.slots[i]
@@ -76,4 +114,7 @@ class ShardedGroup:
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
         """The tensors this group holds, by role (for memory accounting)."""
-        return {"params": self.param_flat, "grads": self.grad_full if self.grad_full is not None else self.grad_shard}
+        grads = self.grad_full if self.grad_full is not None else self.grad_shard
+        if self.partitioned:  # the full buffer counts only while gathered (its storage is resized)
+            return {"params": self.param_shard, "gathered": self.param_flat, "grads": grads}
+        return {"params": self.param_flat, "grads": grads}

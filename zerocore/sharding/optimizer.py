@@ -24,23 +24,31 @@ class AdamHyper:
 
 
 class OptimizerShard:
-    def __init__(self, group: ShardedGroup, init_fp32: torch.Tensor):
-        """``init_fp32``: the group's full initial parameters in fp32 (only the owned range is kept)."""
+    def __init__(self, group: ShardedGroup, init_fp32: torch.Tensor, *, tile: int | None = None):
+        """``init_fp32``: the group's initial parameters in fp32, either full (only the owned range is
+        kept) or just the owned range. ``tile``: at most this many elements per kernel call
+        (``sub_group_size``; the unit NVMe offload will swap)."""
         self.group = group
         lo, hi = group.lo, group.hi
+        owned = init_fp32 if init_fp32.numel() == hi - lo else init_fp32[lo:hi]
         if group.layout.dtype == torch.float32:
-            self.master = group.param_flat[lo:hi]
+            self.master = group.owned_params()
             self.param_out = None
         else:
-            self.master = init_fp32[lo:hi].clone()
-            self.param_out = group.param_flat[lo:hi]
+            self.master = owned.clone()
+            self.param_out = group.owned_params()
         self.exp_avg = torch.zeros_like(self.master)
         self.exp_avg_sq = torch.zeros_like(self.master)
+        self.tile = tile or self.master.numel() or 1
 
     def step(self, grad: torch.Tensor, hp: AdamHyper, *, step: int, grad_scale: float) -> None:
-        ops.adam_step(self.master, grad, self.exp_avg, self.exp_avg_sq, lr=hp.lr, betas=hp.betas, eps=hp.eps,
-                      weight_decay=hp.weight_decay, step=step, adamw_mode=hp.decoupled, grad_scale=grad_scale,
-                      param_out=self.param_out)
+        n = self.master.numel()
+        for a in range(0, n, self.tile):
+            b = min(n, a + self.tile)
+            ops.adam_step(self.master[a:b], grad[a:b], self.exp_avg[a:b], self.exp_avg_sq[a:b], lr=hp.lr,
+                          betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay, step=step,
+                          adamw_mode=hp.decoupled, grad_scale=grad_scale,
+                          param_out=None if self.param_out is None else self.param_out[a:b])
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"master": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}

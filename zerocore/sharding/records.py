@@ -69,20 +69,31 @@ class FlatGroup:
                 yield s, a - s.offset, b - s.offset
 
 
+def full_shape(p: torch.Tensor) -> torch.Size:
+    """A parameter's shape, also when ``zerocore.init`` partitioned it at construction."""
+    rec = getattr(p, "_zc_init", None)
+    return rec.shape if rec is not None else p.shape
+
+
 def padded_size(numel: int, world: int, align: int = ALIGN_ELEMS) -> int:
     unit = world * align
     return max(unit, -(-numel // unit) * unit)
 
 
 def build_groups(named: Sequence[tuple[tuple[str, ...], torch.Tensor]], *, bucket_elems: int, world: int,
-                 dtype: torch.dtype, align: int = ALIGN_ELEMS, split_at: Sequence[int] = ()) -> list[FlatGroup]:
+                 dtype: torch.dtype, align: int = ALIGN_ELEMS, split_at: Sequence[int] = (),
+                 first_index: int = 0) -> list[FlatGroup]:
     """Packs parameters, in the order given, into groups of at most ``bucket_elems`` elements
     (a parameter larger than that gets a group of its own). ``named``: (names, parameter) pairs.
-    ``split_at``: indices into ``named`` where a new group must start (unit boundaries)."""
+    ``split_at``: indices into ``named`` where a new group must start (unit boundaries).
+    ``first_index``: the index of the first group (groups already built by the caller).
+    A parameter's shape is its full one also when construction-time partitioning
+    (``zerocore.init``) left only a chunk of it on this rank."""
     if bucket_elems < 1:
         raise ValueError("bucket_elems must be >= 1")
     splits = set(split_at)
     groups: list[FlatGroup] = []
+    base = first_index
     pending: list[tuple[tuple[str, ...], torch.Tensor]] = []
 
     def close():
@@ -90,17 +101,19 @@ def build_groups(named: Sequence[tuple[tuple[str, ...], torch.Tensor]], *, bucke
             return
         slots, off = [], 0
         for names, p in pending:
-            slots.append(ParamSlot(names[0], tuple(names), p.shape, dtype, len(groups), off, p.numel()))
-            off += p.numel()
-        groups.append(FlatGroup(len(groups), tuple(slots), dtype, off, padded_size(off, world, align), world))
+            shape = full_shape(p)
+            n = shape.numel()
+            slots.append(ParamSlot(names[0], tuple(names), shape, dtype, base + len(groups), off, n))
+            off += n
+        groups.append(FlatGroup(base + len(groups), tuple(slots), dtype, off, padded_size(off, world, align), world))
         pending.clear()
 
     size = 0
     for i, (names, p) in enumerate(named):
-        if pending and (i in splits or size + p.numel() > bucket_elems):
+        if pending and (i in splits or size + full_shape(p).numel() > bucket_elems):
             close()
             size = 0
         pending.append((names, p))
-        size += p.numel()
+        size += full_shape(p).numel()
     close()
     return groups

@@ -23,8 +23,11 @@ import torch
 
 from .. import ops
 from ..comm import Comm, Handle
+from ..comm.divergence import Op
 from .group import ShardedGroup
 from .state import GradState
+
+BACKWARD_PHASE = 2  # comm.divergence.PHASES[2]
 
 
 class BucketPool:
@@ -76,9 +79,13 @@ def reachable_leaves(loss: torch.Tensor) -> set[int]:
 
 class GradReducer:
     def __init__(self, groups: list[ShardedGroup], comm: Comm, *, overlap: bool, reduce_scatter: bool,
-                 device: torch.device):
+                 device: torch.device, guard=None, on_complete=None):
+        """``guard``: a DivergenceGuard checked before each reduction (stage 3); ``on_complete(k)``:
+        called once per backward when group k has every gradient (stage 3 frees the unit)."""
         self.groups = groups
         self.comm = comm
+        self.guard = guard
+        self.on_complete = on_complete
         self.overlap = overlap
         # reduce_scatter False = DeepSpeed's all-reduce of whole buckets; on gloo the comm layer
         # runs both as an all-reduce (measured faster there). Stage 0 steps the whole group on
@@ -133,6 +140,8 @@ class GradReducer:
                     if id(p) not in reached:
                         self.unreached[k][i] = True
                         self.count[k] += 1
+                if self.count[k] == len(g.params) and self.on_complete is not None:
+                    self.on_complete(k)
             if self.reducing:
                 self._launch_ready()  # groups with nothing reachable go now
 
@@ -170,6 +179,8 @@ class GradReducer:
             self.unreached[k][i] = False  # before its group launched: already counted
             return
         self.count[k] += 1
+        if self.count[k] == len(g.params) and self.on_complete is not None:
+            self.on_complete(k)
         if self.reducing and k == self.next_launch and self.count[k] == len(g.params):
             self._launch_ready()
 
@@ -210,6 +221,8 @@ class GradReducer:
                         b[slot.offset:slot.end].zero_()
             b[g.layout.numel:g.layout.padded].zero_()  # a reused bucket may hold another group's data
             flat = b[:g.layout.padded]
+        if self.guard is not None:
+            self.guard.check(Op.REDUCE, k, BACKWARD_PHASE)
         g.grad_state.to(GradState.REDUCING)
         self.launched[k] = True
         self.next_launch = k + 1

@@ -1,0 +1,111 @@
+"""``with zerocore.gathered(params, modifier_rank=None):`` — full parameters, visible for a while.
+
+Inside the context the given parameters hold their full values on every rank (stage 3 gathers
+their units; parameters partitioned by ``zerocore.init`` and not yet in an engine are gathered
+one by one). With ``modifier_rank`` set, that rank's edits are what counts: on exit they are
+broadcast to every rank and written back into the shards, including the fp32 master copy of
+the optimizer (only for the parameters named, so the others keep their full fp32 precision).
+Without it, edits are discarded on exit (reading is what the context is for). A collective:
+every rank must enter with the same parameters.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+import torch
+from torch import nn
+
+from ..comm import default_comm
+from ..comm.divergence import Op
+from ..sharding import ParamState
+from .partition_init import InitShard, gather_full
+
+# engines alive in this process, to find which one owns a parameter
+_ENGINES: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def register_engine(engine) -> None:
+    _ENGINES.add(engine)
+
+
+def _owner(p: nn.Parameter):
+    for e in _ENGINES:
+        hit = e.param_index.get(id(p))
+        if hit is not None:
+            return e, hit
+    return None, None
+
+
+@contextlib.contextmanager
+def gathered(params, modifier_rank: int | None = None):
+    if isinstance(params, torch.Tensor):
+        params = [params]
+    params = list(params)
+    engine_groups: dict[tuple[int, int], tuple[object, int, list[int]]] = {}
+    loose: list[nn.Parameter] = []
+    for p in params:
+        engine, hit = _owner(p)
+        if engine is None:
+            loose.append(p)
+        else:
+            gi, si = hit
+            engine_groups.setdefault((id(engine), gi), (engine, gi, []))[2].append(si)
+    comm = next(iter(e for e, _, _ in engine_groups.values()), None)
+    comm = comm.comm if comm is not None else default_comm()
+    if modifier_rank is not None and not 0 <= modifier_rank < comm.world:
+        raise ValueError(f"zerocore.gathered: modifier_rank={modifier_rank} is not a rank of this {comm.world}-rank "
+                         "group")
+    opened = []  # stage-3 groups this context gathered (freed on exit)
+    inits: list[tuple[nn.Parameter, InitShard]] = []
+    try:
+        for engine, gi, _ in engine_groups.values():
+            g = engine.groups[gi]
+            if g.partitioned and g.param_state.value is not ParamState.GATHERED:
+                if g.param_state.value is ParamState.SHARDED:
+                    engine.guard.check(Op.CONTEXT, gi, 0)
+                    g.start_gather(comm, async_op=False)
+                g.finish_gather()
+                opened.append((engine, g))
+        for p in loose:
+            rec = getattr(p, "_zc_init", None)
+            if rec is not None:
+                p.data = gather_full(p, comm).clone()
+                inits.append((p, rec))
+        yield params
+        if modifier_rank is not None:
+            with torch.no_grad():
+                for engine, gi, slots in engine_groups.values():
+                    _write_back(engine, gi, slots, modifier_rank)
+                for p in loose:
+                    comm.broadcast(p.data, src=modifier_rank)
+                for p, rec in inits:
+                    flat = p.data.reshape(-1)
+                    size = rec.chunk.numel()
+                    lo, hi = comm.rank * size, min((comm.rank + 1) * size, flat.numel())
+                    rec.chunk.zero_()
+                    if hi > lo:
+                        rec.chunk[:hi - lo] = flat[lo:hi]
+    finally:
+        for p, rec in inits:
+            p.data = torch.empty(0, dtype=rec.chunk.dtype, device=rec.chunk.device)
+            p._zc_init = rec
+            rec.version = p._version
+        for engine, g in opened:
+            if g.param_state.value is ParamState.GATHERED:
+                g.free_full()
+
+
+def _write_back(engine, gi: int, slots: list[int], src: int) -> None:
+    """The modifier's values of group ``gi`` to every rank, and into this rank's shards."""
+    g, shard = engine.groups[gi], engine.shards[gi]
+    engine.comm.broadcast(g.param_flat, src=src)
+    for si in slots:
+        s = g.layout.slots[si]
+        a, b = max(s.offset, g.lo), min(s.end, g.hi)
+        if a >= b:
+            continue
+        if g.partitioned:
+            g.param_shard[a - g.lo:b - g.lo] = g.param_flat[a:b]
+        if shard.master.data_ptr() != g.owned_params().data_ptr():  # a separate fp32 master
+            shard.master[a - g.lo:b - g.lo] = g.param_flat[a:b].float()
