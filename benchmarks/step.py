@@ -11,6 +11,12 @@ DDP is timed with torch.optim.AdamW (what DDP users run) and with zerocore's Fus
 same Adam kernel as the zerocore stages: the like-for-like baseline). FSDP2 wraps each block
 and the root, with torch.optim.AdamW on its DTensor shards.
 
+zerocore stage 3 is wrapped the same way: one unit per ``Block`` (``stage3_unit_classes``) plus
+the root (embeddings, tied head); parameters under ``--persist`` elements (LayerNorms, biases)
+stay whole on every rank, the matrices are partitioned; ``stage3_prefetch_bucket_size`` = one
+block's partitioned elements (prefetch one block ahead). ``zerocore_stage3_nocheck`` is the same
+with ``stage3_check_divergence: false``: the difference is the divergence guard's cost.
+
     python benchmarks/step.py --ranks 2 --out benchmarks/results/step_gloo_w2.json
 """
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -28,7 +35,16 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import machine_info, summary, spawn_ranks  # noqa: E402
 
-VARIANTS = ["ddp_torch_adamw", "ddp_fused_adam", "fsdp2", "zerocore_stage0", "zerocore_stage1", "zerocore_stage2"]
+VARIANTS = ["ddp_torch_adamw", "ddp_fused_adam", "fsdp2", "zerocore_stage0", "zerocore_stage1", "zerocore_stage2",
+            "zerocore_stage3", "zerocore_stage3_nocheck"]
+
+
+def stage3_config(model, persist: int) -> dict:
+    """Stage 3 wrapped like FSDP2 here: a unit per Block + the root, prefetch one block ahead."""
+    block = model.blocks[0]
+    block_elems = sum(p.numel() for p in block.parameters() if p.numel() >= persist)
+    return {"stage3_unit_classes": ["Block"], "stage3_param_persistence_threshold": persist,
+            "stage3_prefetch_bucket_size": block_elems}
 
 
 def build(variant: str, args, vocab: int):
@@ -69,10 +85,13 @@ def build(variant: str, args, vocab: int):
             opt.zero_grad(set_to_none=True)
             return loss
         return step
-    stage = int(variant[-1])
+    stage = int(variant[len("zerocore_stage")])
+    z = {"stage": stage, "reduce_bucket_size": int(args.bucket), "overlap_comm": True}
+    if stage == 3:
+        z.update(stage3_config(model, args.persist), stage3_check_divergence=not variant.endswith("_nocheck"))
     engine = zerocore.initialize(model, {
         "gradient_clipping": 0.0, "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd}},
-        "zero_optimization": {"stage": stage, "reduce_bucket_size": int(args.bucket), "overlap_comm": True}})
+        "zero_optimization": z})
 
     def step(x, y):
         loss = torch.nn.functional.cross_entropy(engine(x).flatten(0, 1), y.flatten())
@@ -91,20 +110,23 @@ def worker(rank: int, world: int, init: str, args, out: str) -> None:
     steps = {v: build(v, args, vocab) for v in args.variants}
     n_params = sum(p.numel() for p in __import__("zerocore.demo", fromlist=["TinyGPT"]).TinyGPT(
         vocab, args.dim, args.layers, heads=args.heads, ctx=args.ctx).parameters())
-    times = {v: [] for v in args.variants}
+    times = {v: [] for v in args.variants}  # [round][step] seconds
     losses = {v: [] for v in args.variants}
     for v in args.variants:  # warm-up
         for i in range(args.warmup):
             b = batches[i % len(batches)]
             steps[v](b[:, :-1], b[:, 1:])
-    for _ in range(args.rounds):
-        for v in args.variants:
+    for r in range(args.rounds):
+        order = list(args.variants)
+        random.Random(r).shuffle(order)  # a fresh order each round, the same on every rank
+        for v in order:
             dist.barrier()
+            times[v].append([])
             for i in range(args.steps):
                 b = batches[i % len(batches)]
                 t0 = time.perf_counter()
                 loss = steps[v](b[:, :-1], b[:, 1:])
-                times[v].append(time.perf_counter() - t0)
+                times[v][-1].append(time.perf_counter() - t0)
                 losses[v].append(loss.item())
     if rank == 0:
         with open(out, "w") as f:
@@ -121,6 +143,8 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
     ap.add_argument("--bucket", type=float, default=2.5e6, help="zerocore reduce_bucket_size (elements)")
+    ap.add_argument("--persist", type=int, default=10_000,
+                    help="stage 3: stage3_param_persistence_threshold (LayerNorms/biases whole, matrices partitioned)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5, help="timed steps per variant per round")
     ap.add_argument("--rounds", type=int, default=3)
@@ -128,25 +152,45 @@ def main() -> None:
     ap.add_argument("--out", help="JSON file for the results")
     args = ap.parse_args()
     res = spawn_ranks(worker, args.ranks, args)
-    base = statistics.median(res["times"]["ddp_torch_adamw"]) if "ddp_torch_adamw" in res["times"] else None
-    like = statistics.median(res["times"]["ddp_fused_adam"]) if "ddp_fused_adam" in res["times"] else None
+    flat = {v: [t for rnd in res["times"][v] for t in rnd] for v in args.variants}
+    med = {v: statistics.median(flat[v]) for v in args.variants}
     rows = {}
     print(f"{res['n_params'] / 1e6:.1f}M-param GPT (dim {args.dim}, {args.layers} layers, ctx {args.ctx}), "
           f"{args.ranks} ranks x {args.batch} sequences, fp32, gloo, 1 thread/rank; "
-          f"{args.rounds} interleaved rounds x {args.steps} steps")
-    print(f"{'variant':<18}{'median ms':>10}{'min':>8}{'max':>8}{'vs DDP+AdamW':>14}{'vs DDP+Fused':>14}")
+          f"{args.rounds} interleaved rounds (random order) x {args.steps} steps")
+    print(f"{'variant':<24}{'median ms':>10}{'min':>8}{'p25':>8}{'p75':>8}{'max':>8}")
     for v in args.variants:
-        s = summary(res["times"][v])
-        s["vs_ddp_torch_adamw"] = s["median_ms"] / 1e3 / base if base else None
-        s["vs_ddp_fused_adam"] = s["median_ms"] / 1e3 / like if like else None
+        s = summary(flat[v])
+        q = statistics.quantiles(flat[v], n=4) if len(flat[v]) > 1 else [flat[v][0]] * 3
+        s["p25_ms"], s["p75_ms"] = q[0] * 1e3, q[2] * 1e3
         s["final_loss"] = res["losses"][v][-1]
+        s["times_ms"] = [[round(t * 1e3, 2) for t in rnd] for rnd in res["times"][v]]
         rows[v] = s
-        f = (lambda x: f"{x:.3f}x" if x else "-")
-        print(f"{v:<18}{s['median_ms']:>10.1f}{s['min_ms']:>8.1f}{s['max_ms']:>8.1f}"
-              f"{f(s['vs_ddp_torch_adamw']):>14}{f(s['vs_ddp_fused_adam']):>14}")
+        print(f"{v:<24}{s['median_ms']:>10.1f}{s['min_ms']:>8.1f}{s['p25_ms']:>8.1f}{s['p75_ms']:>8.1f}"
+              f"{s['max_ms']:>8.1f}")
+    # Ratios: of the overall medians, and per round (the two variants' medians within one round,
+    # minutes apart at most), whose min/median/max is the spread.
+    ratios = {}
+    pairs = [(a, b) for a in args.variants for b in ("ddp_torch_adamw", "ddp_fused_adam", "fsdp2")
+             if a != b and b in args.variants and (a.startswith("zerocore") or a == "fsdp2")]
+    if "zerocore_stage3" in args.variants and "zerocore_stage3_nocheck" in args.variants:
+        pairs.append(("zerocore_stage3", "zerocore_stage3_nocheck"))
+    if pairs:
+        print(f"\n{'ratio (median step time)':<52}{'overall':>9}{'per-round min':>15}{'median':>8}{'max':>8}")
+    for a, b in pairs:
+        per_round = [statistics.median(x) / statistics.median(y) for x, y in zip(res["times"][a], res["times"][b])]
+        r = {"overall": med[a] / med[b], "per_round": per_round, "round_min": min(per_round),
+             "round_median": statistics.median(per_round), "round_max": max(per_round)}
+        ratios[f"{a}/{b}"] = r
+        print(f"{a + ' / ' + b:<52}{r['overall']:>8.3f}x{r['round_min']:>14.3f}x{r['round_median']:>7.3f}x"
+              f"{r['round_max']:>7.3f}x")
+    if "zerocore_stage3" in args.variants and "zerocore_stage3_nocheck" in args.variants:
+        d = med["zerocore_stage3"] - med["zerocore_stage3_nocheck"]
+        print(f"divergence guard: {d * 1e3:+.1f} ms per step (difference of medians)")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"machine": machine_info(), "args": vars(args), "n_params": res["n_params"], "results": rows},
+            json.dump({"machine": machine_info(), "args": vars(args), "n_params": res["n_params"], "results": rows,
+                       "ratios": ratios},
                       f, indent=2)
         print(f"wrote {args.out}")
 
