@@ -44,12 +44,86 @@ class AwkwardMLP(nn.Module):
         return self.out(h)
 
 
+class Inner(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x))
+
+
+class Middle(nn.Module):
+    """A unit with a unit inside it (with stage3_unit_classes ["Middle", "Inner"])."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.inner = Inner(d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.proj(self.inner(x))
+
+
+class Head(nn.Module):
+    """Reads another module's weight without registering it (a parameter used by a module other
+    than its owner): the output projection uses the input embedding's matrix."""
+
+    def __init__(self, emb: nn.Linear):
+        super().__init__()
+        self._emb = [emb]  # a list hides it from module registration
+        self.bias = nn.Parameter(torch.zeros(emb.in_features))
+
+    def forward(self, h):
+        return nn.functional.linear(h, self._emb[0].weight.t()) + self.bias
+
+
+class NestedNet(nn.Module):
+    """Nested units, a module called twice in one forward, and a parameter read by a non-owner."""
+
+    def __init__(self, d: int = 24):
+        super().__init__()
+        self.inp = nn.Linear(37, d)
+        self.mids = nn.ModuleList(Middle(d) for _ in range(2))
+        self.shared = Inner(d)  # called twice
+        self.head = Head(self.inp)  # uses inp.weight (37 x d) transposed: d -> 37
+        self.out = nn.Linear(37, 11)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        for m in self.mids:
+            h = m(h)
+        h = self.shared(h)
+        h = self.shared(h * 0.5)
+        return self.out(torch.tanh(self.head(h)))
+
+
+class SwapNet(NestedNet):
+    """Runs its two middle blocks in the opposite order on every other forward: the recorded
+    prefetch order goes wrong each step, so stage 3 must fall back to gathering on demand."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        h = torch.tanh(self.inp(x))
+        for m in (self.mids if self.calls % 2 else list(reversed(self.mids))):
+            h = m(h)
+        return self.out(torch.tanh(self.head(self.shared(h))))
+
+
 def make_model(kind: str, seed: int) -> nn.Module:
     torch.manual_seed(seed)
     if kind == "mlp":
         return AwkwardMLP()
     if kind == "mlp_frozen_unused":
         return AwkwardMLP(frozen_and_unused=True)
+    if kind == "nested":
+        return NestedNet()
+    if kind == "swap":
+        return SwapNet()
     if kind == "mlp_big":  # ~1.1M parameters, for the memory checks
         return nn.Sequential(nn.Linear(513, 1023), nn.GELU(), nn.Linear(1023, 511), nn.GELU(), nn.Linear(511, 67))
     if kind == "gpt":
@@ -65,7 +139,7 @@ def make_batch(kind: str, step: int, rows: int, seed: int):
     if kind == "gpt":
         tokens = torch.randint(0, 29, (rows, 13), generator=g)
         return tokens[:, :-1], tokens[:, 1:]
-    d_in, d_out = (513, 67) if kind == "mlp_big" else (37, 11)
+    d_in, d_out = (513, 67) if kind == "mlp_big" else (37, 11)  # mlp, nested, swap: 37 -> 11
     return torch.randn(rows, d_in, generator=g), torch.randn(rows, d_out, generator=g)
 
 
@@ -98,6 +172,8 @@ class Case:
     native_rs: bool = False  # the backend's own reduce-scatter even on gloo (the NCCL code path)
     zero: dict = dataclasses.field(default_factory=dict)  # more zero_optimization keys (stage 3's)
     init: bool = False  # build the model under zerocore.init (stage 3 construction-time partitioning)
+    sample_peak: bool = False  # sample bytes held at every module's forward hooks (stage 3 peaks)
+    generate: bool = False  # after training: eval + no_grad forwards (a greedy generation loop for gpt)
 
     def config(self) -> dict:
         z = {"stage": self.stage, "reduce_bucket_size": self.bucket, "reduce_scatter": self.reduce_scatter,
@@ -133,6 +209,14 @@ def run_case(case: Case, rank: int, world: int) -> dict:
     dtype = DTYPES[case.dtype]
     rows = case.micro * case.gas * world
     out = {"losses": [], "norms": [], "scales": [], "skipped": []}
+    peaks = {"gathered": 0, "gc": 0}
+    if case.sample_peak:
+        def sample(*_):
+            peaks["gathered"] = max(peaks["gathered"], engine.memory_report()["gathered"])
+            peaks["gc"] = max(peaks["gc"], gc_tensor_bytes() - baseline)
+        for m in engine.module.modules():  # prepend: before the engine frees a unit after its forward
+            m.register_forward_pre_hook(sample)
+            m.register_forward_hook(sample, prepend=True)
     steps = 1 if case.memory_only else case.steps
     for step in range(steps):
         x, y = make_batch(case.model, step, rows, case.seed)
@@ -154,6 +238,9 @@ def run_case(case: Case, rank: int, world: int) -> dict:
         out["norms"].append(engine.global_grad_norm)
         out["scales"].append(engine.loss_scale)
         out["skipped"].append(engine.skipped_steps)
+    out["peaks"] = peaks
+    if case.generate:
+        out["generated"] = generate(engine, case, dtype)
     out["memory"] = engine.memory_report()
     out["numel"] = sum(g.layout.numel for g in engine.groups)
     out["padded"] = sum(g.layout.padded for g in engine.groups)
@@ -166,6 +253,26 @@ def run_case(case: Case, rank: int, world: int) -> dict:
         out["state"] = engine.full_state_dict()
     engine.reducer.remove_hooks()
     return out
+
+
+@torch.no_grad()
+def generate(engine, case: Case, dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(input, output) pairs of eval-mode, no-grad forwards of different shapes through the engine
+    (for gpt: a greedy generation loop, one token at a time)."""
+    engine.eval()
+    pairs = []
+    if case.model == "gpt":
+        idx = torch.tensor([[1, 2, 3]])
+        for _ in range(5):
+            logits = engine(idx)
+            pairs.append((idx.clone(), logits.float()))
+            idx = torch.cat([idx, logits[:, -1].float().argmax(-1, keepdim=True)], dim=1)
+    else:
+        x, _ = make_batch(case.model, 999, 3, case.seed)
+        for rows in (1, 3):
+            pairs.append((x[:rows].clone(), engine(x[:rows].to(dtype)).float()))
+    engine.train()
+    return pairs
 
 
 def gc_tensor_bytes() -> int:
