@@ -130,13 +130,26 @@ def make_model(kind: str, seed: int) -> nn.Module:
         from zerocore.demo import TinyGPT
 
         return TinyGPT(vocab=29, dim=32, layers=2, heads=2, ctx=12)
+    if kind == "gpt_ckpt":  # every block under activation checkpointing (recomputed in backward)
+        from zerocore.demo import TinyGPT
+
+        class CheckpointedGPT(TinyGPT):
+            def forward(self, idx):
+                from torch.utils.checkpoint import checkpoint
+
+                x = self.tok(idx) + self.pos[: idx.shape[1]]
+                for b in self.blocks:
+                    x = checkpoint(b, x, use_reentrant=False)
+                return self.head(self.ln(x))
+
+        return CheckpointedGPT(vocab=29, dim=32, layers=2, heads=2, ctx=12)
     raise ValueError(kind)
 
 
 def make_batch(kind: str, step: int, rows: int, seed: int):
     """The global batch of one optimizer step: (inputs, targets), ``rows`` samples."""
     g = torch.Generator().manual_seed(seed * 1000 + step)
-    if kind == "gpt":
+    if kind.startswith("gpt"):
         tokens = torch.randint(0, 29, (rows, 13), generator=g)
         return tokens[:, :-1], tokens[:, 1:]
     d_in, d_out = (513, 67) if kind == "mlp_big" else (37, 11)  # mlp, nested, swap: 37 -> 11
@@ -144,7 +157,7 @@ def make_batch(kind: str, step: int, rows: int, seed: int):
 
 
 def loss_fn(kind: str, out, y):
-    if kind == "gpt":
+    if kind.startswith("gpt"):
         return nn.functional.cross_entropy(out.flatten(0, 1).float(), y.flatten())
     return nn.functional.mse_loss(out.float(), y)
 

@@ -19,6 +19,9 @@ Reuse: with ``stage3_max_reuse_distance`` > 0 a unit is kept gathered after its 
 its next use (a second call, or its backward right after the forward ends) comes within that
 many gathered elements, while resident elements stay within ``stage3_max_live_parameters``.
 
+Activation checkpointing: a forward re-run inside backward gathers its unit (if needed) and
+leaves it gathered for the backward that follows.
+
 A module may read another unit's parameter (``self.other.weight``, parameters shared outside
 the module tree): modules owning partitioned parameters get a ``__getattr__`` that gathers the
 owning unit on first access during forward or backward, frees it with the module that used it,
@@ -184,6 +187,10 @@ class ParamGatherer:
     # -- forward -------------------------------------------------------------------------
     def _hook_pre_forward(self, u: Unit):
         def hook(module, args):
+            if self.phase is Phase.BACKWARD:  # activation checkpointing recomputes inside backward:
+                self.stack.append(u)  # the unit's backward follows at once, so it stays gathered
+                self._gather(u, BWD)  # until its gradients are in (on_group_complete)
+                return
             if not self.stack:
                 self._begin_forward()
             self.stack.append(u)
@@ -197,6 +204,8 @@ class ParamGatherer:
             if not self.stack or self.stack[-1] is not u:
                 return  # forward raised before our pre-hook ran (nothing to undo)
             self.stack.pop()
+            if self.phase is Phase.BACKWARD:
+                return  # a recompute (see the pre-hook)
             if torch.is_grad_enabled():
                 tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
                 if tensors:
