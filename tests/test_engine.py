@@ -161,12 +161,20 @@ def test_demo_runs_two_ranks_with_torchrun():
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "zerocore", "demo", "--stage", "2", "--steps", "40", "--dim", "32",
-                        "--ctx", "32"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    out = r.stdout
-    assert "ZeRO stage 2, 2 ranks" in out and "median step" in out
-    assert "rank 0:" in out and "rank 1:" in out and "x stage 0's" in out and "sample:" in out
+    curves = {}
+    for stage in (2, 3):
+        r = subprocess.run([sys.executable, "-m", "zerocore", "demo", "--stage", str(stage), "--steps", "30",
+                            "--dim", "32", "--ctx", "32"], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        out = r.stdout
+        assert f"ZeRO stage {stage}, 2 ranks" in out and "median step" in out
+        assert "rank 0:" in out and "rank 1:" in out and "x stage 0's" in out and "sample:" in out
+        line = next(ln for ln in out.splitlines() if ln.startswith("loss curve"))
+        curves[stage] = [float(v) for v in line.split(":", 1)[1].split()]
+    # stage 3 really partitions (one unit per Block + the root) and trains like stage 2
+    assert "stage 3: 3 units" in out
+    assert len(curves[3]) == len(curves[2]) == 10
+    assert all(abs(a - b) < 1e-3 for a, b in zip(curves[2], curves[3])), curves
 
 
 def test_unused_parameters_do_not_pin_buckets():

@@ -59,7 +59,8 @@ class TinyGPT(nn.Module):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stage", type=int, default=2, choices=(0, 1, 2), help="ZeRO stage (default 2)")
+    p.add_argument("--stage", type=int, default=3, choices=(0, 1, 2, 3),
+                   help="ZeRO stage (default 3: parameters partitioned too, one unit per Block)")
     p.add_argument("--ranks", type=int, default=2, help="local gloo ranks started with torchrun (default 2)")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="training dtype (bf16: fp32 master)")
     p.add_argument("--steps", type=int, default=300)
@@ -70,6 +71,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--bucket", type=float, default=5e4, help="reduce_bucket_size in elements")
     p.add_argument("--seed", type=int, default=0)
+
+
+def zero_config(args: argparse.Namespace, model: TinyGPT) -> dict:
+    z = {"stage": args.stage, "reduce_bucket_size": int(args.bucket), "overlap_comm": True}
+    if args.stage == 3:
+        # This model is far below DeepSpeed's default persistence threshold (1e5 elements per
+        # parameter), which would keep everything whole: partition every matrix (dim x dim and
+        # larger, the embeddings) and keep only vectors (LayerNorms, biases: at most 4 x dim) whole.
+        # One unit (one all-gather) per Block plus the root (embeddings, tied head), as FSDP2's
+        # fully_shard per block; prefetch one block ahead.
+        persist = 4 * args.dim + 1
+        z["stage3_param_persistence_threshold"] = persist
+        if len(model.blocks):
+            block = sum(p.numel() for p in model.blocks[0].parameters() if p.numel() >= persist)
+            z.update(stage3_unit_classes=["Block"], stage3_prefetch_bucket_size=block)
+    return z
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,7 +126,7 @@ def train_rank(args: argparse.Namespace) -> int:
         "gradient_clipping": 1.0,
         "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": 0.01}},
         "bf16": {"enabled": args.dtype == "bf16"},
-        "zero_optimization": {"stage": args.stage, "reduce_bucket_size": int(args.bucket), "overlap_comm": True},
+        "zero_optimization": zero_config(args, model),
     })
     n_params = sum(g.layout.numel for g in engine.groups)
     if rank == 0:
@@ -149,12 +166,19 @@ def train_rank(args: argparse.Namespace) -> int:
         bar.close()
         print(f"loss {first:.3f} -> {last:.3f} (uniform guess {math.log(len(chars)):.3f}); "
               f"median step {med * 1e3:.1f} ms")
+        every = max(1, len(losses) // 10)
+        print("loss curve (every " + str(every) + " steps): " + " ".join(f"{v:.4f}" for v in losses[::every]))
         print(f"model states held per rank (params {_mb(mem['params'])}, grads {_mb(mem['grads'])}, "
               f"master+m+v {_mb(mem['master'] + mem['exp_avg'] + mem['exp_avg_sq'])}, buckets {_mb(mem['buckets'])} "
               f"on rank 0):")
         for r, t in enumerate(totals):
             print(f"  rank {r}: {_mb(t)} = {t / stage0:.2f}x stage 0's {_mb(stage0)} (16 bytes/param; "
                   f"{(t - mem['buckets']) / stage0:.2f}x without the gradient buckets)")
+        if engine.gatherer is not None:
+            units = [u for u in engine.gatherer.units if u.numel]
+            size = torch.empty((), dtype=engine.dtype).element_size()
+            print(f"stage 3: {len(units)} units gathered one at a time (+ prefetch); peak gathered "
+                  f"{_mb(engine.gatherer.peak_live * size)} (largest unit {_mb(max(u.numel for u in units) * size)})")
     # a few greedy characters; every rank runs the forward (stage 3 will gather in it)
     model.eval()
     with torch.no_grad():
