@@ -17,6 +17,12 @@ the step); ``zero_optimization.stage3_check_divergence: false`` turns it off.
 
 A rank that stops issuing collectives altogether cannot be compared; the header wait has a
 deadline (``stage3_divergence_timeout``) after which this rank raises, naming what it waited for.
+The headers travel on a gloo group of their own (the same ranks, created once per timeout and
+reused), whose collectives time out inside gloo: a header that never pairs fails there and
+leaves nothing pending on the training group. Waiting on the header in the training group
+itself with a deadline left it pending after the error; the next collective there (the other
+rank's barrier, ``destroy_process_group``) then hung for good (measured: both ranks stuck).
+The headers are CPU tensors, so this also works when the training group is NCCL.
 """
 from __future__ import annotations
 
@@ -25,8 +31,29 @@ import enum
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 
 from .collectives import Comm
+
+# (ranks, timeout) -> the gloo group the headers travel on (created collectively, on first use)
+_HEADER_GROUPS: dict[tuple, object] = {}
+
+
+def _header_comm(comm: Comm, timeout_s: float) -> Comm | None:
+    """A Comm over a gloo group of ``comm``'s ranks whose collectives time out after ``timeout_s``;
+    None where one cannot be made (the headers then use ``comm`` with a deadline on the wait)."""
+    try:
+        ranks = tuple(dist.get_process_group_ranks(comm.group)) if comm.group is not None else None
+        key = (ranks, float(timeout_s))
+        group = _HEADER_GROUPS.get(key)
+        if group is None or group not in dist.distributed_c10d._world.pg_map:  # none yet, or destroyed
+            group = dist.new_group(ranks=list(ranks) if ranks is not None else None, backend="gloo",
+                                   timeout=datetime.timedelta(seconds=timeout_s),
+                                   use_local_synchronization=ranks is not None)
+            _HEADER_GROUPS[key] = group
+        return Comm(group)
+    except (RuntimeError, ValueError, AttributeError):
+        return None
 
 
 class DivergenceError(RuntimeError):
@@ -59,6 +86,8 @@ class DivergenceGuard:
         self.count = 0  # collectives checked so far on this rank
         self._out = torch.empty(comm.world * 4, dtype=torch.int64)
         self._mine = torch.empty(4, dtype=torch.int64)
+        # every rank builds its guard at the same point (engine construction): a collective
+        self._headers = _header_comm(comm, timeout_s) if self.enabled else None
 
     def check(self, op: Op, index: int, phase: int = 0) -> None:
         """Raises DivergenceError on every rank unless all ranks are about to do the same thing."""
@@ -66,9 +95,12 @@ class DivergenceGuard:
             return
         self.count += 1
         self._mine.copy_(torch.tensor([int(op), index, phase, self.count], dtype=torch.int64))
-        handle = self.comm.all_gather_into(self._out, self._mine, async_op=True)
         try:
-            handle._work.wait(timeout=self.timeout)
+            if self._headers is not None:  # gloo itself gives up after the timeout
+                self._headers.all_gather_into(self._out, self._mine)
+            else:
+                handle = self.comm.all_gather_into(self._out, self._mine, async_op=True)
+                handle._work.wait(timeout=self.timeout)
         except RuntimeError as e:
             if "timed out" not in str(e).lower():
                 raise

@@ -5,8 +5,11 @@ their units; parameters partitioned by ``zerocore.init`` and not yet in an engin
 one by one). With ``modifier_rank`` set, that rank's edits are what counts: on exit they are
 broadcast to every rank and written back into the shards, including the fp32 master copy of
 the optimizer (only for the parameters named, so the others keep their full fp32 precision).
-Without it, edits are discarded on exit (reading is what the context is for). A collective:
-every rank must enter with the same parameters.
+Without it, edits are discarded on exit (reading is what the context is for): gathered copies
+are dropped, and a stage-3 parameter that was whole already (a persistent one, or a unit
+gathered by a forward under way) is restored from a copy taken on entry. At stages 0-2 the
+parameters are always whole and nothing is gathered or copied: edit them only with
+``modifier_rank``. A collective: every rank must enter with the same parameters.
 """
 from __future__ import annotations
 
@@ -58,19 +61,27 @@ def gathered(params, modifier_rank: int | None = None):
                          "group")
     opened = []  # stage-3 groups this context gathered (freed on exit)
     inits: list[tuple[nn.Parameter, InitShard]] = []
+    saved: list[tuple[nn.Parameter, torch.Tensor, int]] = []  # whole already: restored on exit if changed
     try:
-        for engine, gi, _ in engine_groups.values():
+        for engine, gi, slots in engine_groups.values():
             g = engine.groups[gi]
-            if g.partitioned and g.param_state.value is not ParamState.GATHERED:
-                if g.param_state.value is ParamState.SHARDED:
-                    engine.guard.check(Op.CONTEXT, gi, 0)
-                    g.start_gather(comm, async_op=False)
+            state = g.param_state.value
+            if g.partitioned and state is ParamState.SHARDED:
+                engine.guard.check(Op.CONTEXT, gi, 0)
+                g.start_gather(comm, async_op=False)
                 g.finish_gather()
                 opened.append((engine, g))
+                continue
+            if g.partitioned and state is ParamState.GATHERING:  # a prefetch in flight (inside forward)
+                unit = engine.gatherer.by_group[gi]
+                engine.gatherer._wait(unit)  # the gatherer still owns it (and frees it)
+            if modifier_rank is None and engine.config.zero_optimization.stage == 3:
+                saved += [(g.params[si], g.params[si].detach().clone(), g.params[si]._version) for si in slots]
         for p in loose:
             rec = getattr(p, "_zc_init", None)
             if rec is not None:
                 p.data = gather_full(p, comm).clone()
+                rec.open = True
                 inits.append((p, rec))
         yield params
         if modifier_rank is not None:
@@ -87,10 +98,15 @@ def gathered(params, modifier_rank: int | None = None):
                     if hi > lo:
                         rec.chunk[:hi - lo] = flat[lo:hi]
     finally:
+        with torch.no_grad():
+            for p, value, version in saved:
+                if p._version != version:  # untouched ones stay untouched (autograd may have saved them)
+                    p.copy_(value)
         for p, rec in inits:
             p.data = torch.empty(0, dtype=rec.chunk.dtype, device=rec.chunk.device)
             p._zc_init = rec
             rec.version = p._version
+            rec.open = False
         for engine, g in opened:
             if g.param_state.value is ParamState.GATHERED:
                 g.free_full()

@@ -1,18 +1,22 @@
 """``with zerocore.init(config):`` — partition parameters as the model is built (stage 3).
 
-Every ``nn.Module`` subclass's ``__init__`` is wrapped while the context is open: when a
-module's outermost ``__init__`` returns, each parameter it registered directly is broadcast
-from rank 0 (so every rank starts from the same values), and the rank keeps only its chunk of
-it; the parameter's ``.data`` becomes an empty tensor. So at most one module's parameters
-exist in full at a time, and a model larger than one rank's memory can be built.
-``zerocore.initialize`` then regroups the chunks into the units' flat groups, one group at a
-time.
+Every ``nn.Module`` subclass's ``__init__`` is wrapped while the context is open. When a
+module's outermost ``__init__`` returns, each parameter it registered directly is partitioned:
+broadcast from rank 0 (so every rank starts from the same values), the rank keeps only its
+chunk of it, and the parameter's ``.data`` becomes an empty tensor. Partitioning waits until
+the next module's ``__init__`` starts or ends (or the outermost one returns): a parent may still
+initialize the child it just built, as ``nn.MultiheadAttention`` does with its ``out_proj.bias``
+right after creating ``out_proj``. So at most two modules' own parameters exist in full at a
+time, and a model larger than one rank's memory can be built. ``zerocore.initialize`` then
+regroups the chunks into the units' flat groups, one group at a time.
 
-As with DeepSpeed's ``zero.Init``, a parameter must be initialized inside the ``__init__`` of the
-module that registers it: once that ``__init__`` has returned the parameter is partitioned, and
-an in-place change made later (a parent module calling ``nn.init.normal_(self.emb.weight)``)
-would be lost. zerocore notices (the parameter's version counter moved) and raises, naming the
-parameter; make such changes under ``zerocore.gathered([param], modifier_rank=0)``.
+As with DeepSpeed's ``zero.Init``, a parameter must otherwise be initialized inside the
+``__init__`` of the module that registers it: once partitioned, an in-place change made later
+(a parent module calling ``nn.init.normal_(self.emb.weight)`` after building other modules, as
+TinyGPT does) would be lost. zerocore notices (the parameter's version counter moved, or its
+``.data`` was replaced) and raises, naming the parameter; make such changes under
+``zerocore.gathered([param], modifier_rank=0)``. (A change through ``param.data`` in place, as
+``param.data.normal_()``, cannot be noticed: ``.data`` does not share the version counter.)
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ class InitShard:
     world: int
     version: int  # the parameter's version counter when partitioned (in-place edits move it)
     owner: str  # the module class that registered it (for error messages)
+    open: bool = False  # whole for a while, under zerocore.gathered()
 
     @property
     def numel(self) -> int:
@@ -66,9 +71,13 @@ def gather_full(p: nn.Parameter, comm: Comm) -> torch.Tensor:
 
 def check_unchanged(p: nn.Parameter, name: str) -> None:
     rec = getattr(p, "_zc_init", None)
-    if rec is not None and p._version != rec.version:
+    if rec is None or rec.open:
+        return
+    how = ("was modified in place" if p._version != rec.version
+           else "had its .data replaced" if p.data.numel() != 0 else None)
+    if how is not None:
         raise RuntimeError(
-            f"zerocore.init: parameter '{name}' was modified in place after it was partitioned (at the end of "
+            f"zerocore.init: parameter '{name}' {how} after it was partitioned (at the end of "
             f"{rec.owner}.__init__); the change is lost. Initialize a parameter in the __init__ of the module that "
             f"registers it, or make the change under zerocore.gathered([param], modifier_rank=0).")
 
@@ -91,6 +100,9 @@ class _Patcher:
         self.comm = comm
         self.dtype = dtype
         self.saved: dict[type, object] = {}
+        # parameters of the module whose __init__ returned last, still whole (see the module docstring)
+        self.pending: list[tuple[nn.Parameter, str]] = []
+        self.running = 0  # module __init__s under way (each object's outermost one)
 
     def _wrap(self, cls: type) -> None:
         orig = cls.__dict__.get("__init__")
@@ -102,26 +114,48 @@ class _Patcher:
         @functools.wraps(orig)
         def __init__(module, *args, **kwargs):
             depth = module.__dict__.get("_zc_init_depth", 0)
+            if depth == 0:  # the object's outermost __init__ (subclasses call super().__init__)
+                patcher.flush()  # a new module: the last one's parameters can no longer change
+                patcher.running += 1
             module.__dict__["_zc_init_depth"] = depth + 1
             try:
                 orig(module, *args, **kwargs)
-            finally:
-                module.__dict__["_zc_init_depth"] = depth
-            if depth == 0:  # the object's outermost __init__ (subclasses call super().__init__)
+            except BaseException:
+                if depth == 0:
+                    patcher.running -= 1
+                    module.__dict__.pop("_zc_init_depth", None)
+                raise
+            module.__dict__["_zc_init_depth"] = depth
+            if depth == 0:
+                patcher.running -= 1
                 del module.__dict__["_zc_init_depth"]
-                patcher.partition(module)
+                patcher.finish(module)
 
         cls.__init__ = __init__
 
-    def partition(self, module: nn.Module) -> None:
+    def finish(self, module: nn.Module) -> None:
+        self.flush()  # a child built last (and maybe initialized by this __init__) first
         for name, p in module.named_parameters():
             check_unchanged(p, name)  # a child's parameter changed by this module's __init__?
+        owner = type(module).__name__
+        seen = {id(p) for p, _ in self.pending}
         for p in module._parameters.values():
-            if p is None or hasattr(p, "_zc_init") or not p.is_floating_point():
+            if p is None or hasattr(p, "_zc_init") or not p.is_floating_point() or id(p) in seen:
+                continue
+            seen.add(id(p))
+            self.pending.append((p, owner))
+        if self.running == 0:  # the outermost module is built
+            self.flush()
+
+    def flush(self) -> None:
+        """Partitions the pending parameters (a collective: every rank builds the same modules)."""
+        pending, self.pending = self.pending, []
+        for p, owner in pending:
+            if hasattr(p, "_zc_init"):
                 continue
             if self.dtype is not None and p.dtype != self.dtype:
                 p.data = p.data.to(self.dtype)
-            partition_param(p, self.comm, type(module).__name__)
+            partition_param(p, self.comm, owner)
 
     def __enter__(self):
         stack = [nn.Module]
@@ -140,7 +174,11 @@ class _Patcher:
         nn.Module.__init_subclass__ = __init_subclass__
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.flush()
+        else:  # a failed build: no collective here (the ranks may not all have got this far)
+            self.pending.clear()
         for cls, orig in self.saved.items():
             cls.__init__ = orig
         if self._old_init_subclass is None:
