@@ -140,9 +140,14 @@ def stack(n=4, d=32, seed=0, **kw) -> Stack:
     return Stack(n, d, **kw)
 
 
-def mixed() -> Stack:
+def mixed_unseeded() -> Stack:
     """Units of two sizes: Linear(32, 32) and Wide(32) (split into its up and down units)."""
-    return stack(6, 32, block=lambda i: Wide(32) if i % 3 == 1 else nn.Linear(32, 32))
+    return Stack(6, 32, block=lambda i: Wide(32) if i % 3 == 1 else nn.Linear(32, 32))
+
+
+def mixed() -> Stack:
+    torch.manual_seed(0)
+    return mixed_unseeded()
 
 
 def _drop(engine) -> None:
@@ -379,6 +384,45 @@ def sc_gathered_persistent(rank: int, world: int) -> dict:
     return out
 
 
+class Peeking(Stack):
+    """Reads a parameter of another unit under zerocore.gathered() in its own forward (from a
+    list captured before initialize, so no attribute access gathers it first)."""
+
+    def forward(self, x, skip=None):
+        if self.__dict__.get("peek"):
+            self.__dict__["state"] = self.__dict__["probe"]()
+            with zerocore.gathered(self.__dict__["peek"]) as ps:
+                self.__dict__["seen"] = [p.detach().clone() for p in ps]
+        return super().forward(x, skip)
+
+
+def sc_gathered_in_forward(rank: int, world: int) -> dict:
+    """In the second step the root's pre-forward hook prefetches the blocks (recorded order):
+    gathered() on blocks.1.weight inside the root's forward meets a gather in flight."""
+    out = {}
+    for peek in (False, True):
+        torch.manual_seed(0)
+        model = Peeking()
+        w = model.blocks[1].weight
+        engine = zerocore.initialize(model, config())
+        train(engine, 1, rank, world, 32)
+        sd = engine.full_state_dict()
+        model.__dict__["peek"] = [w] if peek else None
+        group = engine.groups[engine.param_index[id(w)][0]]
+        model.__dict__["probe"] = lambda: str(group.param_state.value)
+        count = engine.guard.count
+        losses = train(engine, 1, rank, world, 32, first=1)
+        out[f"headers_{peek}"] = engine.guard.count - count
+        out[f"losses_{peek}"] = losses
+        if peek:
+            out["state_inside_forward"] = model.__dict__["state"]
+            out["seen"] = model.__dict__["seen"][0]
+            out["want"] = sd["blocks.1.weight"]
+            out["empty_after"] = w.numel() == 0
+        _drop(engine)
+    return out
+
+
 def sc_check_disabled(rank: int, world: int) -> dict:
     out = {}
     for check in (True, False):
@@ -391,6 +435,24 @@ def sc_check_disabled(rank: int, world: int) -> dict:
     ref = mixed()
     out["ref_losses"], _ = reference(ref, 4, world, 32)
     out["ref_state"] = {k: v.detach().clone() for k, v in ref.state_dict().items()}
+    return out
+
+
+def sc_init_values(rank: int, world: int) -> dict:
+    """zerocore.init with rank r seeding r, against the whole build of rank 0's seed."""
+    out = {}
+    torch.manual_seed(rank)
+    with zerocore.init(config()):
+        model = mixed_unseeded()
+    out["chunks"] = [p._zc_init.chunk.numel() * world >= p._zc_init.numel for p in model.parameters()]
+    engine = zerocore.initialize(model, config())
+    out["state_init"] = engine.full_state_dict()
+    out["losses_init"] = train(engine, 2, rank, world, 32)
+    _drop(engine)
+    engine = zerocore.initialize(mixed(), config())
+    out["state_whole"] = engine.full_state_dict()
+    out["losses_whole"] = train(engine, 2, rank, world, 32)
+    _drop(engine)
     return out
 
 
@@ -456,7 +518,8 @@ def sc_diverge_stop(rank: int, world: int) -> dict:
 
 
 SCENARIOS = {f.__name__[3:]: f for f in [
-    sc_init_memory, sc_init_trap, sc_gathered_engine, sc_gathered_bf16, sc_gathered_persistent, sc_check_disabled,
+    sc_init_memory, sc_init_trap, sc_gathered_engine, sc_gathered_bf16, sc_gathered_persistent, sc_gathered_in_forward,
+    sc_check_disabled, sc_init_values,
     sc_diverge_same_size, sc_diverge_other_size, sc_diverge_later_step, sc_diverge_stop]}
 
 
@@ -508,9 +571,17 @@ def results(per_rank: list[dict], name: str) -> list[dict]:
     return out
 
 
+W4 = ["init_values", "diverge_same_size"]
+
+
 @pytest.fixture(scope="module")
 def world2(tmp_path_factory):
-    return spawn(list(SCENARIOS), 2, tmp_path_factory.mktemp("s3ctx"))
+    return spawn([n for n in SCENARIOS if n != "init_values"], 2, tmp_path_factory.mktemp("s3ctx2"))
+
+
+@pytest.fixture(scope="module")
+def world4(tmp_path_factory):
+    return spawn(W4, 4, tmp_path_factory.mktemp("s3ctx4"))
 
 
 def same_on_every_rank(rs: list[dict], key: str) -> dict:
@@ -705,3 +776,32 @@ def test_training_matches_reference_with_and_without_the_check(world2):
     for check in (True, False):
         assert_losses(r[f"losses_{check}"], r["ref_losses"])
         assert_states_close(same_on_every_rank(rs, f"state_{check}"), r["ref_state"], mixed().state_dict())
+
+
+def test_gathered_inside_forward_waits_for_the_prefetch_in_flight(world2):
+    for r in results(world2, "gathered_in_forward"):
+        assert r["state_inside_forward"] == "ParamState.GATHERING"  # the case this covers
+        assert torch.equal(r["seen"], r["want"])
+        assert r["empty_after"]
+        # no extra collective (the prefetched gather is used, not redone), same training
+        assert r["headers_True"] == r["headers_False"]
+        assert r["losses_True"] == r["losses_False"]
+
+
+# -- world 4 -------------------------------------------------------------------------------------------
+def test_world4_init_values_and_divergence(world4):
+    rs = results(world4, "init_values")
+    state = same_on_every_rank(rs, "state_init")
+    for r in rs:
+        assert all(r["chunks"])
+        assert r["losses_init"] == r["losses_whole"]
+        for k, v in r["state_whole"].items():
+            assert torch.equal(state[k], v), k
+    rs = results(world4, "diverge_same_size")
+    for r in rs:  # rank 1 skipped blocks.1; the three others name it, and rank 1 names blocks.2
+        msg = r["error"]
+        assert msg is not None and msg == rs[0]["error"]
+        for rank in range(4):
+            doing = "blocks.2" if rank == 1 else "blocks.1"
+            assert f"rank {rank}: collective #2, gathering unit '{doing}' (forward)" in msg, msg
+        assert r["after"] == 6.0  # 0 + 1 + 2 + 3: the group still works
