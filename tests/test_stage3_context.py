@@ -778,21 +778,14 @@ def test_divergence_raises_on_every_rank(world2, name, ranks_doing):
     assert rs[0]["step"] == rs[1]["step"] == (2 if name == "diverge_later_step" else 0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "zerocore/sharding/gatherer.py: with prefetch on (the default), a block skipped by one rank after the "
-    "orders are recorded is not caught in that step: the prefetch issued from the recorded order already "
-    "gathered the skipped unit, so both ranks issue the same collectives (no header differs). The skipping "
-    "rank then records a new forward/backward order (_Pass.final / _end_forward, per rank) while the other "
-    "keeps the old one, so in the NEXT step, where both ranks run the same modules, their prefetches differ "
-    "and the DivergenceError fires there, naming a prefetch ('rank 0: gathering unit blocks.1 (prefetch "
-    "(forward))', 'rank 1: ... blocks.2 ...'), not the step or module that diverged. Repro: 2 ranks, Stack of "
-    "4 Linear(32,32), stage 3 defaults; rank 1 calls forward(skip=1) in step 2 only -> error raised in step 3. "
-    "Fix belongs in the gatherer (e.g. a guard check of the pass's visited order at the end of forward)."))
 def test_divergence_with_prefetch_is_caught_in_the_step_it_happens(world2):
     for r in results(world2, "diverge_prefetched"):
         assert r["after"] == 1.0  # caught somewhere, on both ranks, the group still works (holds today)
         assert r["error"] is not None
         assert r["step"] == 2, f"caught in step {r['step']}, not the step rank 1 skipped a block in:\n{r['error']}"
+        # caught by the end-of-forward order check, naming the first unit that differs on each rank
+        assert "forward pass" in r["error"] and "rank 0: ran unit 'blocks.1'" in r["error"], r["error"]
+        assert "rank 1: ran unit 'blocks.2'" in r["error"], r["error"]
 
 
 def test_rank_that_stops_issuing_collectives_times_out(world2):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+import zlib
 from collections.abc import Callable
 
 import torch
@@ -67,7 +68,15 @@ class Op(enum.IntEnum):
     REDUCE = 2  # reduce a group's gradients
     STEP = 3  # the optimizer step's norm / overflow check
     CONTEXT = 4  # zerocore.gathered() / full_state_dict(): a gather outside the training loop
+    ORDER = 5  # the end of a forward/backward pass: the units it ran, compared as a checksum
 
+
+HEADER = 5  # op, unit/group index (or order checksum), phase, collective count, order length
+
+_ADVICE = ("Every rank must run the same modules in the same order (one rank ran a module the others "
+           "skipped, as in mixture-of-experts routing or an early-stopping generation loop). Make every rank "
+           "run each module (e.g. with an empty batch), or keep the modules that differ out of stage 3 "
+           "partitioning (zero_optimization.stage3_param_persistence_threshold).")
 
 # Finer detail carried for the message only (prefetch vs on-demand is decided identically on
 # every rank from the same recorded order, but an error message should say which it was).
@@ -84,8 +93,8 @@ class DivergenceGuard:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
         self.count = 0  # collectives checked so far on this rank
-        self._out = torch.empty(comm.world * 4, dtype=torch.int64)
-        self._mine = torch.empty(4, dtype=torch.int64)
+        self._out = torch.empty(comm.world * HEADER, dtype=torch.int64)
+        self._mine = torch.empty(HEADER, dtype=torch.int64)
         # every rank builds its guard at the same point (engine construction): a collective
         self._headers = _header_comm(comm, timeout_s) if self.enabled else None
 
@@ -93,8 +102,43 @@ class DivergenceGuard:
         """Raises DivergenceError on every rank unless all ranks are about to do the same thing."""
         if not self.enabled:
             return
+        rows = self._exchange(int(op), index, phase)
+        if all(r[0] == rows[0][0] and r[1] == rows[0][1] and r[3] == rows[0][3] for r in rows):
+            return
+        self._raise_mismatch(rows)
+
+    def check_order(self, phase: int, order: list[int], name: Callable[[int], str]) -> None:
+        """At the end of a pass: did every rank run the same units in the same order? A skipped
+        module is not always visible in the collectives (a prefetch from the recorded order may
+        already have gathered it on every rank), so the orders themselves are compared, as a
+        checksum; on a mismatch the orders are exchanged to name the first unit that differs."""
+        if not self.enabled:
+            return
+        mine = torch.tensor(order, dtype=torch.int64)
+        checksum = zlib.crc32(mine.numpy().tobytes()) if order else 0
+        rows = self._exchange(int(Op.ORDER), checksum, phase, extra=len(order))
+        if all(r[0] == rows[0][0] and r[1] == rows[0][1] and r[3] == rows[0][3] and r[4] == rows[0][4]
+               for r in rows):
+            return
+        if any(r[0] != Op.ORDER for r in rows):
+            self._raise_mismatch(rows)
+        longest = max(r[4] for r in rows)
+        padded = torch.full((longest,), -1, dtype=torch.int64)
+        padded[:len(order)] = mine
+        everyone = torch.empty(longest * self.comm.world, dtype=torch.int64)
+        (self._headers or self.comm).all_gather_into(everyone, padded)
+        seqs = everyone.view(self.comm.world, longest).tolist()
+        first = next(i for i in range(longest) if len({s[i] for s in seqs}) > 1)
+        lines = [f"  rank {r}: {'ran ' + name(s[first]) if s[first] >= 0 else 'had finished'} "
+                 f"({rows[r][4]} units in the pass)" for r, s in enumerate(seqs)]
+        where = PHASES[phase] if 0 <= phase < len(PHASES) else ""
+        raise DivergenceError(
+            f"zerocore: ranks diverged under ZeRO stage 3: in this {where} pass, at unit #{first + 1}:\n"
+            + "\n".join(lines) + "\n" + _ADVICE)
+
+    def _exchange(self, op: int, index: int, phase: int, extra: int = 0) -> list[list[int]]:
         self.count += 1
-        self._mine.copy_(torch.tensor([int(op), index, phase, self.count], dtype=torch.int64))
+        self._mine.copy_(torch.tensor([op, index, phase, self.count, extra], dtype=torch.int64))
         try:
             if self._headers is not None:  # gloo itself gives up after the timeout
                 self._headers.all_gather_into(self._out, self._mine)
@@ -106,20 +150,16 @@ class DivergenceGuard:
                 raise
             raise DivergenceError(
                 f"zerocore: rank {self.comm.rank} waited {self.timeout_s:g} s for the other ranks to reach "
-                f"collective #{self.count} ({self._what(int(op), index, phase)}); a rank stopped issuing "
+                f"collective #{self.count} ({self._what(op, index, phase)}); a rank stopped issuing "
                 "zerocore collectives (it skipped a module, ended its loop early, or is blocked elsewhere). "
                 "Raise zero_optimization.stage3_divergence_timeout if a rank is legitimately this slow.") from None
-        rows = self._out.view(self.comm.world, 4).tolist()
-        if all(r[0] == rows[0][0] and r[1] == rows[0][1] and r[3] == rows[0][3] for r in rows):
-            return
+        return self._out.view(self.comm.world, HEADER).tolist()
+
+    def _raise_mismatch(self, rows: list[list[int]]) -> None:
         lines = [f"  rank {r}: collective #{row[3]}, {self._what(row[0], row[1], row[2])}" for r, row in enumerate(rows)]
         raise DivergenceError(
             "zerocore: ranks diverged under ZeRO stage 3: they are about to issue different collectives.\n"
-            + "\n".join(lines)
-            + "\nEvery rank must run the same modules in the same order (one rank ran a module the others "
-            "skipped, as in mixture-of-experts routing or an early-stopping generation loop). Make every rank "
-            "run each module (e.g. with an empty batch), or keep the modules that differ out of stage 3 "
-            "partitioning (zero_optimization.stage3_param_persistence_threshold).")
+            + "\n".join(lines) + "\n" + _ADVICE)
 
     def _what(self, op: int, index: int, phase: int) -> str:
         try:
@@ -127,7 +167,7 @@ class DivergenceGuard:
         except ValueError:
             return f"unknown operation {op}"
         verb = {Op.GATHER: "gathering", Op.REDUCE: "reducing gradients of", Op.STEP: "optimizer step",
-                Op.CONTEXT: "gathering (outside training) "}[o]
+                Op.CONTEXT: "gathering (outside training) ", Op.ORDER: "end of pass"}[o]
         where = PHASES[phase] if 0 <= phase < len(PHASES) else ""
-        text = verb if o == Op.STEP else f"{verb} {self.describe(o, index)}"
+        text = verb if o in (Op.STEP, Op.ORDER) else f"{verb} {self.describe(o, index)}"
         return f"{text} ({where})" if where else text

@@ -232,6 +232,8 @@ class ParamGatherer:
             if not self._keep(v, after_forward=True):
                 self._free(v)
         self.phase = Phase.IDLE
+        # a skipped module may not show in the collectives (prefetched anyway): compare the orders
+        self.guard.check_order(FWD, self.fwd.order, self._label)
 
     def _keep(self, u: Unit, after_forward: bool = False) -> bool:
         """Keep ``u`` gathered because it is used again soon (stage3_max_reuse_distance)?"""
@@ -274,12 +276,17 @@ class ParamGatherer:
             self._free(u)
 
     def end_backward(self) -> None:
-        if self.bwd is not None:
-            rec = self.bwd.final()
+        done, self.bwd = self.bwd, None
+        if done is not None:
+            rec = done.final()
             if rec is not None and rec:
                 self.bwd_trace = rec
-        self.bwd = None
         self.free_all()
+        if done is not None:
+            self.guard.check_order(BWD, done.order, self._label)
+
+    def _label(self, pos: int) -> str:
+        return self.units[pos].label
 
     # -- parameters read by another module -----------------------------------------------------
     def on_access(self, p: nn.Parameter) -> None:
