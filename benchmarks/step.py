@@ -47,6 +47,17 @@ def stage3_config(model, persist: int) -> dict:
             "stage3_prefetch_bucket_size": block_elems}
 
 
+def torch_step(model, opt):
+    """One training step of a torch-wrapped model (DDP, FSDP2) with a torch-style optimizer."""
+    def step(x, y):
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+    return step
+
+
 def build(variant: str, args, vocab: int):
     import zerocore
     from zerocore.demo import TinyGPT
@@ -61,13 +72,7 @@ def build(variant: str, args, vocab: int):
         opt = (torch.optim.AdamW(ddp.parameters(), lr=lr, weight_decay=wd) if variant == "ddp_torch_adamw"
                else zerocore.FusedAdam(ddp.parameters(), lr=lr, weight_decay=wd))
 
-        def step(x, y):
-            loss = torch.nn.functional.cross_entropy(ddp(x).flatten(0, 1), y.flatten())
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss
-        return step
+        return torch_step(ddp, opt)
     if variant == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -78,13 +83,7 @@ def build(variant: str, args, vocab: int):
         fully_shard(model, mesh=mesh)
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd)
 
-        def step(x, y):
-            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss
-        return step
+        return torch_step(model, opt)
     stage = int(variant[len("zerocore_stage")])
     z = {"stage": stage, "reduce_bucket_size": int(args.bucket), "overlap_comm": True}
     if stage == 3:

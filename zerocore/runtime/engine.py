@@ -16,7 +16,7 @@ from .. import ops
 from ..comm import Comm
 from ..config import ZeroConfig, require_implemented
 from ..comm.divergence import DivergenceGuard, Op
-from ..sharding import (AdamHyper, GradReducer, OptimizerShard, ParamState, ShardedGroup, build_groups,
+from ..sharding import (AdamHyper, GradReducer, OptimizerShard, ParamState, ShardedGroup,
                         policy_for)
 from ..sharding.gatherer import Limits, ParamGatherer
 from .loss_scale import LossScaler
@@ -24,7 +24,7 @@ from .memory import held_bytes
 from .model_setup import convert_rest, named_params, training_dtype
 from .gathered import register_engine
 from .partition_init import check_unchanged, initial_value
-from .stage3_layout import GroupSpec, stage3_groups
+from .group_specs import GroupSpec, size_groups, stage3_groups
 from . import weights
 
 
@@ -82,13 +82,7 @@ class Engine:
             return stage3_groups(module, trainable, z, self.comm.world, self.dtype)
         # Groups in reverse registration order: close to the order backward produces gradients,
         # so buckets fill (and launch) one after another.
-        order = list(reversed(trainable))
-        specs, i = [], 0
-        for layout in build_groups(order, bucket_elems=z.reduce_bucket_size, world=self.comm.world,
-                                   dtype=self.dtype):
-            specs.append(GroupSpec(layout, [p for _, p in order[i:i + len(layout.slots)]], self.policy, None))
-            i += len(layout.slots)
-        return specs
+        return size_groups(list(reversed(trainable)), z.reduce_bucket_size, self.comm.world, self.dtype, self.policy)
 
     def _add_group(self, layout, params, policy) -> ShardedGroup:
         # The initial values, in fp32, broadcast from rank 0 so every rank starts identical;

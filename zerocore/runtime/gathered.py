@@ -22,7 +22,7 @@ from torch import nn
 from ..comm import default_comm
 from ..comm.divergence import Op
 from ..sharding import ParamState
-from .partition_init import InitShard, gather_full
+from .partition_init import InitShard, cut_chunk, gather_full
 
 # engines alive in this process, to find which one owns a parameter
 _ENGINES: "weakref.WeakSet" = weakref.WeakSet()
@@ -91,12 +91,7 @@ def gathered(params, modifier_rank: int | None = None):
                 for p in loose:
                     comm.broadcast(p.data, src=modifier_rank)
                 for p, rec in inits:
-                    flat = p.data.reshape(-1)
-                    size = rec.chunk.numel()
-                    lo, hi = comm.rank * size, min((comm.rank + 1) * size, flat.numel())
-                    rec.chunk.zero_()
-                    if hi > lo:
-                        rec.chunk[:hi - lo] = flat[lo:hi]
+                    cut_chunk(p.data.reshape(-1), rec.chunk, comm.rank)
     finally:
         with torch.no_grad():
             for p, value, version in saved:

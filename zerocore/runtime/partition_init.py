@@ -47,16 +47,21 @@ class InitShard:
         return self.shape.numel()
 
 
+def cut_chunk(flat: torch.Tensor, chunk: torch.Tensor, rank: int) -> None:
+    """Writes rank ``rank``'s piece of the flattened parameter ``flat`` into ``chunk`` (zero past
+    the parameter's end: the padding of the last ranks)."""
+    size = chunk.numel()
+    lo, hi = rank * size, min((rank + 1) * size, flat.numel())
+    chunk.zero_()
+    if hi > lo:
+        chunk[:hi - lo] = flat[lo:hi]
+
+
 def partition_param(p: nn.Parameter, comm: Comm, owner: str) -> None:
     full = p.data
     comm.broadcast(full)
-    flat = full.reshape(-1)
-    padded = padded_size(flat.numel(), comm.world)
-    size = padded // comm.world
-    chunk = torch.zeros(size, dtype=full.dtype, device=full.device)
-    lo, hi = comm.rank * size, min((comm.rank + 1) * size, flat.numel())
-    if hi > lo:
-        chunk[:hi - lo] = flat[lo:hi]
+    chunk = torch.empty(padded_size(full.numel(), comm.world) // comm.world, dtype=full.dtype, device=full.device)
+    cut_chunk(full.reshape(-1), chunk, comm.rank)
     p.data = torch.empty(0, dtype=full.dtype, device=full.device)
     p._zc_init = InitShard(full.shape, chunk, comm.world, p._version, owner)
 

@@ -1,5 +1,6 @@
-"""Stage 3's flat groups: one per unit (partitioned), then the persistent small parameters
-(grouped by size, kept whole like stage 2's parameters).
+"""Flat groups with their parameters. Stages 1/2 group by size only (``size_groups``); stage 3
+makes one group per unit (partitioned), then groups the persistent small parameters by size
+(kept whole, like stage 2's parameters).
 
 Unit groups are numbered in the reverse order of their first parameter's registration, which
 is close to the order backward completes them (the reducer launches groups in index order).
@@ -35,11 +36,18 @@ def stage3_groups(module: nn.Module, trainable: list[Named], z: ZeroOptimization
     for u in units:
         (layout,) = build_groups(u.params, bucket_elems=2**62, world=world, dtype=dtype, first_index=len(specs))
         specs.append(GroupSpec(layout, [p for _, p in u.params], policy_for(3), (u.name, u.module)))
-    rest = list(reversed(persistent))
-    layouts = build_groups(rest, bucket_elems=z.reduce_bucket_size, world=world, dtype=dtype,
-                           first_index=len(specs)) if rest else []
-    i = 0
-    for layout in layouts:
-        specs.append(GroupSpec(layout, [p for _, p in rest[i:i + len(layout.slots)]], policy_for(2), None))
+    if persistent:
+        specs += size_groups(list(reversed(persistent)), z.reduce_bucket_size, world, dtype, policy_for(2),
+                             first_index=len(specs))
+    return specs
+
+
+def size_groups(named: list[Named], bucket_elems: int, world: int, dtype: torch.dtype, policy: StagePolicy,
+                first_index: int = 0) -> list[GroupSpec]:
+    """Groups of at most ``bucket_elems`` elements over ``named`` in that order (stages 1/2, and
+    stage 3's persistent parameters), each with its parameters."""
+    specs, i = [], 0
+    for layout in build_groups(named, bucket_elems=bucket_elems, world=world, dtype=dtype, first_index=first_index):
+        specs.append(GroupSpec(layout, [p for _, p in named[i:i + len(layout.slots)]], policy, None))
         i += len(layout.slots)
     return specs
