@@ -16,8 +16,20 @@ A config is a dict, a path to a JSON file, or a `zerocore.ZeroConfig`, in DeepSp
 `ds_config.json` layout. Also accepted: the aliases listed below, DeepSpeed's deprecated
 `zero_optimization.cpu_offload` / `cpu_offload_param` / `cpu_offload_use_pin_memory` (mapped
 onto the offload sections, with a warning), and the ColossalAI form
-`zero=dict(level=..., offload_optimizer_config=dict(...), offload_param_config=dict(...))`.
-Unknown keys are named in one warning; a wrong type or value raises `ConfigError` naming the
+`zero=dict(level=..., offload_optimizer_config=dict(...), offload_param_config=dict(...))`,
+including the seed's `optimizer=dict(type='Adam', lr=0.001, weight_decay=0)` and
+`zero=dict(type='ZeroRedundancyOptimizer_Level_3', dynamic_loss_scale=True, clip_grad=1.0)`:
+`type` ZeroRedundancyOptimizer_Level_N is stage N, flat optimizer keys go to `optimizer.params`
+(flat `type='Adam'` is torch.optim.Adam: `adam_w_mode` false), `dynamic_loss_scale` is fp16 with
+dynamic loss scaling (`static_loss_scale`: a static one; `dynamic_loss_args` its knobs),
+`clip_grad` is `gradient_clipping`. A number given as `offload_param_config.fast_init` (the
+seed's slip) is taken as `max_in_cpu`, with a warning.
+
+Unknown top-level keys are named in one warning (a DeepSpeed file carries other subsystems'
+settings there). An unknown key inside a known section is an error naming it (with the nearest
+known spelling); DeepSpeed keys that zerocore has no field for are accepted only with the value
+that asks for what zerocore does anyway (e.g. `ignore_unused_parameters: true`,
+`zero_quantized_weights: false`). A wrong type or value raises `ConfigError` naming the
 key and what is allowed. Settings whose implementation has not landed raise
 `NotImplementedError` from `zerocore.initialize` naming them, instead of being ignored.
 

@@ -90,7 +90,12 @@ def coerce(key: str, value: Any, spec: Spec) -> Any:
     """Checks and normalises one value; raises ConfigError naming ``key`` and what is allowed."""
 
     def bad(why: str = ""):
-        return ConfigError(f"{key}: got {value!r}{' (' + why + ')' if why else ''}; allowed: {_allowed(spec)}")
+        got = repr(value)
+        if isinstance(value, str) and spec.kind is not str:
+            got = f"the string {value!r}"  # '3' and 3 print alike in a message: say which it was
+        elif type(value) not in (int, float, bool, str, type(None)):
+            got = f"{got} (a {type(value).__name__})"
+        return ConfigError(f"{key}: got {got}{' (' + why + ')' if why else ''}; allowed: {_allowed(spec)}")
 
     if value is None:
         if spec.optional:
@@ -110,7 +115,9 @@ def coerce(key: str, value: Any, spec: Spec) -> Any:
         if isinstance(value, float):
             if not math.isfinite(value) or value != int(value):
                 raise bad("not an integer")
-            value = int(value)
+        if abs(value) >= 2**63:
+            raise bad("too large")
+        value = int(value)
     elif kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad()

@@ -1,8 +1,11 @@
 """Reading a config: a dict, a JSON file, or a ZeroConfig, in DeepSpeed's layout or the
-ColossalAI ``zero=dict(offload_optimizer_config=..., offload_param_config=...)`` form.
+ColossalAI form (``zero=dict(type='ZeroRedundancyOptimizer_Level_3', ...)``, translated by
+``seed_form.py``).
 
-Everything a user might have mistyped is reported at once: one warning names every unknown
-key, one names every deprecated spelling, one names every value that cannot take effect.
+An unknown key inside a known section is an error (``foreign.py`` lists the other libraries'
+keys accepted with a harmless value). Everything else a user might have got wrong is reported
+at once: one warning names every unknown top-level key, one every deprecated spelling, one
+every value that cannot take effect.
 """
 from __future__ import annotations
 
@@ -12,8 +15,10 @@ import os
 import warnings
 from typing import Any
 
+from .foreign import check_unknown
 from .options import ConfigError, default_of, is_section, spec_of, walk
 from .schema import ZeroConfig
+from .seed_form import translate
 
 
 class ConfigWarning(UserWarning):
@@ -33,15 +38,25 @@ def load_config(config: Any = None) -> ZeroConfig:
     if config is None:
         return ZeroConfig()
     if isinstance(config, ZeroConfig):
+        config.validate()  # fields may have been assigned since construction
         return config
     if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
         try:
-            with open(config, encoding="utf-8") as f:
+            with open(path, encoding="utf-8") as f:
                 data = json.load(f)
         except FileNotFoundError:
-            raise ConfigError(f"config file not found: {os.fspath(config)}") from None
+            raise ConfigError(f"config file not found: {path}") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config file {path} is a directory; give the path of a JSON file") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}); give a JSON file") from None
         except json.JSONDecodeError as e:
-            raise ConfigError(f"config file {os.fspath(config)} is not valid JSON: {e}") from None
+            raise ConfigError(f"config file {path} is not valid JSON: {e}") from None
+        except OSError as e:
+            raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path}: got a JSON {type(data).__name__}; allowed: a JSON object")
         return from_dict(data)
     if isinstance(config, dict):
         return from_dict(config)
@@ -52,7 +67,10 @@ def load_config(config: Any = None) -> ZeroConfig:
 def from_dict(data: dict) -> ZeroConfig:
     unknown: list[str] = []
     deprecated: list[str] = []
-    cfg = _build(ZeroConfig, data, "", unknown, deprecated)
+    notes: list[str] = []
+    cfg = _build(ZeroConfig, translate(data, notes), "", unknown, deprecated)
+    if notes:
+        warnings.warn(f"zerocore config: {'; '.join(notes)}", ConfigWarning, stacklevel=3)
     if unknown:
         warnings.warn(f"zerocore config: unknown keys ignored: {', '.join(unknown)}", ConfigWarning, stacklevel=3)
     if deprecated:
@@ -81,7 +99,10 @@ def _build(cls, data: Any, path: str, unknown: list[str], deprecated: list[str])
     for key, value in data.items():
         full = f"{path}.{key}" if path else key
         if key not in names:
-            unknown.append(full)
+            if path:  # inside a known section: dropping it would train something else than asked
+                check_unknown(path, key, value, [f.name for f in dataclasses.fields(cls)])
+            else:
+                unknown.append(full)
             continue
         f, old = names[key]
         if old:
@@ -90,7 +111,11 @@ def _build(cls, data: Any, path: str, unknown: list[str], deprecated: list[str])
             raise ConfigError(f"{full}: given twice (as {given_as[f.name]!r} and {key!r})")
         given_as[f.name] = key
         sub = f"{path}.{f.name}" if path else f.name
-        kwargs[f.name] = _build(f.default_factory, value, sub, unknown, deprecated) if is_section(f) else value
+        if is_section(f):
+            # null, as DeepSpeed's optional sections allow (offload_optimizer: null): the defaults
+            kwargs[f.name] = _build(f.default_factory, {} if value is None else value, sub, unknown, deprecated)
+        else:
+            kwargs[f.name] = value
     return cls(**kwargs)
 
 
@@ -108,8 +133,8 @@ def _map_cpu_offload(z: dict, path: str, deprecated: list[str]) -> dict:
     if "cpu_offload_use_pin_memory" in z:
         value = z.pop("cpu_offload_use_pin_memory")
         deprecated.append(f"{path}.cpu_offload_use_pin_memory (use {path}.offload_*.pin_memory)")
-        for sec in ("offload_optimizer", "offload_param"):
-            if sec in z:
+        for sec in ("offload_optimizer", "offload_param", "offload_optimizer_config", "offload_param_config"):
+            if isinstance(z.get(sec), dict):  # null or absent: no offload, nothing to pin
                 z[sec] = {**z[sec], "pin_memory": z[sec].get("pin_memory", value)}
     return z
 

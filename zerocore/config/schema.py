@@ -12,6 +12,8 @@ import dataclasses
 from .options import ConfigError, coerce, is_section, option, section, spec_of
 
 OFFLOAD = "CPU/NVMe offload (offload issue)"
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: above this a wait is a hang, and timedelta/gloo overflow
+MAX_ACCUMULATION = 1_000_000  # micro-batches per step; above this the optimizer would never step
 
 
 def _only_stage3(cfg) -> bool:
@@ -44,6 +46,14 @@ class _Section:
                 continue
             setattr(self, f.name, coerce(self._key(f.name), getattr(self, f.name), spec_of(f)))
         self.check()
+
+    def validate(self) -> None:
+        """Checks the section again, and every section in it (a ZeroConfig whose fields were
+        assigned after construction is validated like a new one at ``zerocore.initialize``)."""
+        self.__post_init__()
+        for f in dataclasses.fields(self):
+            if is_section(f):
+                getattr(self, f.name).validate()
 
     def _key(self, name: str) -> str:
         return f"{self.PATH}.{name}" if self.PATH else name
@@ -154,7 +164,8 @@ class ZeroOptimizationConfig(_Section):
                                            applies_if=_only_stage3, applies="stage 3")
     stage3_divergence_timeout: float = option(600.0, "zerocore: seconds a rank waits for the others at a stage-3 "
                                               "collective before raising (a rank that stopped issuing them).",
-                                              kind=float, gt=0, applies_if=_only_stage3, applies="stage 3")
+                                              kind=float, gt=0, le=MAX_TIMEOUT_S, applies_if=_only_stage3,
+                                              applies="stage 3")
     stage3_gather_16bit_weights_on_model_save: bool = option(
         False, "Gather full 16-bit weights when saving (stage 3).", kind=bool,
         aliases=("gather_16bit_weights_on_model_save",), deprecated=("stage3_gather_fp16_weights_on_model_save",),
@@ -165,6 +176,10 @@ class ZeroOptimizationConfig(_Section):
                                                 aliases=("offload_param_config",))
 
     def check(self):
+        bad = [c for c in self.stage3_unit_classes if not isinstance(c, str) or not c]
+        if bad:
+            raise ConfigError(f"{self.PATH}.stage3_unit_classes: got {self.stage3_unit_classes!r}; allowed: a list of "
+                              f"class names (strings), e.g. [\"Block\"]; {bad[0]!r} is not one")
         if self.offload_param.device != "none" and self.stage != 3:
             raise ConfigError(f"{self.PATH}.offload_param.device: {self.offload_param.device!r} needs stage 3 "
                               f"(got stage {self.stage}); allowed at this stage: 'none'")
@@ -189,6 +204,12 @@ class FP16Config(_Section):
                                           kind=bool)
     min_loss_scale: float = option(1.0, "The scale never goes below this; training continues there with a "
                                    "warning.", kind=float, gt=0.0)
+
+    def check(self):
+        if self.enabled and self.loss_scale == 0 and self.min_loss_scale > 2.0 ** self.initial_scale_power:
+            raise ConfigError(f"{self.PATH}.min_loss_scale: got {self.min_loss_scale:g}, above the initial scale "
+                              f"2**{self.PATH}.initial_scale_power = {2.0 ** self.initial_scale_power:g}; allowed: at "
+                              "most the initial scale")
 
 
 @dataclasses.dataclass
@@ -253,7 +274,8 @@ class ZeroConfig(_Section):
     train_micro_batch_size_per_gpu: int | None = option(None, "Samples per rank per forward/backward.", kind=int,
                                                         ge=1, optional=True)
     gradient_accumulation_steps: int | None = option(None, "Micro-batches per optimizer step (null: derived from "
-                                                     "the batch sizes, else 1).", kind=int, ge=1, optional=True)
+                                                     "the batch sizes, else 1).", kind=int, ge=1, le=MAX_ACCUMULATION,
+                                                     optional=True)
     gradient_clipping: float = option(1.0, "Clip the global gradient norm (over all ranks) to this; 0: off.",
                                       kind=float, ge=0.0)
     optimizer: OptimizerConfig = section(OptimizerConfig, "The optimizer.")
