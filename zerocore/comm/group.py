@@ -1,7 +1,9 @@
 """Which ranks take part: the default torch.distributed process group, one that torchrun's
-environment describes, or a world of one (no process group at all)."""
+environment describes, or a world of one (no process group at all); and the one exchange that
+goes through the group's store instead of a collective (agreement at start)."""
 from __future__ import annotations
 
+import datetime
 import os
 
 import torch
@@ -24,3 +26,39 @@ def default_comm(device: torch.device | None = None) -> Comm:
         dist.init_process_group(backend)
         return Comm()
     return Comm.single()
+
+
+class RanksMissing(RuntimeError):
+    """Some ranks did not reach an exchange before its deadline."""
+
+    def __init__(self, missing: list[int], waited_s: float):
+        self.missing = missing
+        super().__init__(f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not arrive "
+                         f"within {waited_s:g} s")
+
+
+_EXCHANGES: dict[tuple, int] = {}  # (tag, ranks) -> exchanges so far in this process
+
+
+def exchange_via_store(comm: Comm, tag: str, payload: bytes, timeout_s: float) -> list[bytes]:
+    """Every rank's ``payload``, in rank order, through the process group's key-value store
+    instead of a collective: a rank that never arrives cannot leave a collective pending, and
+    the ranks that did arrive learn which ones are missing (:class:`RanksMissing`) after
+    ``timeout_s``. Works the same under gloo and NCCL (the store is TCP or a file). Every rank
+    of ``comm`` must call it the same number of times with the same ``tag``."""
+    if comm.world == 1:
+        return [payload]
+    store = dist.distributed_c10d._get_default_store()
+    ranks = tuple(dist.get_process_group_ranks(comm.group or dist.group.WORLD))
+    seq = _EXCHANGES.get((tag, ranks), 0)
+    _EXCHANGES[(tag, ranks)] = seq + 1
+    prefix = f"zerocore/{tag}/{'-'.join(map(str, ranks))}/{seq}/"
+    keys = [prefix + str(r) for r in range(comm.world)]
+    store.set(keys[comm.rank], payload)
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+    except RuntimeError as e:
+        if "timeout" not in str(e).lower() and "timed out" not in str(e).lower():
+            raise
+        raise RanksMissing([r for r, k in enumerate(keys) if not store.check([k])], timeout_s) from None
+    return [store.get(k) for k in keys]

@@ -166,6 +166,9 @@ class ZeroOptimizationConfig(_Section):
                                               "collective before raising (a rank that stopped issuing them).",
                                               kind=float, gt=0, le=MAX_TIMEOUT_S, applies_if=_only_stage3,
                                               applies="stage 3")
+    agreement_timeout: float = option(120.0, "zerocore: seconds zerocore.initialize waits for every rank to "
+                                      "arrive and compare models and configs, before raising naming the ranks "
+                                      "that did not.", kind=float, gt=0, le=MAX_TIMEOUT_S)
     stage3_gather_16bit_weights_on_model_save: bool = option(
         False, "Gather full 16-bit weights when saving (stage 3).", kind=bool,
         aliases=("gather_16bit_weights_on_model_save",), deprecated=("stage3_gather_fp16_weights_on_model_save",),

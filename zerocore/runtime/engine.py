@@ -14,7 +14,7 @@ import torch
 
 from .. import ops
 from ..comm import Comm
-from ..config import ZeroConfig, require_implemented
+from ..config import ZeroConfig
 from ..comm.divergence import DivergenceGuard, Op
 from ..sharding import (AdamHyper, GradReducer, OptimizerShard, ParamState, ShardedGroup,
                         policy_for)
@@ -26,11 +26,16 @@ from .gathered import register_engine
 from .partition_init import check_unchanged, initial_value
 from .group_specs import GroupSpec, size_groups, stage3_groups
 from . import weights
+from .agreement import agree
+from .misuse import check_loss, checked_lr, explain_dtype_error, keeps_counters_on_failure
+from .preflight import check_config, check_model
+from .release import release
 
 
 class Engine:
     def __init__(self, module: torch.nn.Module, config: ZeroConfig, comm: Comm):
-        require_implemented(config)
+        # every rank checks its model and config, then all compare them: any failure raises on every rank
+        agree(comm, module, config, lambda: (check_config(config), check_model(module)))
         self.module = module
         self.config = config
         self.comm = comm
@@ -76,6 +81,7 @@ class Engine:
         self.skipped_steps = 0
         self.global_grad_norm: float | None = None
         self._backward_done = False
+        self._dropped = False  # zero_grad() between backward() and step() (named by step())
 
     def _group_specs(self, module, trainable, z) -> list[GroupSpec]:
         if z.stage == 3:
@@ -118,11 +124,20 @@ class Engine:
         return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
+        self._alive()
+        try:
+            return self.module(*args, **kwargs)
+        except RuntimeError as e:
+            better = explain_dtype_error(e, args, kwargs, self.dtype) if self.dtype != torch.float32 else None
+            if better is None:
+                raise
+            raise better from e
 
     def backward(self, loss: torch.Tensor) -> torch.Tensor:
         """Backpropagates ``loss`` (divided by the accumulation steps, times the fp16 loss scale)
         and reduces gradients; returns ``loss``."""
+        self._alive()
+        check_loss(loss)
         if self._backward_done:
             raise RuntimeError("zerocore: backward() called twice without step(); call engine.step() after "
                                "every micro-batch's backward (it only updates at the accumulation boundary)")
@@ -141,12 +156,16 @@ class Engine:
         if self.gatherer is not None:
             self.gatherer.end_backward()
         self._backward_done = True
+        self._dropped = False
         return loss
 
+    @keeps_counters_on_failure
     def step(self) -> None:
         """Ends a micro-batch; at the accumulation boundary updates the parameters."""
         if not self._backward_done:
-            raise RuntimeError("zerocore: step() without backward(); call engine.backward(loss) first")
+            raise RuntimeError("zerocore: step() without backward(); call engine.backward(loss) first"
+                               + (" (zero_grad() after the last backward() discarded its gradients: step() clears "
+                                  "them itself, call zero_grad() only before a backward)" if self._dropped else ""))
         self._backward_done = False
         self.micro_steps += 1
         if self.micro_steps % self.gas:
@@ -215,6 +234,8 @@ class Engine:
     def zero_grad(self) -> None:
         """Discards the gradients accumulated so far (step() already does this after updating)."""
         self.reducer.clear()
+        self._dropped = self._backward_done  # between backward and step: that micro-batch is gone
+        self._backward_done = False
 
     # -- facts -----------------------------------------------------------------------------
     @property
@@ -227,7 +248,7 @@ class Engine:
 
     @lr.setter
     def lr(self, value: float) -> None:
-        self.hyper.lr = float(value)
+        self.hyper.lr = checked_lr(value)
 
     @property
     def world_size(self) -> int:
@@ -236,6 +257,25 @@ class Engine:
     @property
     def rank(self) -> int:
         return self.comm.rank
+
+    def destroy(self) -> None:
+        """Gives the model back: hooks removed, every parameter its own tensor with its full current
+        value (stage 3 gathers: a collective). The engine cannot be used afterwards."""
+        if self.module is None:
+            return
+        release(self)
+        self.module = None
+
+    def _alive(self) -> None:
+        if self.module is None:
+            raise RuntimeError("zerocore: this engine was destroyed (engine.destroy()); build a new one with "
+                               "zerocore.initialize(model, config)")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()
 
     def memory_report(self) -> dict[str, int]:
         """Model-state bytes this rank holds, by role, counted from its tensors."""

@@ -32,6 +32,15 @@ def register_engine(engine) -> None:
     _ENGINES.add(engine)
 
 
+def unregister_engine(engine) -> None:
+    _ENGINES.discard(engine)
+
+
+def owner_of(p: nn.Parameter):
+    """The live engine that holds ``p`` in one of its groups, or None."""
+    return _owner(p)[0]
+
+
 def _owner(p: nn.Parameter):
     for e in _ENGINES:
         hit = e.param_index.get(id(p))

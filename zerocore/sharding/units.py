@@ -57,6 +57,8 @@ def choose_unit_modules(root: nn.Module, trainable: set[int], *, classes: Sequen
     if classes:
         wanted = set(classes)
         found = [(n, m) for n, m in root.named_modules() if n and type(m).__name__ in wanted]
+        if not found and type(root).__name__ in wanted:
+            return [("", root)]  # the root is always a unit: naming its class asks for just that
         if not found:
             present = sorted({type(m).__name__ for _, m in root.named_modules()})
             raise ValueError(f"zero_optimization.stage3_unit_classes: no module of class {sorted(wanted)} in the "

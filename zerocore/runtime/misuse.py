@@ -1,0 +1,73 @@
+"""Checks of what users hand the engine, each raising an error that says what they did and
+what to do instead (rather than a failure deep inside, or a silently wrong step)."""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+_COUNTERS = ("micro_steps", "global_steps", "optimizer_steps", "skipped_steps")
+
+
+def checked_lr(value) -> float:
+    """``engine.lr = value``: a finite number >= 0 (a NaN there would reach Adam and poison
+    every parameter at the next step)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"zerocore: engine.lr must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"zerocore: engine.lr must be a finite number >= 0, got {value!r}; the learning rate was "
+                         "not changed")
+    return value
+
+
+def keeps_counters_on_failure(step):
+    """A step that raises leaves the engine's step counters as they were, so a retried or the
+    next update runs with Adam's step count right (the counters are advanced before the update
+    inside ``step``; this undoes that when it fails)."""
+
+    @functools.wraps(step)
+    def wrapper(self, *args, **kwargs):
+        saved = [getattr(self, c) for c in _COUNTERS]
+        try:
+            return step(self, *args, **kwargs)
+        except BaseException:
+            for c, v in zip(_COUNTERS, saved):
+                setattr(self, c, v)
+            raise
+
+    return wrapper
+
+
+def check_loss(loss) -> None:
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(f"zerocore: engine.backward(loss) needs the loss tensor of this micro-batch's forward (a "
+                        f"scalar connected to the model's outputs), got {type(loss).__name__} {loss!r}")
+    if loss.numel() != 1:
+        raise ValueError(f"zerocore: engine.backward(loss) needs a scalar loss, got a tensor of shape "
+                         f"{tuple(loss.shape)}; reduce it first (e.g. loss.mean())")
+    if not loss.requires_grad:
+        raise ValueError("zerocore: engine.backward(loss): the loss does not require grad (it was computed under "
+                         "torch.no_grad(), detached, or from frozen parameters only), so no gradient would reach "
+                         "the model")
+
+
+def explain_dtype_error(error: RuntimeError, args, kwargs, dtype: torch.dtype) -> RuntimeError | None:
+    """When a forward failed on a dtype mismatch and an input is floating point of another dtype
+    than the engine holds the model in, the error that says so (None: not that case)."""
+    text = str(error)
+    if "dtype" not in text and "type" not in text:
+        return None
+    inputs = list(args) + list(kwargs.values())
+    wrong = [(i, t.dtype) for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.is_floating_point()
+             and t.dtype != dtype]
+    if not wrong:
+        return None
+    i, got = wrong[0]
+    name = lambda d: str(d).replace("torch.", "")  # noqa: E731
+    return RuntimeError(f"zerocore: the engine holds the model in {name(dtype)} and input #{i} of the forward is "
+                        f"{name(got)}; cast floating inputs to {name(dtype)} (x.to({dtype})) as DeepSpeed requires. "
+                        f"({type(error).__name__}: {text})")

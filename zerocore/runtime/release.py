@@ -1,0 +1,38 @@
+"""``engine.destroy()``: the engine gives its model back, so that another engine (or plain
+torch) can use it. Hooks are removed (the gradient reducer's, stage 3's forward hooks and
+module class swaps), gradient views are dropped, and every parameter gets its own tensor with
+its full current value in the training dtype, taken from the flat buffers (gathered first at
+stage 3, where each rank holds a chunk: a collective, as construction was). The fp32 master and
+the optimizer moments are released; save them with the checkpoint methods first if needed.
+"""
+from __future__ import annotations
+
+import torch
+
+from .gathered import unregister_engine
+from .weights import _full_flat as full_flat
+
+
+@torch.no_grad()
+def release(engine) -> None:
+    if engine.gatherer is not None:
+        engine.gatherer.free_all()
+    full = [full_flat(engine, g, shard, engine.dtype) for g, shard in zip(engine.groups, engine.shards)]
+    engine.reducer.remove_hooks()
+    if engine.gatherer is not None:
+        engine.gatherer.remove_hooks()
+        _unswap_classes(engine.module)
+    for g, flat in zip(engine.groups, full):
+        for p, s in zip(g.params, g.layout.slots):
+            p.data = flat[s.offset:s.end].view(s.shape).clone()
+            p.grad = None
+    unregister_engine(engine)
+    engine.param_index = {}
+    engine.groups, engine.shards = [], []
+
+
+def _unswap_classes(module: torch.nn.Module) -> None:
+    """Undoes the gatherer's per-instance class swap (parameter-access hook)."""
+    for m in module.modules():
+        if m.__dict__.pop("_zc_gatherer", None) is not None and getattr(type(m), "_zc_access_hooked", False):
+            m.__class__ = type(m).__mro__[1]
