@@ -163,3 +163,190 @@ def test_root_class_in_unit_classes_is_the_root_unit():
     engine = zerocore.initialize(model, {"zero_optimization": {"stage": 3, "stage3_unit_classes": ["Sequential"]}})
     one_step(engine)
     assert engine.optimizer_steps == 1
+
+
+# -- on 2 gloo ranks: one spawn runs every scenario in order; each rank records its error text -------------
+def _mlp(out: int = 4) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, out))
+
+
+def _cfg(stage=2, **top):
+    return {"zero_optimization": {"stage": stage, "agreement_timeout": 20}, "gradient_clipping": 1.0,
+            "optimizer": {"params": {"lr": 0.01}}, **top}
+
+
+def _train(engine, steps=2):
+    for s in range(steps):
+        g = torch.Generator().manual_seed(s * 10 + engine.rank)
+        loss = engine(torch.randn(4, 16, generator=g).to(engine.dtype)).float().pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+    return engine.full_state_dict()
+
+
+def _model_mismatch(stage):
+    def run(rank, world):
+        return _train(zerocore.initialize(_mlp(4 if rank == 0 else 5), _cfg(stage)))
+    return run
+
+
+def _config_mismatch(change):
+    def run(rank, world):
+        cfg = _cfg(2)
+        if rank == 1:
+            change(cfg)
+        return _train(zerocore.initialize(_mlp(), cfg))
+    return run
+
+
+def _meta_on_rank1(rank, world):
+    if rank == 1:
+        with torch.device("meta"):
+            return zerocore.initialize(_mlp(), _cfg())
+    return zerocore.initialize(_mlp(), _cfg())
+
+
+def _agree_and_train(rank, world):
+    return {"state": _train(zerocore.initialize(_mlp(), _cfg(2)))}
+
+
+def _ddp_wrapped(rank, world):
+    return zerocore.initialize(nn.parallel.DistributedDataParallel(_mlp()), _cfg())
+
+
+def _stage3_destroy_and_rebuild(rank, world):
+    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 4))
+    cfg = _cfg(3)
+    cfg["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_unit_min_params=1)
+    with zerocore.initialize(model, cfg) as first:
+        trained = _train(first)
+    numels = [p.numel() for p in model.parameters()]
+    second = zerocore.initialize(model, cfg)
+    again = second.full_state_dict()
+    return {"numels": numels, "same": all(torch.equal(again[k], v) for k, v in trained.items()),
+            "more": _train(second, 1) is not None}
+
+
+def _rank1_never_arrives(rank, world):
+    if rank == 1:
+        return "skipped"
+    cfg = _cfg(2)
+    cfg["zero_optimization"]["agreement_timeout"] = 3
+    return zerocore.initialize(_mlp(), cfg)
+
+
+SCENARIOS = {
+    "model_stage0": _model_mismatch(0),
+    "model_stage2": _model_mismatch(2),
+    "model_stage3": _model_mismatch(3),
+    "lr": _config_mismatch(lambda c: c["optimizer"]["params"].update(lr=0.02)),
+    "bf16": _config_mismatch(lambda c: c.update(bf16={"enabled": True})),
+    "stage": _config_mismatch(lambda c: c["zero_optimization"].update(stage=3)),
+    "bucket": _config_mismatch(lambda c: c["zero_optimization"].update(reduce_bucket_size=100)),
+    "clip": _config_mismatch(lambda c: c.update(gradient_clipping=0.5)),
+    "meta_rank1": _meta_on_rank1,
+    "ddp": _ddp_wrapped,
+    "agree": _agree_and_train,
+    "stage3_rebuild": _stage3_destroy_and_rebuild,
+    "absent": _rank1_never_arrives,  # last: the ranks' exchange counts differ after it
+}
+
+
+def _rank_entry(rank, world, init_file, out_dir, names):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    results = {}
+    try:
+        for name in names:
+            t0 = time.perf_counter()
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    results[name] = {"value": SCENARIOS[name](rank, world)}
+            except Exception as e:  # noqa: BLE001 - the test asserts the type and wording
+                results[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+            results[name]["seconds"] = time.perf_counter() - t0
+    finally:
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("misuse"))
+    ctx = mp.start_processes(_rank_entry, args=(2, os.path.join(tmp, "pg"), tmp, list(SCENARIOS)), nprocs=2,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + 55
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.terminate()
+            raise TimeoutError("the misuse scenarios did not finish in 55 s on 2 ranks (a hang)")
+    return [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False) for r in range(2)]
+
+
+def _errors(results, name):
+    errs = [r[name].get("error") for r in results]
+    assert all(errs), f"{name}: a rank did not raise: {errs}"
+    return errs
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_ranks_with_different_models_are_refused_on_every_rank(two_ranks, stage):
+    errs = _errors(two_ranks, f"model_stage{stage}")
+    assert errs[0] == errs[1]  # the same error on every rank
+    assert errs[0].startswith("AgreementError: zerocore.initialize: the ranks disagree")
+    assert ("model: entry #3 (parameters, then buffers) differs (rank 0: 4, rank 1: 4 entries):\n"
+            "    rank 0: parameter '2.weight' shape (4, 8) float32 requires_grad=True\n"
+            "    rank 1: parameter '2.weight' shape (5, 8) float32 requires_grad=True") in errs[0]
+    assert all(r[f"model_stage{stage}"]["seconds"] < 10 for r in two_ranks)
+
+
+@pytest.mark.parametrize("name,key,values", [
+    ("lr", "optimizer.params.lr", ("0.01", "0.02")),
+    ("bf16", "bf16.enabled", ("false", "true")),
+    ("stage", "zero_optimization.stage", ("2", "3")),
+    ("bucket", "zero_optimization.reduce_bucket_size", ("500000000", "100")),
+    ("clip", "gradient_clipping", ("1.0", "0.5")),
+])
+def test_ranks_with_different_configs_are_refused_naming_the_key(two_ranks, name, key, values):
+    errs = _errors(two_ranks, name)
+    assert errs[0] == errs[1]
+    assert f"config: {key} differs:\n    rank 0: {values[0]}\n    rank 1: {values[1]}" in errs[0]
+    assert "model:" not in errs[0]  # the models are the same
+
+
+def test_a_rank_failing_its_own_checks_stops_every_rank(two_ranks):
+    errs = _errors(two_ranks, "meta_rank1")
+    assert errs[1].startswith("ValueError: zerocore.initialize: parameter '0.weight' is on the meta device")
+    assert errs[0].startswith("AgreementError: zerocore.initialize: rank 1 failed its own checks, so every rank "
+                              "stops here: ValueError: zerocore.initialize: parameter '0.weight' is on the meta")
+
+
+def test_ddp_wrapped_model_is_refused(two_ranks):
+    for err in _errors(two_ranks, "ddp"):
+        assert ("TypeError: zerocore.initialize: the model is wrapped in torch.nn.parallel.DistributedDataParallel"
+                in err and "pass the plain module (model.module)" in err)
+
+
+def test_ranks_that_agree_train_identically(two_ranks):
+    states = [r["agree"]["value"]["state"] for r in two_ranks]
+    for k, v in states[0].items():
+        assert torch.equal(v, states[1][k]), k
+
+
+def test_stage3_model_destroyed_and_rebuilt_on_two_ranks(two_ranks):
+    for r in two_ranks:
+        assert "error" not in r["stage3_rebuild"], r["stage3_rebuild"].get("trace")
+        v = r["stage3_rebuild"]["value"]
+        assert v["numels"] == [16 * 64, 64, 64 * 4, 4] and v["same"] and v["more"]
+
+
+def test_a_rank_that_never_arrives_is_named(two_ranks):
+    r0 = two_ranks[0]["absent"]
+    assert r0["error"].startswith("AgreementError: zerocore.initialize: rank 0 waited 3 s for every rank to reach "
+                                  "zerocore.initialize; rank 1 did not arrive within 3 s")
+    assert r0["seconds"] < 10
+    assert two_ranks[1]["absent"]["value"] == "skipped"
