@@ -19,3 +19,63 @@ def test_env_json():
 def test_env_text():
     r = subprocess.run([sys.executable, "-m", "zerocore", "env"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "cpu_isa_active" in r.stdout and "ops:" in r.stdout
+
+
+# -- bad arguments are named, before anything starts (issue 15) ------------------------------------------
+import pytest  # noqa: E402
+
+from zerocore.cli import main  # noqa: E402
+
+
+@pytest.mark.parametrize("argv,wording", [
+    (["demo", "--steps", "0"], "argument --steps: must be >= 1, got 0"),
+    (["demo", "--ranks", "0"], "argument --ranks: must be >= 1, got 0"),
+    (["demo", "--ctx", "0"], "argument --ctx: must be >= 1, got 0"),
+    (["demo", "--lr", "nan"], "argument --lr: must be a finite number > 0, got nan"),
+])
+def test_demo_rejects_bad_arguments(argv, wording, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and wording in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,wording", [
+    (["demo", "--ctx", "100000"], "--ctx 100000 with --batch 8 needs about"),
+    (["demo", "--dim", "10"], "--dim must be a multiple of 4"),
+    (["demo", "--ctx", "300000"], "--ctx 300000 is longer than the demo can sample from"),
+])
+def test_demo_checks_what_the_run_needs_before_starting_ranks(argv, wording, capsys):
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    assert f"zerocore demo: error: {wording}" in out.err and "starting" not in out.out
+
+
+def test_demo_memory_estimate_is_against_available_memory(capsys):
+    assert main(["demo", "--ctx", "100000"]) == 2
+    err = capsys.readouterr().err
+    need = float(err.split("needs about ")[1].split(" GiB")[0])
+    have = float(err.split("has ")[1].split(" GiB")[0])
+    assert need > have > 0
+
+
+def test_config_docs_write_errors_are_named(tmp_path, capsys):
+    assert main(["config-docs", "--write", "/nonexistent/x"]) == 2
+    assert "zerocore config-docs: error: cannot write /nonexistent/x: No such file or directory" in \
+        capsys.readouterr().err
+    target = tmp_path / "config.md"
+    assert main(["config-docs", "--write", str(target)]) == 0
+    from zerocore.config.docs import render
+
+    assert target.read_text(encoding="utf-8") == render()
+    assert [p.name for p in tmp_path.iterdir()] == ["config.md"]  # no temporary file left
+
+
+def test_demo_ten_steps_judges_two_separate_windows():
+    r = subprocess.run([sys.executable, "-m", "zerocore", "demo", "--steps", "10", "--dim", "32", "--ctx", "32",
+                        "--stage", "2"], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("loss ") and "->" in ln)
+    first, last = (float(v) for v in line.split("(")[0].replace("loss", "").split("->"))
+    curve = [float(v) for v in next(ln for ln in r.stdout.splitlines()
+                                    if ln.startswith("loss curve")).split(":", 1)[1].split()]
+    assert abs(first - sum(curve[:5]) / 5) < 1e-3 and abs(last - sum(curve[5:]) / 5) < 1e-3  # 5 and 5 steps

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -28,14 +29,30 @@ def main(argv: list[str] | None = None) -> int:
         from .config.docs import render
 
         if args.write:
-            with open(args.write, "w", encoding="utf-8") as f:
-                f.write(render())
+            try:
+                write_atomically(args.write, render())
+            except OSError as e:
+                print(f"zerocore config-docs: error: cannot write {args.write}: {e.strerror or e}", file=sys.stderr)
+                return 2
         else:
             sys.stdout.write(render())
         return 0
     if args.command == "demo":
         return demo_mod.run(args)
     return 2
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Writes ``text`` to ``path`` through a temporary file in the same directory: a failure
+    leaves the old file (or none), never half of one."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 if __name__ == "__main__":

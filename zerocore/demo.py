@@ -58,18 +58,44 @@ class TinyGPT(nn.Module):
         return self.head(self.ln(x))
 
 
+HEADS = 4
+WINDOW = 10  # steps averaged at each end of the run to judge that the loss went down
+
+
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stage", type=int, default=3, choices=(0, 1, 2, 3),
                    help="ZeRO stage (default 3: parameters partitioned too, one unit per Block)")
-    p.add_argument("--ranks", type=int, default=2, help="local gloo ranks started with torchrun (default 2)")
+    p.add_argument("--ranks", type=_at_least(1), default=2, help="local gloo ranks started with torchrun (default 2)")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="training dtype (bf16: fp32 master)")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
-    p.add_argument("--ctx", type=int, default=64)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--bucket", type=float, default=5e4, help="reduce_bucket_size in elements")
+    p.add_argument("--steps", type=_at_least(1), default=300)
+    p.add_argument("--batch", type=_at_least(1), default=8, help="sequences per rank per step")
+    p.add_argument("--ctx", type=_at_least(1), default=64, help="characters per sequence")
+    p.add_argument("--dim", type=_at_least(HEADS), default=128, help=f"model width (a multiple of {HEADS})")
+    p.add_argument("--layers", type=_at_least(0), default=2)
+    p.add_argument("--lr", type=_positive_float, default=3e-3)
+    p.add_argument("--bucket", type=_positive_float, default=5e4, help="reduce_bucket_size in elements")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -89,9 +115,51 @@ def zero_config(args: argparse.Namespace, model: TinyGPT) -> dict:
     return z
 
 
+def check_arguments(args: argparse.Namespace) -> str | None:
+    """What is wrong with this combination of arguments (None: nothing), checked before any
+    rank starts: a run that cannot fit fails here with the numbers, not in the OOM killer."""
+    if args.dim % HEADS:
+        return f"--dim must be a multiple of {HEADS} (the attention heads), got {args.dim}"
+    corpus = os.path.getsize(os.path.join(os.path.dirname(__file__), "data", "corpus.txt"))
+    if args.ctx > corpus // 2:
+        return f"--ctx {args.ctx} is longer than the demo can sample from its {corpus // 1000} KB corpus (at most " \
+               f"{corpus // 2})"
+    need = activation_bytes(args) * args.ranks
+    have = available_bytes()
+    if have is not None and need > 0.8 * have:
+        return (f"--ctx {args.ctx} with --batch {args.batch} needs about {need / 2**30:.1f} GiB for attention and "
+                f"activations over {args.ranks} ranks, and this machine has {have / 2**30:.1f} GiB available; "
+                "lower --ctx or --batch")
+    return None
+
+
+def activation_bytes(args: argparse.Namespace) -> int:
+    """A rough upper estimate of one rank's activation memory (fp32): per layer the attention
+    scores, their softmax and its gradient (batch x heads x ctx^2) and the mask (ctx^2 bytes),
+    plus the token activations (about 16 x batch x ctx x dim per layer)."""
+    attn = args.batch * HEADS * args.ctx ** 2 * 4 * 3 + args.ctx ** 2
+    tokens = 16 * args.batch * args.ctx * args.dim * 4
+    return max(1, args.layers) * (attn + tokens)
+
+
+def available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     if "RANK" in os.environ:
         return train_rank(args)
+    problem = check_arguments(args)
+    if problem is not None:
+        print(f"zerocore demo: error: {problem}", file=sys.stderr)
+        return 2
     # Start the ranks with torchrun; each runs this same command. One thread per rank: the
     # ranks share this machine's cores.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}",
@@ -120,7 +188,7 @@ def train_rank(args: argparse.Namespace) -> int:
     stoi = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
     torch.manual_seed(args.seed)
-    model = TinyGPT(len(chars), args.dim, args.layers, ctx=args.ctx)
+    model = TinyGPT(len(chars), args.dim, args.layers, heads=HEADS, ctx=args.ctx)
     engine = zerocore.initialize(model, {
         "train_micro_batch_size_per_gpu": args.batch,
         "gradient_clipping": 1.0,
@@ -160,7 +228,11 @@ def train_rank(args: argparse.Namespace) -> int:
     # every rank's total, collected on rank 0 in one small collective
     totals = engine.comm.sum_floats([mem["total"] if r == rank else 0.0 for r in range(world)])
     stage0 = formula_bytes(n_params, world, 0, half=dtype != torch.float32)
-    first, last = sum(losses[:10]) / min(10, len(losses)), sum(losses[-10:]) / min(10, len(losses))
+    # two windows that do not overlap (the first and the last steps), each at most WINDOW long
+    w = min(WINDOW, len(losses) // 2)
+    judged = w >= 1 and len(losses) >= WINDOW
+    first = sum(losses[:max(w, 1)]) / max(w, 1)
+    last = sum(losses[-max(w, 1):]) / max(w, 1)
     med = sorted(times[len(times) // 5:] or times)[len(times[len(times) // 5:] or times) // 2]  # after warm-up
     if rank == 0:
         bar.close()
@@ -188,9 +260,11 @@ def train_rank(args: argparse.Namespace) -> int:
             idx = torch.cat([idx, nxt.view(1, 1)], dim=1)
     if rank == 0:
         print("sample: " + repr("".join(chars[i] for i in idx[0].tolist())))
-    ok = last < first
-    if rank == 0 and not ok:
-        print("error: the loss did not go down")
+    ok = last < first or not judged
+    if rank == 0 and not judged:
+        print(f"(too few steps to judge the loss: give --steps {WINDOW} or more)")
+    elif rank == 0 and not ok:
+        print(f"error: the loss did not go down (mean of the first {w} steps {first:.3f}, of the last {w} {last:.3f})")
     engine.comm.sum_floats([0.0])  # no rank tears down the group while another still uses it
     dist.destroy_process_group()
     return 0 if ok else 1
