@@ -236,6 +236,24 @@ def _rank1_never_arrives(rank, world):
     return zerocore.initialize(_mlp(), cfg)
 
 
+def _forward_raises_on_rank1(stage, linger_s=0.0):
+    """Rank 1's model raises in its second forward (a bad input) and the rank stays alive."""
+    def run(rank, world):
+        cfg = _cfg(stage)
+        cfg["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_unit_min_params=1,
+                                        stage3_divergence_timeout=5)
+        engine = zerocore.initialize(nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 4)), cfg)
+        try:
+            for step in range(3):
+                x = torch.randn(4, 15 if (rank == 1 and step == 1) else 16)
+                engine.backward(engine(x).pow(2).mean())
+                engine.step()
+        finally:
+            if rank == 1:
+                time.sleep(linger_s)  # alive, issuing nothing, while rank 0 waits
+    return run
+
+
 SCENARIOS = {
     "model_stage0": _model_mismatch(0),
     "model_stage2": _model_mismatch(2),
@@ -249,13 +267,20 @@ SCENARIOS = {
     "ddp": _ddp_wrapped,
     "agree": _agree_and_train,
     "stage3_rebuild": _stage3_destroy_and_rebuild,
+    "stage3_forward_raises": _forward_raises_on_rank1(3),
     "absent": _rank1_never_arrives,  # last: the ranks' exchange counts differ after it
 }
 
 
-def _rank_entry(rank, world, init_file, out_dir, names):
+TIMEOUT_SCENARIOS = {"stage2_forward_raises": _forward_raises_on_rank1(2, linger_s=8.0)}
+
+
+def _rank_entry(rank, world, init_file, out_dir, names, pg_timeout_s=None):
+    import datetime
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    kw = {"timeout": datetime.timedelta(seconds=pg_timeout_s)} if pg_timeout_s else {}
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, **kw)
     results = {}
     try:
         for name in names:
@@ -263,7 +288,7 @@ def _rank_entry(rank, world, init_file, out_dir, names):
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    results[name] = {"value": SCENARIOS[name](rank, world)}
+                    results[name] = {"value": {**SCENARIOS, **TIMEOUT_SCENARIOS}[name](rank, world)}
             except Exception as e:  # noqa: BLE001 - the test asserts the type and wording
                 results[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
             results[name]["seconds"] = time.perf_counter() - t0
@@ -272,10 +297,8 @@ def _rank_entry(rank, world, init_file, out_dir, names):
         dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("misuse"))
-    ctx = mp.start_processes(_rank_entry, args=(2, os.path.join(tmp, "pg"), tmp, list(SCENARIOS)), nprocs=2,
+def _spawn(tmp, names, pg_timeout_s=None):
+    ctx = mp.start_processes(_rank_entry, args=(2, os.path.join(tmp, "pg"), tmp, names, pg_timeout_s), nprocs=2,
                              join=False, start_method="spawn")
     deadline = time.monotonic() + 55
     while not ctx.join(timeout=1):
@@ -285,6 +308,11 @@ def two_ranks(tmp_path_factory):
                     p.terminate()
             raise TimeoutError("the misuse scenarios did not finish in 55 s on 2 ranks (a hang)")
     return [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    return _spawn(str(tmp_path_factory.mktemp("misuse")), list(SCENARIOS))
 
 
 def _errors(results, name):
@@ -350,3 +378,24 @@ def test_a_rank_that_never_arrives_is_named(two_ranks):
                                   "zerocore.initialize; rank 1 did not arrive within 3 s")
     assert r0["seconds"] < 10
     assert two_ranks[1]["absent"]["value"] == "skipped"
+
+
+def test_stage3_rank_raising_in_forward_is_named_at_once(two_ranks):
+    r0, r1 = two_ranks[0]["stage3_forward_raises"], two_ranks[1]["stage3_forward_raises"]
+    assert r1["error"].startswith("RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x15 and 16x64)")
+    assert r0["error"].startswith("DivergenceError: zerocore: ranks diverged under ZeRO stage 3")
+    assert r0["error"].endswith("rank 1 stopped issuing collectives: its forward of micro-step 2 raised RuntimeError: "
+                                "mat1 and mat2 shapes cannot be multiplied (4x15 and 16x64)")
+    assert r0["seconds"] < 10
+
+
+def test_stage2_rank_raising_in_forward_and_staying_alive_is_named_at_the_group_timeout(tmp_path):
+    """The process group's own timeout (5 s here; zero_optimization.comm_timeout when zerocore creates
+    the group) ends the wait, and the error names the rank that stopped and why."""
+    r0, r1 = (r["stage2_forward_raises"] for r in _spawn(str(tmp_path), list(TIMEOUT_SCENARIOS), pg_timeout_s=5))
+    assert r1["error"].startswith("RuntimeError: mat1 and mat2 shapes cannot be multiplied")
+    assert r0["error"].startswith("CollectiveTimeout: zerocore: rank 0 timed out in a collective during its backward "
+                                  "of micro-step 2 (")
+    assert ("rank 1 stopped issuing collectives: its forward of micro-step 2 raised RuntimeError: mat1 and mat2 "
+            "shapes cannot be multiplied (4x15 and 16x64)") in r0["error"]
+    assert r0["seconds"] < 15

@@ -12,18 +12,21 @@ import torch.distributed as dist
 from .collectives import Comm
 
 
-def default_comm(device: torch.device | None = None) -> Comm:
+def default_comm(device: torch.device | None = None, timeout_s: float | None = None) -> Comm:
     """A :class:`Comm` over the default process group.
 
     If none is initialized but the environment names a rank (``torchrun`` sets RANK,
     WORLD_SIZE, MASTER_ADDR, MASTER_PORT), the default group is initialized from it: NCCL for
-    CUDA models, gloo otherwise. With neither, training runs as a world of one.
+    CUDA models, gloo otherwise, with collectives timing out after ``timeout_s`` (torch's
+    default, 10-30 minutes, leaves a user watching a rank that stopped for that long). With
+    neither, training runs as a world of one.
     """
     if dist.is_available() and dist.is_initialized():
         return Comm()
     if dist.is_available() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
-        dist.init_process_group(backend)
+        kwargs = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
+        dist.init_process_group(backend, **kwargs)
         return Comm()
     return Comm.single()
 
@@ -62,3 +65,34 @@ def exchange_via_store(comm: Comm, tag: str, payload: bytes, timeout_s: float) -
             raise
         raise RanksMissing([r for r, k in enumerate(keys) if not store.check([k])], timeout_s) from None
     return [store.get(k) for k in keys]
+
+
+def _store():
+    return dist.distributed_c10d._get_default_store()
+
+
+def record_failure(comm: Comm, tag: str, micro_step: int, text: str) -> None:
+    """Leaves word in the store that this rank's engine raised at ``micro_step`` (so a rank
+    that then waits in a collective for it can say why). Best effort: never raises."""
+    if comm.world == 1:
+        return
+    try:
+        _store().set(f"zerocore/failed/{tag}/{comm.rank}", f"{micro_step}\n{text}".encode())
+    except Exception:  # noqa: BLE001 - the error being raised matters more than this note
+        pass
+
+
+def recorded_failures(comm: Comm, tag: str, micro_step: int) -> dict[int, str]:
+    """The other ranks' failures recorded at ``micro_step`` (without waiting)."""
+    out = {}
+    try:
+        store = _store()
+        for r in range(comm.world):
+            key = f"zerocore/failed/{tag}/{r}"
+            if r != comm.rank and store.check([key]):
+                step, text = store.get(key).decode().split("\n", 1)
+                if int(step) == micro_step:
+                    out[r] = text
+    except Exception:  # noqa: BLE001 - a store that cannot be read leaves the plain timeout error
+        pass
+    return out

@@ -162,10 +162,14 @@ class ZeroOptimizationConfig(_Section):
                                            "is about to issue the same one, and raise naming the unit and ranks "
                                            "if not (instead of hanging or crashing).", kind=bool,
                                            applies_if=_only_stage3, applies="stage 3")
-    stage3_divergence_timeout: float = option(600.0, "zerocore: seconds a rank waits for the others at a stage-3 "
+    stage3_divergence_timeout: float = option(120.0, "zerocore: seconds a rank waits for the others at a stage-3 "
                                               "collective before raising (a rank that stopped issuing them).",
                                               kind=float, gt=0, le=MAX_TIMEOUT_S, applies_if=_only_stage3,
                                               applies="stage 3")
+    comm_timeout: float = option(120.0, "zerocore: seconds a collective waits for the other ranks before "
+                                 "raising, naming the rank that stopped issuing them (used when zerocore creates the "
+                                 "process group from torchrun's environment; a group of your own has the timeout "
+                                 "you gave init_process_group).", kind=float, gt=0, le=MAX_TIMEOUT_S)
     agreement_timeout: float = option(120.0, "zerocore: seconds zerocore.initialize waits for every rank to "
                                       "arrive and compare models and configs, before raising naming the ranks "
                                       "that did not.", kind=float, gt=0, le=MAX_TIMEOUT_S)

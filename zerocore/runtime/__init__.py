@@ -19,7 +19,7 @@ def initialize(model: torch.nn.Module, config=None) -> Engine:
     """
     cfg = load_config(config)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    return Engine(model, cfg, default_comm(device))
+    return Engine(model, cfg, default_comm(device, cfg.zero_optimization.comm_timeout))
 
 
 __all__ = ["initialize", "Engine", "init", "gathered"]

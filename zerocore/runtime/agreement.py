@@ -29,7 +29,10 @@ from ..sharding.records import full_shape
 
 # Keys that may differ between ranks: where each node keeps its swap files.
 _PER_RANK_KEYS = ("zero_optimization.offload_optimizer.nvme_path", "zero_optimization.offload_param.nvme_path",
-                  "zero_optimization.agreement_timeout")
+                  "zero_optimization.agreement_timeout", "zero_optimization.comm_timeout")
+
+
+_AGREED = [0]  # agreements reached in this process (the same count on every rank of a run)
 
 
 class AgreementError(RuntimeError):
@@ -53,9 +56,10 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, default=str).encode()).hexdigest()[:16]
 
 
-def agree(comm: Comm, module: torch.nn.Module, cfg: ZeroConfig, local_checks: Callable[[], None]) -> None:
+def agree(comm: Comm, module: torch.nn.Module, cfg: ZeroConfig, local_checks: Callable[[], None]) -> str:
     """Runs ``local_checks`` then compares model and config with every other rank; raises the
-    same error on every rank when anything differs."""
+    same error on every rank when anything differs. Returns a name for the engine being built,
+    the same on every rank (for keys it leaves in the store)."""
     error: BaseException | None = None
     model = conf = None
     try:
@@ -66,7 +70,7 @@ def agree(comm: Comm, module: torch.nn.Module, cfg: ZeroConfig, local_checks: Ca
     if comm.world == 1:
         if error is not None:
             raise error
-        return
+        return "single"
     timeout = cfg.zero_optimization.agreement_timeout if isinstance(cfg, ZeroConfig) else 120.0
     mine = {"error": f"{type(error).__name__}: {error}" if error else None,
             "model": _digest(model), "config": _digest(conf)}
@@ -78,7 +82,8 @@ def agree(comm: Comm, module: torch.nn.Module, cfg: ZeroConfig, local_checks: Ca
         r, msg = failed[0]
         raise AgreementError(f"zerocore.initialize: rank {r} failed its own checks, so every rank stops here: {msg}")
     if all(row["model"] == rows[0]["model"] and row["config"] == rows[0]["config"] for row in rows):
-        return
+        _AGREED[0] += 1
+        return f"engine{_AGREED[0]}"
     full = _exchange(comm, "agree-full", {"model": model, "config": conf}, timeout)
     problems = []
     if any(row["model"] != rows[0]["model"] for row in rows):

@@ -27,7 +27,7 @@ from .partition_init import check_unchanged, initial_value
 from .group_specs import GroupSpec, size_groups, stage3_groups
 from . import weights
 from .agreement import agree
-from .misuse import check_loss, checked_lr, explain_dtype_error, keeps_counters_on_failure
+from .misuse import check_loss, checked_lr, explain_dtype_error, keeps_counters_on_failure, reports_stalls
 from .preflight import check_config, check_model
 from .release import release
 
@@ -35,7 +35,7 @@ from .release import release
 class Engine:
     def __init__(self, module: torch.nn.Module, config: ZeroConfig, comm: Comm):
         # every rank checks its model and config, then all compare them: any failure raises on every rank
-        agree(comm, module, config, lambda: (check_config(config), check_model(module)))
+        self._tag = agree(comm, module, config, lambda: (check_config(config), check_model(module)))
         self.module = module
         self.config = config
         self.comm = comm
@@ -123,6 +123,7 @@ class Engine:
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
 
+    @reports_stalls
     def forward(self, *args, **kwargs):
         self._alive()
         try:
@@ -133,6 +134,7 @@ class Engine:
                 raise
             raise better from e
 
+    @reports_stalls
     def backward(self, loss: torch.Tensor) -> torch.Tensor:
         """Backpropagates ``loss`` (divided by the accumulation steps, times the fp16 loss scale)
         and reduces gradients; returns ``loss``."""
@@ -159,6 +161,7 @@ class Engine:
         self._dropped = False
         return loss
 
+    @reports_stalls
     @keeps_counters_on_failure
     def step(self) -> None:
         """Ends a micro-batch; at the accumulation boundary updates the parameters."""

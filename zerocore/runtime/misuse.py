@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 
 import torch
+
+from ..comm.divergence import DivergenceError
+from ..comm.group import record_failure, recorded_failures
 
 _COUNTERS = ("micro_steps", "global_steps", "optimizer_steps", "skipped_steps")
 
@@ -71,3 +75,66 @@ def explain_dtype_error(error: RuntimeError, args, kwargs, dtype: torch.dtype) -
     return RuntimeError(f"zerocore: the engine holds the model in {name(dtype)} and input #{i} of the forward is "
                         f"{name(got)}; cast floating inputs to {name(dtype)} (x.to({dtype})) as DeepSpeed requires. "
                         f"({type(error).__name__}: {text})")
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective waited past the process group's timeout: another rank stopped issuing them."""
+
+
+def _is_timeout(e: BaseException) -> bool:
+    text = str(e).lower()
+    if isinstance(e, DivergenceError):
+        return " waited " in text
+    return isinstance(e, RuntimeError) and ("timed out" in text or "application timeout" in text)
+
+
+def reports_stalls(method):
+    """For engine.forward/backward/step on several ranks: an exception raised here is left in
+    the store for the other ranks; a collective that timed out (the process group's timeout,
+    or stage 3's divergence timeout) is re-raised naming the ranks that recorded a failure at
+    this micro-step, i.e. the ranks that stopped issuing collectives and why."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as e:
+            tag = getattr(self, "_tag", None)
+            if tag is None or self.comm.world == 1:
+                raise
+            where = f"{method.__name__} of micro-step {self.micro_steps + 1}"
+            if not _is_timeout(e) and not isinstance(e, DivergenceError):
+                record_failure(self.comm, tag, self.micro_steps, f"{where} raised {type(e).__name__}: {e}")
+                raise
+            others = _failures_soon(self.comm, tag, self.micro_steps)
+            if not _is_timeout(e):  # a divergence: add why a rank diverged, when it said
+                if not others:
+                    raise
+                raise DivergenceError(f"{e}\n" + _who(others)) from e
+            who = _who(others) if others else (
+                "no other rank recorded an exception in its engine at this micro-step: a rank is blocked elsewhere, "
+                "ran fewer micro-batches, or failed outside the engine (e.g. in its loss)")
+            if isinstance(e, DivergenceError):
+                raise DivergenceError(f"{e}\n{who}") from e
+            raise CollectiveTimeout(f"zerocore: rank {self.comm.rank} timed out in a collective during its {where} "
+                                    f"({e}). {who}. With a process group of your own, its timeout is "
+                                    "init_process_group(timeout=...); when zerocore creates it (torchrun), "
+                                    "zero_optimization.comm_timeout") from e
+
+    return wrapper
+
+
+def _failures_soon(comm, tag: str, micro_step: int, patience_s: float = 2.0) -> dict[int, str]:
+    """Failures recorded by the other ranks at ``micro_step``, waiting up to ``patience_s`` for
+    one: a rank whose forward raised records it just after the collective that made this rank
+    raise (only on this error path)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        found = recorded_failures(comm, tag, micro_step)
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def _who(failures: dict[int, str]) -> str:
+    return "; ".join(f"rank {r} stopped issuing collectives: its {text}" for r, text in sorted(failures.items()))
