@@ -399,3 +399,30 @@ def test_stage2_rank_raising_in_forward_and_staying_alive_is_named_at_the_group_
     assert ("rank 1 stopped issuing collectives: its forward of micro-step 2 raised RuntimeError: mat1 and mat2 "
             "shapes cannot be multiplied (4x15 and 16x64)") in r0["error"]
     assert r0["seconds"] < 15
+
+
+def test_a_group_zerocore_creates_gets_the_interactive_timeout(monkeypatch):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+    seen = {}
+    real = dist.init_process_group
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "init_process_group", spy)
+    assert not dist.is_initialized()
+    try:
+        zerocore.initialize(small_model(), {"zero_optimization": {"comm_timeout": 45}})
+        assert seen["timeout"].total_seconds() == 45
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert load_config({}).zero_optimization.comm_timeout == 120.0
+    assert load_config({}).zero_optimization.stage3_divergence_timeout == 120.0
