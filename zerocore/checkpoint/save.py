@@ -1,0 +1,196 @@
+"""``engine.save_checkpoint``: every rank writes what it owns, rank 0 publishes atomically.
+
+1. rank 0 removes debris of killed saves (``.tmp-*``) and creates ``.tmp-<tag>``; barrier.
+2. each rank streams its optimizer state, tile by tile through ``OptimizerShard.state_tiles``
+   (so state resting on host or NVMe is never materialised whole), into ``rank<r>.bin``,
+   recording each parameter piece in the parameter's own coordinates and a CRC per block; rank 0
+   also writes frozen parameters, buffers and the client state. The file is fsync'ed and a
+   small per-rank index (chunks, checksums, RNG state) written beside it; barrier, which also
+   tells every rank whether any rank failed (then all raise, nothing is published).
+3. rank 0 merges the indexes into ``manifest.json`` (fsync'ed), renames ``.tmp-<tag>`` to
+   ``<tag>`` and then replaces ``latest``; barrier, so no rank returns before the commit.
+
+A kill at any moment leaves the previous tag and ``latest`` intact and nothing under a real tag
+but a complete checkpoint. At stage 0 (or world 1) the state is replicated and only rank 0 writes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import shutil
+import warnings
+
+import torch
+
+from .blockio import BlockWriter, byte_view
+from .layout import (LATEST, MANIFEST, TMP_PREFIX, CheckpointError, check_tag, fsync_dir, rank_file,
+                     write_atomic)
+from .manifest import FORMAT, KINDS, VERSION, dtype_name, extra_tensors, rng_state, trainable_records
+
+TILE_ELEMS = 1 << 22  # 16 MiB of fp32 per state tensor per write
+_FP32 = 4
+
+# Tests set this to a callable(rank, what) run between the pieces each rank writes (to kill a
+# rank in the middle of a save).
+between_writes = None
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    return t.contiguous() if t.device.type == "cpu" else t.to("cpu")
+
+
+def _flat_bytes(t: torch.Tensor) -> tuple[torch.Tensor, memoryview]:
+    h = _host(t).reshape(-1)
+    return h, byte_view(h)
+
+
+def _hook(rank: int, what: str) -> None:
+    if between_writes is not None:
+        between_writes(rank, what)
+
+
+def _write_rank(engine, tmp: str, client_state) -> dict:
+    """Writes this rank's file; returns its index (what the manifest needs from this rank)."""
+    rank = engine.comm.rank
+    replicated = engine.policy.partitions(engine.comm.world) == 1
+    index = {"rank": rank, "rng": rng_state(), "chunks": [], "extras": [], "client_state": None, "file": None}
+    if replicated and rank != 0:
+        return index
+    name = rank_file(rank)
+    w = BlockWriter(os.path.join(tmp, name))
+    try:
+        for shard in engine.shards:
+            g = shard.group
+            for lo, hi, state in shard.state_tiles(TILE_ELEMS):
+                base = g.lo + lo
+                offs = []
+                for k in KINDS:
+                    held, view = _flat_bytes(state[k])
+                    offs.append(w.write(view))
+                    del held
+                    _hook(rank, f"group {g.index} {k}")
+                for slot, a, b in g.layout.pieces(base, g.lo + hi):
+                    skip = (slot.offset + a - base) * _FP32
+                    index["chunks"].append([slot.name, a, b, name] + [o + skip for o in offs])
+        if rank == 0:
+            for names, kind, t in extra_tensors(engine):
+                held, view = _flat_bytes(t)
+                off = w.write(view)
+                index["extras"].append({"name": names[0], "aliases": names, "kind": kind, "shape": list(t.shape),
+                                        "dtype": dtype_name(t.dtype), "file": name, "offset": off,
+                                        "nbytes": len(view)})
+            if client_state is not None:
+                buf = io.BytesIO()
+                torch.save(client_state, buf)
+                data = buf.getvalue()
+                index["client_state"] = {"file": name, "offset": w.write(data), "nbytes": len(data)}
+        index["file"] = name
+        index["record"] = w.close()
+    except BaseException:
+        w.abort()
+        raise
+    return index
+
+
+def _manifest(engine, tag: str, indexes: list[dict]) -> dict:
+    chunks: dict[str, list] = {}
+    files = {}
+    for ix in indexes:
+        for c in ix["chunks"]:
+            chunks.setdefault(c[0], []).append(c[1:])
+        if ix["file"] is not None:
+            files[ix["file"]] = ix["record"]
+    rank0 = indexes[0]
+    s = engine.scaler
+    return {
+        "format": FORMAT, "version": VERSION, "tag": tag, "world_size": engine.comm.world,
+        "stage": engine.policy.stage, "dtype": dtype_name(engine.dtype),
+        "counters": {"micro_steps": engine.micro_steps, "global_steps": engine.global_steps,
+                     "optimizer_steps": engine.optimizer_steps, "skipped_steps": engine.skipped_steps},
+        "scaler": {k: v for k, v in vars(s).items() if isinstance(v, (bool, int, float))},
+        "hyper": {**dataclasses.asdict(engine.hyper), "betas": list(engine.hyper.betas)},
+        "config": dataclasses.asdict(engine.config),
+        "params": trainable_records(engine),
+        "chunks": chunks,
+        "extras": rank0["extras"],
+        "client_state": rank0["client_state"],
+        "files": files,
+        "rng": [ix["rng"] for ix in indexes],
+    }
+
+
+def _agree(engine, failed: bool, what: str) -> None:
+    """A barrier that also fails every rank when any rank failed."""
+    (n,) = engine.comm.sum_floats([float(failed)])
+    if n and not failed:
+        raise CheckpointError(f"zerocore checkpoint: {int(n)} other rank(s) failed while {what}; see their error. "
+                              "Nothing was published; the previous checkpoint is intact")
+
+
+def save_checkpoint(engine, save_dir: str, tag=None, client_state=None) -> str:
+    if engine._backward_done or engine.micro_steps % engine.gas:
+        raise RuntimeError(f"zerocore: save_checkpoint in the middle of gradient accumulation (micro step "
+                           f"{engine.micro_steps}, accumulation {engine.gas}): the gradients accumulated so far are "
+                           "not saved; save after engine.step() at an accumulation boundary")
+    tag = check_tag(f"global_step{engine.global_steps}" if tag is None else tag)
+    save_dir = os.fspath(save_dir)
+    tmp = os.path.join(save_dir, TMP_PREFIX + tag)
+    rank = engine.comm.rank
+    err = None
+    if rank == 0:
+        try:
+            os.makedirs(save_dir, exist_ok=True)
+            for d in os.listdir(save_dir):
+                if d.startswith(TMP_PREFIX):  # a save that was killed: never a checkpoint
+                    warnings.warn(f"zerocore checkpoint: removing {os.path.join(save_dir, d)}, left by an "
+                                  "interrupted save", RuntimeWarning, stacklevel=3)
+                    shutil.rmtree(os.path.join(save_dir, d))
+            os.makedirs(tmp)
+        except Exception as e:
+            err = e
+    _agree(engine, err is not None, f"preparing {tmp}")
+    if err is not None:
+        raise err
+    try:
+        index = _write_rank(engine, tmp, client_state)
+        write_atomic(os.path.join(tmp, f"rank{rank:05d}.json"), json.dumps(index).encode())
+    except Exception as e:
+        err = e
+    _agree(engine, err is not None, f"writing {tmp}")
+    if err is not None:
+        raise err
+    if rank == 0:
+        try:
+            _publish(engine, save_dir, tmp, tag)
+        except Exception as e:
+            err = e
+    _agree(engine, err is not None, f"publishing {os.path.join(save_dir, tag)}")
+    if err is not None:
+        raise err
+    return os.path.join(save_dir, tag)
+
+
+def _publish(engine, save_dir: str, tmp: str, tag: str) -> None:
+    indexes = []
+    for r in range(engine.comm.world):
+        with open(os.path.join(tmp, f"rank{r:05d}.json"), encoding="utf-8") as f:
+            indexes.append(json.load(f))
+    manifest = _manifest(engine, tag, indexes)
+    write_atomic(os.path.join(tmp, MANIFEST), json.dumps(manifest, default=str).encode())
+    for r in range(engine.comm.world):
+        os.remove(os.path.join(tmp, f"rank{r:05d}.json"))
+    _hook(0, "manifest written")
+    fsync_dir(tmp)
+    final = os.path.join(save_dir, tag)
+    old = None
+    if os.path.exists(final):  # saving a tag again: the old one goes aside, then away
+        old = os.path.join(save_dir, f"{TMP_PREFIX}old-{tag}")
+        os.rename(final, old)
+    os.rename(tmp, final)
+    fsync_dir(save_dir)
+    write_atomic(os.path.join(save_dir, LATEST), tag.encode())
+    if old is not None:
+        shutil.rmtree(old)
