@@ -31,9 +31,11 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         raise CheckpointError(f"zerocore checkpoint: {path} is of a different model ({len(diffs)} differences):\n  "
                               + "\n  ".join(diffs[:MAX_LISTED]) + more)
     with_state = load_optimizer_states and not load_module_only
-    err, client_state = None, None
+    err, client_state, writing = None, None, False
     try:
-        with CheckpointReader(path, manifest) as reader:
+        with CheckpointReader(path, manifest) as reader:  # checks every file's presence and size
+            reader.check_complete(saved_name.values())
+            writing = True
             _read_state(engine, reader, saved_name, KINDS if with_state else KINDS[:1])
             _read_extras(engine, reader)
             if not load_module_only:
@@ -42,6 +44,9 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         err = e
     _agree(engine, err is not None, f"loading {path}")
     if err is not None:
+        if writing:
+            raise CheckpointError(f"{err}\n(the engine's optimizer state and weights were partly overwritten; "
+                                  "load a good checkpoint before training on)") from err
         raise err
     _refresh_params(engine)
     if not load_module_only:

@@ -29,6 +29,19 @@ class CheckpointReader:
         for name in manifest["files"]:  # every file's presence and size, before any byte is used
             self._open(name)
 
+    def check_complete(self, names) -> None:
+        """Every element of every parameter in ``names`` is in some saved chunk (checked before a
+        load writes anything)."""
+        for name in names:
+            n, pos = _numel(self.params[name]["shape"]), 0
+            for c in self.chunks.get(name, []):
+                if c[0] > pos:
+                    break
+                pos = max(pos, c[1])
+            if pos < n:
+                raise CheckpointError(f"zerocore checkpoint: {self.path}: no saved chunk holds element {pos} of "
+                                      f"'{name}'; the manifest is incomplete")
+
     def _open(self, name: str) -> BlockReader:
         r = self._files.get(name)
         if r is None:
