@@ -237,3 +237,119 @@ def test_frozen_parameters_and_buffers_round_trip(tmp_path):
     assert a.keys() == b.keys() and "1.num_batches_tracked" in a and a["1.num_batches_tracked"].item() == 4
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+# -- offline: consolidation to safetensors, full state dicts, inspect --------------------------------
+def test_consolidate_stage3_world4_into_a_plain_model(saved, tmp_path):
+    from safetensors.torch import load_file
+
+    from zerocore.checkpoint import consolidate, load_full_state_dict
+    from zerocore.cli import main
+
+    root, per_rank = saved
+    want = result(per_rank, "fp32")[0]["at3"]  # engine.full_state_dict() at the save
+    out = tmp_path / "model.safetensors"
+    assert main(["consolidate", str(root / "fp32"), "--out", str(out)]) == 0
+    model = make_model("gpt", 5)
+    missing, unexpected = model.load_state_dict(load_file(str(out)), strict=False)
+    assert missing == ["head.weight"] and unexpected == []  # the tied alias, stored once as tok.weight
+    got = model.state_dict()
+    assert got.keys() == want.keys()
+    for k, w in want.items():
+        assert torch.equal(got[k], w), k
+    full = load_full_state_dict(str(root / "fp32"))
+    assert full.keys() == want.keys() and all(torch.equal(full[k], w) for k, w in want.items())
+    # sharded, 16-bit: the index maps every tensor to its file; the values are the fp32 ones rounded
+    files = consolidate(str(root / "fp32"), str(tmp_path / "bf" / "model.safetensors"), dtype="bf16",
+                        max_shard_size="10KB")
+    index = __import__("json").loads((tmp_path / "bf" / "model.safetensors.index.json").read_text())
+    assert len(files) > 3 and files[-1].endswith(".index.json")
+    shards = {}
+    for f in files[:-1]:
+        shards.update(load_file(f))
+    assert set(index["weight_map"]) == set(shards) == set(want) - {"head.weight"}
+    for k, t in shards.items():
+        assert t.dtype == torch.bfloat16 and torch.equal(t, want[k].to(torch.bfloat16)), k
+
+
+def test_inspect(saved, capsys):
+    from zerocore.cli import main
+
+    root, _ = saved
+    assert main(["inspect", str(root / "fp16"), "--json"]) == 0
+    info = __import__("json").loads(capsys.readouterr().out)
+    assert (info["world_size"], info["stage"], info["dtype"], info["global_steps"]) == (4, 3, "float16", 3)
+    assert info["files"] == 4 and info["trainable_elements"] == 26784 and info["loss_scale"] == 512.0
+
+
+@pytest.mark.slow  # importing transformers alone takes ~15 s here
+def test_consolidate_hugging_face_gpt2(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    import zerocore
+    from zerocore.checkpoint import consolidate
+
+    conf = transformers.GPT2Config(vocab_size=61, n_positions=16, n_embd=32, n_layer=2, n_head=2)
+    torch.manual_seed(0)
+    cfg = CkCase("hf").config(3, 1)
+    cfg["zero_optimization"]["stage3_unit_classes"] = ["GPT2Block"]
+    e = zerocore.initialize(transformers.GPT2LMHeadModel(conf), cfg)
+    ids = torch.randint(0, 61, (2, 12))
+    for _ in range(2):
+        e.backward(e(input_ids=ids, labels=ids).loss)
+        e.step()
+        e.backward(e(input_ids=ids, labels=ids).loss)
+        e.step()
+    e.save_checkpoint(str(tmp_path / "ck"))
+    want = e.full_state_dict()
+    consolidate(str(tmp_path / "ck"), str(tmp_path / "gpt2.safetensors"))
+    fresh = transformers.GPT2LMHeadModel(conf)
+    missing, unexpected = fresh.load_state_dict(load_file(str(tmp_path / "gpt2.safetensors")), strict=False)
+    assert missing == ["lm_head.weight"] and unexpected == []
+    got = fresh.state_dict()
+    for k, w in want.items():
+        assert torch.equal(got[k], w), k
+
+
+_PEAK_SCRIPT = r"""
+import sys, torch, zerocore, zerocore.checkpoint as ck, safetensors.torch
+
+def rss(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+
+ck.consolidate(sys.argv[1], sys.argv[2] + ".warm", tag="small")  # imports and first-use allocations
+base = rss("VmRSS:")
+with open("/proc/self/clear_refs", "w") as f:  # resets VmHWM to the current RSS
+    f.write("5")
+ck.consolidate(sys.argv[1], sys.argv[2], tag="big")
+print(rss("VmHWM:") - base)
+"""
+
+
+def test_consolidate_peak_memory_is_one_tensor_not_the_model(tmp_path):
+    """64 MiB of fp32 weights in 16 tensors of 4 MiB: the consolidating process's resident
+    memory grows by less than 2 tensors (the issue's target)."""
+    import subprocess
+    import sys
+
+    import zerocore
+    from torch import nn
+
+    e = zerocore.initialize(nn.Sequential(*[nn.Linear(1024, 1024, bias=False) for _ in range(16)]),
+                            {"zero_optimization": {"stage": 0}, "gradient_clipping": 0.0})
+    e.save_checkpoint(str(tmp_path / "ck"), tag="big")
+    e2 = zerocore.initialize(nn.Linear(4, 4), {"zero_optimization": {"stage": 0}})
+    e2.save_checkpoint(str(tmp_path / "ck"), tag="small")  # another model's tag in the same directory
+    largest = 1024 * 1024 * 4
+    r = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(tmp_path / "ck"), str(tmp_path / "out.safetensors")],
+                       capture_output=True, text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(
+                           zerocore.__file__)))
+    assert r.returncode == 0, r.stderr
+    grew = int(r.stdout.split()[-1])
+    model_bytes = 16 * largest
+    assert os.path.getsize(tmp_path / "out.safetensors") > model_bytes
+    print(f"consolidation peak RSS growth {grew / 2**20:.1f} MiB (model 64 MiB, largest tensor 4 MiB)")
+    assert grew < 2 * largest, f"consolidation grew RSS by {grew / 2**20:.1f} MiB (model 64 MiB)"

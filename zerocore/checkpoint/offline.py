@@ -52,16 +52,16 @@ def _entries(manifest: dict, dtype: torch.dtype) -> list[dict]:
     return out
 
 
-def _stream_tensor(reader: CheckpointReader, x: dict, write) -> None:
-    """Assembles one tensor slice by slice and hands each slice's bytes to ``write``."""
+def _stream_tensor(reader: CheckpointReader, x: dict, write, buf: torch.Tensor) -> None:
+    """Assembles one tensor slice by slice in ``buf`` (fp32, reused for every tensor so the
+    allocator keeps no stale copies) and hands each slice's bytes to ``write``."""
     if "extra" in x:
         t = reader.read_extra(x["extra"]).to(x["dtype"]).reshape(-1).contiguous()
         write(byte_view(t))
         return
-    buf = torch.empty(min(SLICE_ELEMS, x["numel"]), dtype=torch.float32)
-    conv = None if x["dtype"] == torch.float32 else torch.empty(buf.numel(), dtype=x["dtype"])
-    for a in range(0, x["numel"], SLICE_ELEMS):
-        b = min(x["numel"], a + SLICE_ELEMS)
+    conv = None if x["dtype"] == torch.float32 else torch.empty(min(buf.numel(), x["numel"]), dtype=x["dtype"])
+    for a in range(0, x["numel"], buf.numel()):
+        b = min(x["numel"], a + buf.numel())
         part = buf[:b - a]
         reader.read_param(x["name"], a, b, "master", part)
         if conv is not None:
@@ -96,8 +96,10 @@ def _write_safetensors(path: str, reader: CheckpointReader, entries: list[dict],
                     done += f.write(mv[done:])
 
             write(memoryview(len(head).to_bytes(8, "little") + head))
+            buf = torch.empty(min(SLICE_ELEMS, max([x["numel"] for x in entries if "param" in x], default=1)),
+                              dtype=torch.float32)
             for x in entries:
-                _stream_tensor(reader, x, write)
+                _stream_tensor(reader, x, write, buf)
             os.fsync(f.fileno())
         os.replace(tmp, path)  # a crash leaves no half file under the real name
     finally:
