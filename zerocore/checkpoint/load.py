@@ -42,7 +42,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
                 client_state = reader.read_client_state()
     except Exception as e:
         err = e
-    _agree(engine, err is not None, f"loading {path}")
+    _agree(engine.comm, err is not None, f"loading {path}")
     if err is not None:
         if writing:
             raise CheckpointError(f"{err}\n(the engine's optimizer state and weights were partly overwritten; "

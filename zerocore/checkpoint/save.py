@@ -21,12 +21,14 @@ import json
 import os
 import shutil
 import warnings
+from collections.abc import Callable, Iterator
 
 import torch
 
 from .blockio import BlockWriter, byte_view
 from .layout import (LATEST, MANIFEST, TMP_PREFIX, CheckpointError, check_tag, fsync_dir, rank_file,
                      write_atomic)
+from ..sharding import FlatGroup
 from .manifest import FORMAT, KINDS, VERSION, dtype_name, extra_tensors, rng_state, trainable_records
 
 TILE_ELEMS = 1 << 22  # 16 MiB of fp32 per state tensor per write
@@ -52,60 +54,39 @@ def _hook(rank: int, what: str) -> None:
         between_writes(rank, what)
 
 
-def _write_rank(engine, tmp: str, client_state) -> dict:
-    """Writes this rank's file; returns its index (what the manifest needs from this rank)."""
-    rank = engine.comm.rank
-    replicated = engine.policy.partitions(engine.comm.world) == 1
-    index = {"rank": rank, "rng": rng_state(), "chunks": [], "extras": [], "client_state": None, "file": None}
-    if replicated and rank != 0:
-        return index
-    name = rank_file(rank)
-    w = BlockWriter(os.path.join(tmp, name))
-    try:
+@dataclasses.dataclass
+class SavePlan:
+    """Everything one rank's save needs, taken from the engine when ``save_checkpoint`` is called
+    (so an asynchronous save writes the state of that moment while training goes on)."""
+
+    comm: object  # the Comm whose barriers order the save (async: a group of its own)
+    tag: str
+    writes_state: bool  # stage 0 / world 1: the state is replicated and only rank 0 writes it
+    tiles: Callable[[], Iterator[tuple[FlatGroup, int, int, dict[str, torch.Tensor]]]]
+    extras: list  # (names, kind, tensor): frozen parameters and buffers (rank 0)
+    client_bytes: bytes | None
+    meta: dict  # the manifest's fields that describe the engine
+    rng: dict
+
+
+def live_tiles(engine):
+    """The optimizer state as it is now, tile by tile: (layout, flat lo, flat hi, state views)."""
+    def tiles():
         for shard in engine.shards:
             g = shard.group
             for lo, hi, state in shard.state_tiles(TILE_ELEMS):
-                base = g.lo + lo
-                offs = []
-                for k in KINDS:
-                    held, view = _flat_bytes(state[k])
-                    offs.append(w.write(view))
-                    del held
-                    _hook(rank, f"group {g.index} {k}")
-                for slot, a, b in g.layout.pieces(base, g.lo + hi):
-                    skip = (slot.offset + a - base) * _FP32
-                    index["chunks"].append([slot.name, a, b, name] + [o + skip for o in offs])
-        if rank == 0:
-            for names, kind, t in extra_tensors(engine):
-                held, view = _flat_bytes(t)
-                off = w.write(view)
-                index["extras"].append({"name": names[0], "aliases": names, "kind": kind, "shape": list(t.shape),
-                                        "dtype": dtype_name(t.dtype), "file": name, "offset": off,
-                                        "nbytes": len(view)})
-            if client_state is not None:
-                buf = io.BytesIO()
-                torch.save(client_state, buf)
-                data = buf.getvalue()
-                index["client_state"] = {"file": name, "offset": w.write(data), "nbytes": len(data)}
-        index["file"] = name
-        index["record"] = w.close()
-    except BaseException:
-        w.abort()
-        raise
-    return index
+                yield g.layout, g.lo + lo, g.lo + hi, state
+    return tiles
 
 
-def _manifest(engine, tag: str, indexes: list[dict]) -> dict:
-    chunks: dict[str, list] = {}
-    files = {}
-    for ix in indexes:
-        for c in ix["chunks"]:
-            chunks.setdefault(c[0], []).append(c[1:])
-        if ix["file"] is not None:
-            files[ix["file"]] = ix["record"]
-    rank0 = indexes[0]
+def make_plan(engine, tag: str, client_state, comm, tiles) -> SavePlan:
+    client = None
+    if client_state is not None and engine.comm.rank == 0:
+        buf = io.BytesIO()
+        torch.save(client_state, buf)
+        client = buf.getvalue()
     s = engine.scaler
-    return {
+    meta = {
         "format": FORMAT, "version": VERSION, "tag": tag, "world_size": engine.comm.world,
         "stage": engine.policy.stage, "dtype": dtype_name(engine.dtype),
         "counters": {"micro_steps": engine.micro_steps, "global_steps": engine.global_steps,
@@ -114,31 +95,87 @@ def _manifest(engine, tag: str, indexes: list[dict]) -> dict:
         "hyper": {**dataclasses.asdict(engine.hyper), "betas": list(engine.hyper.betas)},
         "config": dataclasses.asdict(engine.config),
         "params": trainable_records(engine),
-        "chunks": chunks,
-        "extras": rank0["extras"],
-        "client_state": rank0["client_state"],
-        "files": files,
-        "rng": [ix["rng"] for ix in indexes],
     }
+    return SavePlan(comm=comm, tag=tag, writes_state=engine.policy.partitions(engine.comm.world) > 1
+                    or engine.comm.rank == 0, tiles=tiles,
+                    extras=extra_tensors(engine) if engine.comm.rank == 0 else [], client_bytes=client, meta=meta,
+                    rng=rng_state())
 
 
-def _agree(engine, failed: bool, what: str) -> None:
+def _write_rank(plan: SavePlan, tmp: str) -> dict:
+    """Writes this rank's file; returns its index (what the manifest needs from this rank)."""
+    rank = plan.comm.rank
+    index = {"rank": rank, "rng": plan.rng, "chunks": [], "extras": [], "client_state": None, "file": None}
+    if not plan.writes_state:
+        return index
+    name = rank_file(rank)
+    w = BlockWriter(os.path.join(tmp, name))
+    try:
+        for layout, lo, hi, state in plan.tiles():
+            offs = []
+            for k in KINDS:
+                held, view = _flat_bytes(state[k])
+                offs.append(w.write(view))
+                del held
+                _hook(rank, f"group {layout.index} {k}")
+            for slot, a, b in layout.pieces(lo, hi):
+                skip = (slot.offset + a - lo) * _FP32
+                index["chunks"].append([slot.name, a, b, name] + [o + skip for o in offs])
+        for names, kind, t in plan.extras:
+            held, view = _flat_bytes(t)
+            off = w.write(view)
+            index["extras"].append({"name": names[0], "aliases": names, "kind": kind, "shape": list(t.shape),
+                                    "dtype": dtype_name(t.dtype), "file": name, "offset": off, "nbytes": len(view)})
+        if plan.client_bytes is not None:
+            index["client_state"] = {"file": name, "offset": w.write(plan.client_bytes),
+                                     "nbytes": len(plan.client_bytes)}
+        index["file"] = name
+        index["record"] = w.close()
+    except BaseException:
+        w.abort()
+        raise
+    return index
+
+
+def _manifest(plan: SavePlan, indexes: list[dict]) -> dict:
+    chunks: dict[str, list] = {}
+    files = {}
+    for ix in indexes:
+        for c in ix["chunks"]:
+            chunks.setdefault(c[0], []).append(c[1:])
+        if ix["file"] is not None:
+            files[ix["file"]] = ix["record"]
+    rank0 = indexes[0]
+    return {**plan.meta, "chunks": chunks, "extras": rank0["extras"], "client_state": rank0["client_state"],
+            "files": files, "rng": [ix["rng"] for ix in indexes]}
+
+
+def _agree(comm, failed: bool, what: str) -> None:
     """A barrier that also fails every rank when any rank failed."""
-    (n,) = engine.comm.sum_floats([float(failed)])
+    (n,) = comm.sum_floats([float(failed)])
     if n and not failed:
         raise CheckpointError(f"zerocore checkpoint: {int(n)} other rank(s) failed while {what}; see their error. "
                               "Nothing was published; the previous checkpoint is intact")
 
 
-def save_checkpoint(engine, save_dir: str, tag=None, client_state=None) -> str:
+def check_can_save(engine, tag):
     if engine._backward_done or engine.micro_steps % engine.gas:
         raise RuntimeError(f"zerocore: save_checkpoint in the middle of gradient accumulation (micro step "
                            f"{engine.micro_steps}, accumulation {engine.gas}): the gradients accumulated so far are "
                            "not saved; save after engine.step() at an accumulation boundary")
-    tag = check_tag(f"global_step{engine.global_steps}" if tag is None else tag)
-    save_dir = os.fspath(save_dir)
+    return check_tag(f"global_step{engine.global_steps}" if tag is None else tag)
+
+
+def save_checkpoint(engine, save_dir: str, tag=None, client_state=None) -> str:
+    tag = check_can_save(engine, tag)
+    return run_save(make_plan(engine, tag, client_state, engine.comm, live_tiles(engine)), os.fspath(save_dir))
+
+
+def run_save(plan: SavePlan, save_dir: str) -> str:
+    """The save protocol (see the module docstring) for one rank."""
+    comm, tag = plan.comm, plan.tag
     tmp = os.path.join(save_dir, TMP_PREFIX + tag)
-    rank = engine.comm.rank
+    rank = comm.rank
     err = None
     if rank == 0:
         try:
@@ -146,41 +183,42 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state=None) -> str:
             for d in os.listdir(save_dir):
                 if d.startswith(TMP_PREFIX):  # a save that was killed: never a checkpoint
                     warnings.warn(f"zerocore checkpoint: removing {os.path.join(save_dir, d)}, left by an "
-                                  "interrupted save", RuntimeWarning, stacklevel=3)
+                                  "interrupted save", RuntimeWarning, stacklevel=4)
                     shutil.rmtree(os.path.join(save_dir, d))
             os.makedirs(tmp)
         except Exception as e:
             err = e
-    _agree(engine, err is not None, f"preparing {tmp}")
+    _agree(comm, err is not None, f"preparing {tmp}")
     if err is not None:
         raise err
     try:
-        index = _write_rank(engine, tmp, client_state)
+        index = _write_rank(plan, tmp)
         write_atomic(os.path.join(tmp, f"rank{rank:05d}.json"), json.dumps(index).encode())
     except Exception as e:
         err = e
-    _agree(engine, err is not None, f"writing {tmp}")
+    _agree(comm, err is not None, f"writing {tmp}")
     if err is not None:
         raise err
     if rank == 0:
         try:
-            _publish(engine, save_dir, tmp, tag)
+            _publish(plan, save_dir, tmp)
         except Exception as e:
             err = e
-    _agree(engine, err is not None, f"publishing {os.path.join(save_dir, tag)}")
+    _agree(comm, err is not None, f"publishing {os.path.join(save_dir, tag)}")
     if err is not None:
         raise err
     return os.path.join(save_dir, tag)
 
 
-def _publish(engine, save_dir: str, tmp: str, tag: str) -> None:
+def _publish(plan: SavePlan, save_dir: str, tmp: str) -> None:
+    tag = plan.tag
     indexes = []
-    for r in range(engine.comm.world):
+    for r in range(plan.comm.world):
         with open(os.path.join(tmp, f"rank{r:05d}.json"), encoding="utf-8") as f:
             indexes.append(json.load(f))
-    manifest = _manifest(engine, tag, indexes)
+    manifest = _manifest(plan, indexes)
     write_atomic(os.path.join(tmp, MANIFEST), json.dumps(manifest, default=str).encode())
-    for r in range(engine.comm.world):
+    for r in range(plan.comm.world):
         os.remove(os.path.join(tmp, f"rank{r:05d}.json"))
     _hook(0, "manifest written")
     fsync_dir(tmp)

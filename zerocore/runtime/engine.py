@@ -261,12 +261,18 @@ class Engine:
         return weights.save_16bit_model(self, save_dir, save_filename)
 
     # -- checkpoints (zerocore/checkpoint/) -------------------------------------------------
-    def save_checkpoint(self, save_dir: str, tag=None, client_state=None) -> str:
+    def save_checkpoint(self, save_dir: str, tag=None, client_state=None, async_save: bool = False):
         """DeepSpeed's ``save_checkpoint``: every rank writes the optimizer state it owns, rank 0 the
         manifest; ``save_dir/<tag>`` (default ``global_step<N>``) appears, and ``save_dir/latest``
-        names it, only once complete. A collective. Returns the tag directory."""
+        names it, only once complete. A collective. Returns the tag directory; with ``async_save``
+        a handle whose ``wait()`` returns it (the state is copied to host memory first, then written
+        in the background; the next save or load waits for it)."""
+        from ..checkpoint import async_save as asv
         from ..checkpoint.save import save_checkpoint
 
+        if async_save:
+            return asv.save_async(self, save_dir, tag, client_state)
+        asv.wait_pending(self)
         return save_checkpoint(self, save_dir, tag, client_state)
 
     def load_checkpoint(self, load_dir: str, tag=None, load_optimizer_states: bool = True,
@@ -275,6 +281,8 @@ class Engine:
         when ``tag`` is None and there is no checkpoint. Loads a checkpoint of any world size and
         stage. ``load_module_only``: weights only (optimizer, counters, lr and scaler stay as
         they are). A collective."""
+        from ..checkpoint.async_save import wait_pending
         from ..checkpoint.load import load_checkpoint
 
+        wait_pending(self)
         return load_checkpoint(self, load_dir, tag, load_optimizer_states, load_module_only)
