@@ -37,7 +37,8 @@ def saved(tmp_path_factory):
     """World 4: every case saved at step 3 and run to step 6."""
     root = tmp_path_factory.mktemp("ckpts")
     jobs = [(name, save_run, (c, str(root))) for name, c in CASES.items()]
-    per_rank = spawn(jobs, 4, tmp_path_factory.mktemp("w4"), timeout=55)
+    # the work is ~15 s; starting 4 ranks is the rest (40 s at a load average of 15)
+    per_rank = spawn(jobs, 4, tmp_path_factory.mktemp("w4"), timeout=90)
     return root, per_rank
 
 
@@ -50,7 +51,7 @@ def resumed_w2(saved, tmp_path_factory):
     jobs.append(("async", async_run, (str(root / "async"),)))
     os.makedirs(root / "kill")
     jobs.append(("kill", kill_run, (str(root / "kill"),)))  # last: it kills rank 1
-    return spawn(jobs, 2, tmp_path_factory.mktemp("w2"), timeout=55)
+    return spawn(jobs, 2, tmp_path_factory.mktemp("w2"), timeout=60)
 
 
 def _compare(case: CkCase, got: dict, want: dict, init: dict) -> None:
