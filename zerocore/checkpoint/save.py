@@ -4,7 +4,9 @@
 2. each rank streams its optimizer state, tile by tile through ``OptimizerShard.state_tiles``
    (so state resting on host or NVMe is never materialised whole), into ``rank<r>.bin``,
    recording each parameter piece in the parameter's own coordinates and a CRC per block; rank 0
-   also writes frozen parameters, buffers and the client state. The file is fsync'ed and a
+   also writes frozen parameters, buffers and the client state. Tensors go to disk through
+   ``zerocore.ops.AsyncIO`` (O_DIRECT, the config's ``aio`` settings; the page cache where it
+   is unavailable) while the CRCs are computed. The file is fsync'ed and a
    small per-rank index (chunks, checksums, RNG state) written beside it; barrier, which also
    tells every rank whether any rank failed (then all raise, nothing is published).
 3. rank 0 merges the indexes into ``manifest.json`` (fsync'ed), renames ``.tmp-<tag>`` to
@@ -12,6 +14,9 @@
 
 A kill at any moment leaves the previous tag and ``latest`` intact and nothing under a real tag
 but a complete checkpoint. At stage 0 (or world 1) the state is replicated and only rank 0 writes.
+Saving a tag that exists moves the old one aside (``.tmp-old-<tag>``) just before the rename: a
+crash between those two renames leaves ``latest`` naming a missing tag (the old copy is in that
+directory until the next save removes it).
 """
 from __future__ import annotations
 
@@ -67,6 +72,7 @@ class SavePlan:
     client_bytes: bytes | None
     meta: dict  # the manifest's fields that describe the engine
     rng: dict
+    aio: dict | None  # AsyncIO settings (the config's aio section); None: the page cache
 
 
 def live_tiles(engine):
@@ -79,7 +85,21 @@ def live_tiles(engine):
     return tiles
 
 
-def make_plan(engine, tag: str, client_state, comm, tiles) -> SavePlan:
+def _aio_handle(settings: dict | None):
+    """An AsyncIO handle for the writes, or None (page cache) where none can be made."""
+    if settings is None:
+        return None
+    from ..ops import aio
+
+    if aio.aio_unavailable() is not None:
+        return None
+    try:
+        return aio.AsyncIO.from_config(settings)
+    except OSError:
+        return None
+
+
+def make_plan(engine, tag: str, client_state, comm, tiles, use_aio: bool = True) -> SavePlan:
     client = None
     if client_state is not None and engine.comm.rank == 0:
         buf = io.BytesIO()
@@ -99,7 +119,7 @@ def make_plan(engine, tag: str, client_state, comm, tiles) -> SavePlan:
     return SavePlan(comm=comm, tag=tag, writes_state=engine.policy.partitions(engine.comm.world) > 1
                     or engine.comm.rank == 0, tiles=tiles,
                     extras=extra_tensors(engine) if engine.comm.rank == 0 else [], client_bytes=client, meta=meta,
-                    rng=rng_state())
+                    rng=rng_state(), aio=dataclasses.asdict(engine.config.aio) if use_aio else None)
 
 
 def _write_rank(plan: SavePlan, tmp: str) -> dict:
@@ -109,13 +129,13 @@ def _write_rank(plan: SavePlan, tmp: str) -> dict:
     if not plan.writes_state:
         return index
     name = rank_file(rank)
-    w = BlockWriter(os.path.join(tmp, name))
+    w = BlockWriter(os.path.join(tmp, name), aio=_aio_handle(plan.aio))
     try:
         for layout, lo, hi, state in plan.tiles():
             offs = []
             for k in KINDS:
                 held, view = _flat_bytes(state[k])
-                offs.append(w.write(view))
+                offs.append(w.write(view, held))
                 del held
                 _hook(rank, f"group {layout.index} {k}")
             for slot, a, b in layout.pieces(lo, hi):
@@ -123,7 +143,7 @@ def _write_rank(plan: SavePlan, tmp: str) -> dict:
                 index["chunks"].append([slot.name, a, b, name] + [o + skip for o in offs])
         for names, kind, t in plan.extras:
             held, view = _flat_bytes(t)
-            off = w.write(view)
+            off = w.write(view, held)
             index["extras"].append({"name": names[0], "aliases": names, "kind": kind, "shape": list(t.shape),
                                     "dtype": dtype_name(t.dtype), "file": name, "offset": off, "nbytes": len(view)})
         if plan.client_bytes is not None:
@@ -193,33 +213,43 @@ def run_save(plan: SavePlan, save_dir: str) -> str:
         raise err
     try:
         index = _write_rank(plan, tmp)
-        write_atomic(os.path.join(tmp, f"rank{rank:05d}.json"), json.dumps(index).encode())
+        # no fsync: rank 0 folds it into the manifest, which is fsync'ed before anything is published
+        with open(os.path.join(tmp, f"rank{rank:05d}.json"), "w", encoding="utf-8") as f:
+            json.dump(index, f)
     except Exception as e:
         err = e
     _agree(comm, err is not None, f"writing {tmp}")
     if err is not None:
         raise err
+    old = None
     if rank == 0:
         try:
-            _publish(plan, save_dir, tmp)
+            old = _publish(plan, save_dir, tmp)
         except Exception as e:
             err = e
     _agree(comm, err is not None, f"publishing {os.path.join(save_dir, tag)}")
     if err is not None:
         raise err
+    if old is not None:  # the tag's previous content, replaced; no other rank waits for this
+        shutil.rmtree(old, ignore_errors=True)
     return os.path.join(save_dir, tag)
 
 
-def _publish(plan: SavePlan, save_dir: str, tmp: str) -> None:
+def _publish(plan: SavePlan, save_dir: str, tmp: str) -> str | None:
+    """Rank 0: the manifest, then the rename, then ``latest``. Returns the directory holding the
+    tag's previous content when the tag was saved before (to be removed)."""
     tag = plan.tag
     indexes = []
     for r in range(plan.comm.world):
         with open(os.path.join(tmp, f"rank{r:05d}.json"), encoding="utf-8") as f:
             indexes.append(json.load(f))
     manifest = _manifest(plan, indexes)
-    write_atomic(os.path.join(tmp, MANIFEST), json.dumps(manifest, default=str).encode())
     for r in range(plan.comm.world):
         os.remove(os.path.join(tmp, f"rank{r:05d}.json"))
+    with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:  # not yet published: no rename needed
+        json.dump(manifest, f, default=str)
+        f.flush()
+        os.fsync(f.fileno())
     _hook(0, "manifest written")
     fsync_dir(tmp)
     final = os.path.join(save_dir, tag)
@@ -230,5 +260,4 @@ def _publish(plan: SavePlan, save_dir: str, tmp: str) -> None:
     os.rename(tmp, final)
     fsync_dir(save_dir)
     write_atomic(os.path.join(save_dir, LATEST), tag.encode())
-    if old is not None:
-        shutil.rmtree(old)
+    return old
