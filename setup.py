@@ -64,6 +64,6 @@ setup(
     python_requires=">=3.9",
     # The extension is compiled against this exact torch; another version may not load it.
     install_requires=[f"torch=={torch_base}", "tqdm"],
-    extras_require={"test": ["pytest>=7", "numpy"], "bench": ["deepspeed", "matplotlib"]},
+    extras_require={"test": ["pytest>=7", "numpy", "safetensors"], "bench": ["deepspeed", "matplotlib"]},
     entry_points={"console_scripts": ["zerocore=zerocore.cli:main"]},
 )

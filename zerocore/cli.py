@@ -18,6 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     from . import demo as demo_mod
 
     demo_mod.add_arguments(demo)
+    from .checkpoint import cli as checkpoint_cli
+
+    checkpoint_cli.add_subcommands(sub)
     args = parser.parse_args(argv)
     if args.command == "env":
         from .env_report import collect, render
@@ -39,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "demo":
         return demo_mod.run(args)
+    if args.command in ("consolidate", "inspect"):
+        return checkpoint_cli.run(args)
     return 2
 
 

@@ -96,3 +96,14 @@ def recorded_failures(comm: Comm, tag: str, micro_step: int) -> dict[int, str]:
     except Exception:  # noqa: BLE001 - a store that cannot be read leaves the plain timeout error
         pass
     return out
+
+
+def side_comm(comm: Comm) -> Comm:
+    """A Comm over a new gloo group of ``comm``'s ranks, for collectives issued from another
+    thread (an asynchronous checkpoint's barriers): on a group of their own they never interleave
+    with training's collectives on ``comm``. Creating it is a collective: call it on every rank,
+    from the main thread."""
+    if comm.world == 1:
+        return Comm.single()
+    ranks = dist.get_process_group_ranks(comm.group) if comm.group is not None else None
+    return Comm(dist.new_group(ranks=ranks, backend="gloo"))

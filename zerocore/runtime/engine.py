@@ -302,3 +302,30 @@ class Engine:
         (atomically); at stage 3 only with ``stage3_gather_16bit_weights_on_model_save``. A
         collective: call it on all ranks. Returns whether a file was written (on rank 0)."""
         return weights.save_16bit_model(self, save_dir, save_filename)
+
+    # -- checkpoints (zerocore/checkpoint/) -------------------------------------------------
+    def save_checkpoint(self, save_dir: str, tag=None, client_state=None, async_save: bool = False):
+        """DeepSpeed's ``save_checkpoint``: every rank writes the optimizer state it owns, rank 0 the
+        manifest; ``save_dir/<tag>`` (default ``global_step<N>``) appears, and ``save_dir/latest``
+        names it, only once complete. A collective. Returns the tag directory; with ``async_save``
+        a handle whose ``wait()`` returns it (the state is copied to host memory first, then written
+        in the background; the next save or load waits for it)."""
+        from ..checkpoint import async_save as asv
+        from ..checkpoint.save import save_checkpoint
+
+        if async_save:
+            return asv.save_async(self, save_dir, tag, client_state)
+        asv.wait_pending(self)
+        return save_checkpoint(self, save_dir, tag, client_state)
+
+    def load_checkpoint(self, load_dir: str, tag=None, load_optimizer_states: bool = True,
+                        load_module_only: bool = False):
+        """DeepSpeed's ``load_checkpoint``: ``(path, client_state)``; ``(None, None)`` with a warning
+        when ``tag`` is None and there is no checkpoint. Loads a checkpoint of any world size and
+        stage. ``load_module_only``: weights only (optimizer, counters, lr and scaler stay as
+        they are). A collective."""
+        from ..checkpoint.async_save import wait_pending
+        from ..checkpoint.load import load_checkpoint
+
+        wait_pending(self)
+        return load_checkpoint(self, load_dir, tag, load_optimizer_states, load_module_only)

@@ -7,6 +7,7 @@ owned slice of the parameters (no copy).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import torch
 
@@ -49,6 +50,23 @@ class OptimizerShard:
                           betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay, step=step,
                           adamw_mode=hp.decoupled, grad_scale=grad_scale,
                           param_out=None if self.param_out is None else self.param_out[a:b])
+
+    def state_tiles(self, max_elems: int, *, write: bool = False
+                    ) -> Iterator[tuple[int, int, dict[str, torch.Tensor]]]:
+        """The owned optimizer state in consecutive ranges [lo, hi) (relative to the owned slice) of
+        at most ``max_elems``: (lo, hi, {"master", "exp_avg", "exp_avg_sq"}), fp32. The checkpoint
+        reads (and with ``write=True`` overwrites) state only through this, so state held elsewhere
+        (host, NVMe) can stream tile by tile; what a ``write`` caller copied into a tile is kept
+        when the iteration moves on. Here the state is resident: the tiles are views."""
+        n = self.master.numel()
+        for a in range(0, n, max(1, max_elems)):
+            b = min(n, a + max_elems)
+            yield a, b, {"master": self.master[a:b], "exp_avg": self.exp_avg[a:b], "exp_avg_sq": self.exp_avg_sq[a:b]}
+
+    def refresh_params(self) -> None:
+        """Re-derives the 16-bit owned parameters from the master (after a checkpoint load wrote it)."""
+        if self.param_out is not None:
+            ops.cast(self.master, self.param_out)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"master": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}

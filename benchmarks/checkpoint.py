@@ -1,0 +1,184 @@
+"""Checkpoint throughput: ``engine.save_checkpoint`` / ``load_checkpoint`` per rank against the
+disk's own bandwidth (measured in the same run, aio.py's plain synchronous O_DIRECT method, both
+ranks at once) and against ``torch.save`` / ``torch.load`` of the same tensors; then offline
+consolidation to safetensors: time and peak memory against the largest tensor.
+
+The model: ``--layers`` x Linear(``--dim``, ``--dim``) (default 6 x 4096^2 = 100.7M parameters),
+bf16 with an fp32 master, ZeRO stage ``--stage`` on ``--ranks`` gloo ranks, one training step
+before saving. Every round runs, interleaved, on every rank at the same time: an O_DIRECT write
+and read of this rank's byte count, zerocore save, torch.save (+fsync), zerocore load,
+torch.load. Saves include fsync and the atomic publish (durable); loads start cold: the files'
+pages are evicted first (``posix_fadvise(DONTNEED)`` on our own files only). GB/s = 1e9 bytes/s
+of this rank's bytes (12 bytes per owned element: master, exp_avg, exp_avg_sq) over the wall
+time between barriers. A shared 2-core VM is noisy: medians of ``--rounds``, load average recorded.
+
+    python benchmarks/checkpoint.py --out benchmarks/results/checkpoint_gloo_w2.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import machine_info, spawn_ranks  # noqa: E402
+from aio import fs_info, run_sync  # noqa: E402
+
+
+def _evict(path: str) -> None:
+    """Drops this file's (or every file's under this directory) pages from the page cache."""
+    paths = [path] if os.path.isfile(path) else [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _timed(fn) -> float:
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    dist.barrier()
+    return time.perf_counter() - t0
+
+
+def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    import zerocore
+    from zerocore.ops import aio as zaio
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(args.dim, args.dim, bias=False) for _ in range(args.layers)])
+    cfg = {"zero_optimization": {"stage": args.stage}, "bf16": {"enabled": True}, "gradient_clipping": 1.0,
+           "train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
+    e = zerocore.initialize(model, cfg)
+    e.backward(e(torch.randn(1, args.dim, dtype=torch.bfloat16)).float().pow(2).mean())
+    e.step()
+    mine = sum(s.master.numel() for s in e.shards)
+    nbytes = mine * 12
+    ckpt = os.path.join(args.dir, "ckpt")
+    tsave = os.path.join(args.dir, f"torch_rank{rank}.pt")
+    raw = os.path.join(args.dir, f"direct_rank{rank}.bin")
+    buf = zaio.aligned_pinned_empty(nbytes // (1 << 20) * (1 << 20), torch.uint8, lock=False)
+    buf.fill_(7)
+    state = {f"{i}.{k}": t for i, s in enumerate(e.shards) for k, t in s.tensors().items()}
+    rows = {k: [] for k in ("direct_write", "direct_read", "zc_save", "torch_save", "zc_load", "torch_load")}
+
+    def torch_save():
+        torch.save(state, tsave)
+        with open(tsave, "rb") as f:
+            os.fsync(f.fileno())
+
+    with open(raw, "wb") as f:  # allocated once, untimed: every timed write overwrites (as aio.py does)
+        f.truncate(buf.numel())
+    run_sync(buf, raw, 1 << 20, True)
+    for _ in range(args.rounds):
+        rows["direct_write"].append(buf.numel() / _timed(lambda: run_sync(buf, raw, 1 << 20, True)) / 1e9)
+        rows["direct_read"].append(buf.numel() / _timed(lambda: run_sync(buf, raw, 1 << 20, False)) / 1e9)
+        rows["zc_save"].append(nbytes / _timed(lambda: e.save_checkpoint(ckpt, tag="bench")) / 1e9)
+        rows["torch_save"].append(nbytes / _timed(torch_save) / 1e9)
+        if rank == 0:
+            _evict(ckpt)
+        _evict(tsave)
+        rows["zc_load"].append(nbytes / _timed(lambda: e.load_checkpoint(ckpt, tag="bench")) / 1e9)
+        rows["torch_load"].append(nbytes / _timed(lambda: torch.load(tsave, weights_only=True)) / 1e9)
+    os.remove(raw)
+    os.remove(tsave)
+    gathered = [None] * world
+    dist.all_gather_object(gathered, {"rank": rank, "bytes": nbytes, "gbps": rows})
+    if rank == 0:
+        with open(out_file, "w") as f:
+            json.dump({"ranks": gathered, "params": sum(g.layout.numel for g in e.groups)}, f)
+    dist.destroy_process_group()
+
+
+_PEAK = r"""
+import json, sys, time, zerocore.checkpoint as ck
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+ck.inspect(sys.argv[1])
+base = status("VmRSS:")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # VmHWM := VmRSS
+t0 = time.perf_counter()
+ck.consolidate(sys.argv[1], sys.argv[2], dtype=sys.argv[3])
+print(json.dumps({"seconds": time.perf_counter() - t0, "peak_rss_growth": status("VmHWM:") - base}))
+"""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default=None, help="where to write (default: a temp dir under /tmp)")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--stage", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--dim", type=int, default=4096)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None, help="write the JSON here")
+    args = ap.parse_args(argv)
+    own = args.dir is None
+    args.dir = tempfile.mkdtemp(prefix="zc_ckpt_bench_") if own else args.dir
+    load0 = os.getloadavg()
+    t0 = time.perf_counter()
+    try:
+        res = spawn_ranks(_worker, args.ranks, args)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        cons = {}
+        for dt in ("fp32", "bf16"):
+            r = subprocess.run([sys.executable, "-c", _PEAK, os.path.join(args.dir, "ckpt"),
+                                os.path.join(args.dir, f"model_{dt}.safetensors"), dt],
+                               capture_output=True, text=True, cwd=root, check=True)
+            cons[dt] = json.loads(r.stdout.strip().splitlines()[-1])
+            cons[dt]["out_bytes"] = os.path.getsize(os.path.join(args.dir, f"model_{dt}.safetensors"))
+    finally:
+        if own:
+            shutil.rmtree(args.dir, ignore_errors=True)
+    largest = args.dim * args.dim * 4
+    med = {k: statistics.median(v) for k, v in res["ranks"][0]["gbps"].items()}
+    rows = []
+    for rk in res["ranks"]:
+        m = {k: statistics.median(v) for k, v in rk["gbps"].items()}
+        rows.append({"rank": rk["rank"], "bytes": rk["bytes"], **{f"{k}_gbps": v for k, v in m.items()},
+                     "save_vs_disk_write": m["zc_save"] / m["direct_write"],
+                     "load_vs_disk_read": m["zc_load"] / m["direct_read"],
+                     "save_vs_torch_save": m["zc_save"] / m["torch_save"],
+                     "load_vs_torch_load": m["zc_load"] / m["torch_load"]})
+    print(f"{res['params'] / 1e6:.1f}M parameters, bf16 + fp32 master, stage {args.stage}, {args.ranks} ranks; "
+          f"{rows[0]['bytes'] / 1e9:.2f} GB per rank; medians of {args.rounds} rounds (GB/s per rank)")
+    print(f"{'rank':>4} {'O_DIRECT w':>10} {'zc save':>8} {'torch.save':>10} {'save/disk':>9} {'save/torch':>10} | "
+          f"{'O_DIRECT r':>10} {'zc load':>8} {'torch.load':>10} {'load/disk':>9} {'load/torch':>10}")
+    for r in rows:
+        print(f"{r['rank']:>4} {r['direct_write_gbps']:>10.2f} {r['zc_save_gbps']:>8.2f} {r['torch_save_gbps']:>10.2f} "
+              f"{r['save_vs_disk_write']:>9.2f} {r['save_vs_torch_save']:>10.2f} | {r['direct_read_gbps']:>10.2f} "
+              f"{r['zc_load_gbps']:>8.2f} {r['torch_load_gbps']:>10.2f} {r['load_vs_disk_read']:>9.2f} "
+              f"{r['load_vs_torch_load']:>10.2f}")
+    for dt, c in cons.items():
+        print(f"consolidate --dtype {dt}: {c['seconds']:.2f} s for {c['out_bytes'] / 1e9:.2f} GB "
+              f"({c['out_bytes'] / c['seconds'] / 1e9:.2f} GB/s), peak RSS growth {c['peak_rss_growth'] / 2**20:.1f} MiB "
+              f"= {c['peak_rss_growth'] / largest:.2f} x the largest tensor ({largest / 2**20:.0f} MiB fp32)")
+    out = {"machine": machine_info(), "file_system": fs_info(args.dir), "args": vars(args), "params": res["params"],
+           "load_avg_start": load0, "load_avg_end": os.getloadavg(), "seconds": time.perf_counter() - t0,
+           "rows": rows, "rank0_rounds": res["ranks"][0]["gbps"], "medians_rank0": med, "consolidate": cons,
+           "largest_tensor_bytes": largest}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The offline tools: one process, no process group. ``consolidate`` streams a checkpoint's
+weights into safetensors (the header first, then each tensor's bytes as it is assembled, in
+slices: peak memory is one slice plus I/O buffers, never the model); ``load_full_state_dict``
+for small models; ``inspect`` summarises a checkpoint."""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import torch
+
+from .blockio import byte_view
+from .layout import fsync_dir, locate, read_manifest
+from .manifest import dtype_of
+from .reader import CheckpointReader
+
+_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
+              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+              torch.bool: "BOOL"}
+_OUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SLICE_ELEMS = 1 << 22  # elements assembled and converted at a time
+
+
+def parse_size(size) -> int:
+    """``5GB``, ``500MB``, ``1.5GiB`` or a number of bytes."""
+    if isinstance(size, int):
+        return size
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)(I?)B?\s*", str(size).upper())
+    if not m:
+        raise ValueError(f"max_shard_size: got {size!r}; allowed: a byte count like 5GB, 500MB or 1GiB")
+    base = 1024 if m.group(3) else 1000
+    return int(float(m.group(1)) * base ** " KMGT".index(m.group(2) or " "))
+
+
+def _entries(manifest: dict, dtype: torch.dtype) -> list[dict]:
+    """Every tensor consolidation writes: trainable parameters once (first name), then frozen
+    parameters and buffers; floating tensors in ``dtype``."""
+    out = []
+    for p in manifest["params"]:
+        out.append({"name": p["name"], "aliases": p["aliases"], "shape": p["shape"], "dtype": dtype, "param": p})
+    for e in manifest["extras"]:
+        src = dtype_of(e["dtype"])
+        out.append({"name": e["name"], "aliases": e["aliases"], "shape": e["shape"],
+                    "dtype": dtype if src.is_floating_point else src, "extra": e})
+    for x in out:
+        n = 1
+        for d in x["shape"]:
+            n *= d
+        x["numel"] = n
+        x["nbytes"] = n * x["dtype"].itemsize
+    return out
+
+
+def _stream_tensor(reader: CheckpointReader, x: dict, write, buf: torch.Tensor) -> None:
+    """Assembles one tensor slice by slice in ``buf`` (fp32, reused for every tensor so the
+    allocator keeps no stale copies) and hands each slice's bytes to ``write``."""
+    if "extra" in x:
+        t = reader.read_extra(x["extra"]).to(x["dtype"]).reshape(-1).contiguous()
+        write(byte_view(t))
+        return
+    conv = None if x["dtype"] == torch.float32 else torch.empty(min(buf.numel(), x["numel"]), dtype=x["dtype"])
+    for a in range(0, x["numel"], buf.numel()):
+        b = min(x["numel"], a + buf.numel())
+        part = buf[:b - a]
+        reader.read_param(x["name"], a, b, "master", part)
+        if conv is not None:
+            part = conv[:b - a].copy_(part)
+        write(byte_view(part))
+
+
+def _shard_plan(entries: list[dict], max_bytes: int) -> list[list[dict]]:
+    shards, size = [[]], 0
+    for x in entries:
+        if shards[-1] and size + x["nbytes"] > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(x)
+        size += x["nbytes"]
+    return shards
+
+
+def _write_safetensors(path: str, reader: CheckpointReader, entries: list[dict], metadata: dict) -> None:
+    header, off = {"__metadata__": metadata}, 0
+    for x in entries:
+        header[x["name"]] = {"dtype": _ST_DTYPES[x["dtype"]], "shape": x["shape"], "data_offsets": [off, off + x["nbytes"]]}
+        off += x["nbytes"]
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb", buffering=0) as f:
+            def write(mv):
+                done = 0
+                while done < len(mv):
+                    done += f.write(mv[done:])
+
+            write(memoryview(len(head).to_bytes(8, "little") + head))
+            buf = torch.empty(min(SLICE_ELEMS, max([x["numel"] for x in entries if "param" in x], default=1)),
+                              dtype=torch.float32)
+            for x in entries:
+                _stream_tensor(reader, x, write, buf)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # a crash leaves no half file under the real name
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def consolidate(ckpt_dir: str, out: str, *, tag: str | None = None, dtype: str = "fp32",
+                max_shard_size="5GB") -> list[str]:
+    """Writes the checkpoint's weights (from the fp32 master; frozen parameters and buffers too)
+    as safetensors under the model's own names, a tied weight once under its first name. More
+    than ``max_shard_size`` bytes: ``<out stem>-0000i-of-0000n.safetensors`` files plus
+    ``<out>.index.json`` (Hugging Face's layout). Returns the files written."""
+    if dtype not in _OUT_DTYPES:
+        raise ValueError(f"dtype: got {dtype!r}; allowed: {', '.join(_OUT_DTYPES)}")
+    path = locate(os.fspath(ckpt_dir), tag)
+    manifest = read_manifest(path)
+    entries = _entries(manifest, _OUT_DTYPES[dtype])
+    shards = _shard_plan(entries, parse_size(max_shard_size))
+    out = os.fspath(out)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    meta = {"format": "pt", "zerocore_tag": manifest["tag"]}
+    written = []
+    with CheckpointReader(path, manifest) as reader:
+        if len(shards) == 1:
+            _write_safetensors(out, reader, shards[0], meta)
+            written.append(out)
+        else:
+            stem = out.removesuffix(".safetensors")
+            weight_map = {}
+            for i, group in enumerate(shards):
+                name = f"{os.path.basename(stem)}-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                _write_safetensors(os.path.join(os.path.dirname(os.path.abspath(out)), name), reader, group, meta)
+                written.append(os.path.join(os.path.dirname(os.path.abspath(out)), name))
+                weight_map.update({x["name"]: name for x in group})
+            index = {"metadata": {"total_size": sum(x["nbytes"] for x in entries)}, "weight_map": weight_map}
+            with open(out + ".index.json", "w", encoding="utf-8") as f:
+                json.dump(index, f, indent=2)
+                f.flush()
+                os.fsync(f.fileno())
+            written.append(out + ".index.json")
+    fsync_dir(os.path.dirname(os.path.abspath(out)))
+    return written
+
+
+def load_full_state_dict(ckpt_dir: str, tag: str | None = None) -> dict[str, torch.Tensor]:
+    """The model's full fp32 state dict from a checkpoint (every name of a tied weight, frozen
+    parameters and buffers too), as ``engine.full_state_dict()`` gives. Holds the whole model:
+    for big models use :func:`consolidate`."""
+    path = locate(os.fspath(ckpt_dir), tag)
+    manifest = read_manifest(path)
+    out = {}
+    with CheckpointReader(path, manifest) as reader:
+        for x in _entries(manifest, torch.float32):
+            if "extra" in x:
+                t = reader.read_extra(x["extra"]).to(x["dtype"])
+            else:
+                t = reader.read_master(x["name"]).view(x["shape"])
+            for a in x["aliases"]:
+                out[a] = t
+    return out
+
+
+def inspect(ckpt_dir: str, tag: str | None = None) -> dict:
+    """What a checkpoint holds: world size, stage, dtype, steps, parameters, bytes."""
+    path = locate(os.fspath(ckpt_dir), tag)
+    m = read_manifest(path)
+    params = sum(_entries(m, torch.float32)[i]["numel"] for i in range(len(m["params"])))
+    return {"path": path, "tag": m["tag"], "format_version": m["version"], "world_size": m["world_size"],
+            "stage": m["stage"], "dtype": m["dtype"], **m["counters"], "lr": m["hyper"]["lr"],
+            "loss_scale": m["scaler"].get("scale"), "parameters": len(m["params"]), "trainable_elements": params,
+            "frozen_and_buffers": len(m["extras"]), "files": len(m["files"]),
+            "bytes": sum(f["bytes"] for f in m["files"].values()),
+            "client_state": m["client_state"] is not None}

@@ -1,0 +1,263 @@
+"""``engine.save_checkpoint``: every rank writes what it owns, rank 0 publishes atomically.
+
+1. rank 0 removes debris of killed saves (``.tmp-*``) and creates ``.tmp-<tag>``; barrier.
+2. each rank streams its optimizer state, tile by tile through ``OptimizerShard.state_tiles``
+   (so state resting on host or NVMe is never materialised whole), into ``rank<r>.bin``,
+   recording each parameter piece in the parameter's own coordinates and a CRC per block; rank 0
+   also writes frozen parameters, buffers and the client state. Tensors go to disk through
+   ``zerocore.ops.AsyncIO`` (O_DIRECT, the config's ``aio`` settings; the page cache where it
+   is unavailable) while the CRCs are computed. The file is fsync'ed and a
+   small per-rank index (chunks, checksums, RNG state) written beside it; barrier, which also
+   tells every rank whether any rank failed (then all raise, nothing is published).
+3. rank 0 merges the indexes into ``manifest.json`` (fsync'ed), renames ``.tmp-<tag>`` to
+   ``<tag>`` and then replaces ``latest``; barrier, so no rank returns before the commit.
+
+A kill at any moment leaves the previous tag and ``latest`` intact and nothing under a real tag
+but a complete checkpoint. At stage 0 (or world 1) the state is replicated and only rank 0 writes.
+Saving a tag that exists moves the old one aside (``.tmp-old-<tag>``) just before the rename: a
+crash between those two renames leaves ``latest`` naming a missing tag (the old copy is in that
+directory until the next save removes it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import shutil
+import warnings
+from collections.abc import Callable, Iterator
+
+import torch
+
+from .blockio import BlockWriter, byte_view
+from .layout import (LATEST, MANIFEST, TMP_PREFIX, CheckpointError, check_tag, fsync_dir, rank_file,
+                     write_atomic)
+from ..sharding import FlatGroup
+from .manifest import FORMAT, KINDS, VERSION, dtype_name, extra_tensors, rng_state, trainable_records
+
+TILE_ELEMS = 1 << 22  # 16 MiB of fp32 per state tensor per write
+_FP32 = 4
+
+# Tests set this to a callable(rank, what) run between the pieces each rank writes (to kill a
+# rank in the middle of a save).
+between_writes = None
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    return t.contiguous() if t.device.type == "cpu" else t.to("cpu")
+
+
+def _flat_bytes(t: torch.Tensor) -> tuple[torch.Tensor, memoryview]:
+    h = _host(t).reshape(-1)
+    return h, byte_view(h)
+
+
+def _hook(rank: int, what: str) -> None:
+    if between_writes is not None:
+        between_writes(rank, what)
+
+
+@dataclasses.dataclass
+class SavePlan:
+    """Everything one rank's save needs, taken from the engine when ``save_checkpoint`` is called
+    (so an asynchronous save writes the state of that moment while training goes on)."""
+
+    comm: object  # the Comm whose barriers order the save (async: a group of its own)
+    tag: str
+    writes_state: bool  # stage 0 / world 1: the state is replicated and only rank 0 writes it
+    tiles: Callable[[], Iterator[tuple[FlatGroup, int, int, dict[str, torch.Tensor]]]]
+    extras: list  # (names, kind, tensor): frozen parameters and buffers (rank 0)
+    client_bytes: bytes | None
+    meta: dict  # the manifest's fields that describe the engine
+    rng: dict
+    aio: dict | None  # AsyncIO settings (the config's aio section); None: the page cache
+
+
+def live_tiles(engine):
+    """The optimizer state as it is now, tile by tile: (layout, flat lo, flat hi, state views)."""
+    def tiles():
+        for shard in engine.shards:
+            g = shard.group
+            for lo, hi, state in shard.state_tiles(TILE_ELEMS):
+                yield g.layout, g.lo + lo, g.lo + hi, state
+    return tiles
+
+
+def _aio_handle(settings: dict | None):
+    """An AsyncIO handle for the writes, or None (page cache) where none can be made."""
+    if settings is None:
+        return None
+    from ..ops import aio
+
+    if aio.aio_unavailable() is not None:
+        return None
+    try:
+        return aio.AsyncIO.from_config(settings)
+    except OSError:
+        return None
+
+
+def make_plan(engine, tag: str, client_state, comm, tiles, use_aio: bool = True) -> SavePlan:
+    client = None
+    if client_state is not None and engine.comm.rank == 0:
+        buf = io.BytesIO()
+        torch.save(client_state, buf)
+        client = buf.getvalue()
+    s = engine.scaler
+    meta = {
+        "format": FORMAT, "version": VERSION, "tag": tag, "world_size": engine.comm.world,
+        "stage": engine.policy.stage, "dtype": dtype_name(engine.dtype),
+        "counters": {"micro_steps": engine.micro_steps, "global_steps": engine.global_steps,
+                     "optimizer_steps": engine.optimizer_steps, "skipped_steps": engine.skipped_steps},
+        "scaler": {k: v for k, v in vars(s).items() if isinstance(v, (bool, int, float))},
+        "hyper": {**dataclasses.asdict(engine.hyper), "betas": list(engine.hyper.betas)},
+        "config": dataclasses.asdict(engine.config),
+        "params": trainable_records(engine),
+    }
+    return SavePlan(comm=comm, tag=tag, writes_state=engine.policy.partitions(engine.comm.world) > 1
+                    or engine.comm.rank == 0, tiles=tiles,
+                    extras=extra_tensors(engine) if engine.comm.rank == 0 else [], client_bytes=client, meta=meta,
+                    rng=rng_state(), aio=dataclasses.asdict(engine.config.aio) if use_aio else None)
+
+
+def _write_rank(plan: SavePlan, tmp: str) -> dict:
+    """Writes this rank's file; returns its index (what the manifest needs from this rank)."""
+    rank = plan.comm.rank
+    index = {"rank": rank, "rng": plan.rng, "chunks": [], "extras": [], "client_state": None, "file": None}
+    if not plan.writes_state:
+        return index
+    name = rank_file(rank)
+    w = BlockWriter(os.path.join(tmp, name), aio=_aio_handle(plan.aio))
+    try:
+        for layout, lo, hi, state in plan.tiles():
+            offs = []
+            for k in KINDS:
+                held, view = _flat_bytes(state[k])
+                offs.append(w.write(view, held))
+                del held
+                _hook(rank, f"group {layout.index} {k}")
+            for slot, a, b in layout.pieces(lo, hi):
+                skip = (slot.offset + a - lo) * _FP32
+                index["chunks"].append([slot.name, a, b, name] + [o + skip for o in offs])
+        for names, kind, t in plan.extras:
+            held, view = _flat_bytes(t)
+            off = w.write(view, held)
+            index["extras"].append({"name": names[0], "aliases": names, "kind": kind, "shape": list(t.shape),
+                                    "dtype": dtype_name(t.dtype), "file": name, "offset": off, "nbytes": len(view)})
+        if plan.client_bytes is not None:
+            index["client_state"] = {"file": name, "offset": w.write(plan.client_bytes),
+                                     "nbytes": len(plan.client_bytes)}
+        index["file"] = name
+        index["record"] = w.close()
+    except BaseException:
+        w.abort()
+        raise
+    return index
+
+
+def _manifest(plan: SavePlan, indexes: list[dict]) -> dict:
+    chunks: dict[str, list] = {}
+    files = {}
+    for ix in indexes:
+        for c in ix["chunks"]:
+            chunks.setdefault(c[0], []).append(c[1:])
+        if ix["file"] is not None:
+            files[ix["file"]] = ix["record"]
+    rank0 = indexes[0]
+    return {**plan.meta, "chunks": chunks, "extras": rank0["extras"], "client_state": rank0["client_state"],
+            "files": files, "rng": [ix["rng"] for ix in indexes]}
+
+
+def _agree(comm, failed: bool, what: str) -> None:
+    """A barrier that also fails every rank when any rank failed."""
+    (n,) = comm.sum_floats([float(failed)])
+    if n and not failed:
+        raise CheckpointError(f"zerocore checkpoint: {int(n)} other rank(s) failed while {what}; see their error. "
+                              "Nothing was published; the previous checkpoint is intact")
+
+
+def check_can_save(engine, tag):
+    if engine._backward_done or engine.micro_steps % engine.gas:
+        raise RuntimeError(f"zerocore: save_checkpoint in the middle of gradient accumulation (micro step "
+                           f"{engine.micro_steps}, accumulation {engine.gas}): the gradients accumulated so far are "
+                           "not saved; save after engine.step() at an accumulation boundary")
+    return check_tag(f"global_step{engine.global_steps}" if tag is None else tag)
+
+
+def save_checkpoint(engine, save_dir: str, tag=None, client_state=None) -> str:
+    tag = check_can_save(engine, tag)
+    return run_save(make_plan(engine, tag, client_state, engine.comm, live_tiles(engine)), os.fspath(save_dir))
+
+
+def run_save(plan: SavePlan, save_dir: str) -> str:
+    """The save protocol (see the module docstring) for one rank."""
+    comm, tag = plan.comm, plan.tag
+    tmp = os.path.join(save_dir, TMP_PREFIX + tag)
+    rank = comm.rank
+    err = None
+    if rank == 0:
+        try:
+            os.makedirs(save_dir, exist_ok=True)
+            for d in os.listdir(save_dir):
+                if d.startswith(TMP_PREFIX):  # a save that was killed: never a checkpoint
+                    warnings.warn(f"zerocore checkpoint: removing {os.path.join(save_dir, d)}, left by an "
+                                  "interrupted save", RuntimeWarning, stacklevel=4)
+                    shutil.rmtree(os.path.join(save_dir, d))
+            os.makedirs(tmp)
+        except Exception as e:
+            err = e
+    _agree(comm, err is not None, f"preparing {tmp}")
+    if err is not None:
+        raise err
+    try:
+        index = _write_rank(plan, tmp)
+        # no fsync: rank 0 folds it into the manifest, which is fsync'ed before anything is published
+        with open(os.path.join(tmp, f"rank{rank:05d}.json"), "w", encoding="utf-8") as f:
+            json.dump(index, f)
+    except Exception as e:
+        err = e
+    _agree(comm, err is not None, f"writing {tmp}")
+    if err is not None:
+        raise err
+    old = None
+    if rank == 0:
+        try:
+            old = _publish(plan, save_dir, tmp)
+        except Exception as e:
+            err = e
+    _agree(comm, err is not None, f"publishing {os.path.join(save_dir, tag)}")
+    if err is not None:
+        raise err
+    if old is not None:  # the tag's previous content, replaced; no other rank waits for this
+        shutil.rmtree(old, ignore_errors=True)
+    return os.path.join(save_dir, tag)
+
+
+def _publish(plan: SavePlan, save_dir: str, tmp: str) -> str | None:
+    """Rank 0: the manifest, then the rename, then ``latest``. Returns the directory holding the
+    tag's previous content when the tag was saved before (to be removed)."""
+    tag = plan.tag
+    indexes = []
+    for r in range(plan.comm.world):
+        with open(os.path.join(tmp, f"rank{r:05d}.json"), encoding="utf-8") as f:
+            indexes.append(json.load(f))
+    manifest = _manifest(plan, indexes)
+    for r in range(plan.comm.world):
+        os.remove(os.path.join(tmp, f"rank{r:05d}.json"))
+    with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:  # not yet published: no rename needed
+        json.dump(manifest, f, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    _hook(0, "manifest written")
+    fsync_dir(tmp)
+    final = os.path.join(save_dir, tag)
+    old = None
+    if os.path.exists(final):  # saving a tag again: the old one goes aside, then away
+        old = os.path.join(save_dir, f"{TMP_PREFIX}old-{tag}")
+        os.rename(final, old)
+    os.rename(tmp, final)
+    fsync_dir(save_dir)
+    write_atomic(os.path.join(save_dir, LATEST), tag.encode())
+    return old
