@@ -153,7 +153,8 @@ def test_ops_route_cuda_tensors_to_the_cuda_kernels(recorder):
     assert [a[0] is t for a, t in zip(args[:5], (p, g, m, v, o))] == [True] * 5
     assert args[5:] == ([7], 0.1, 0.8, 0.9, 1e-6, 0.2, False, 0.5, None, 1234)
     scale = fake(1)
-    ops.adam_step_multi([p, p], [g, g], [m, m], [v, v], steps=[1, 2], lr=0.1, grad_scale=scale)
+    p2, g2, m2, v2 = fake(5), fake(5, dtype=torch.bfloat16), fake(5), fake(5)
+    ops.adam_step_multi([p, p2], [g, g2], [m, m2], [v, v2], steps=[1, 2], lr=0.1, grad_scale=scale)
     name, args = recorder.calls[-1]
     assert args[4] == [] and args[5] == [1, 2] and args[12] == 1.0 and args[13] is scale
     flat = fake(16)
