@@ -138,29 +138,78 @@ def check_disjoint(op: str, named) -> None:
     """No two of the (name, tensor) pairs share a byte of memory: an op that writes one of
     them while reading or writing another would give results that depend on thread timing."""
     spans = []
-    for name, t in named:
+    for k, (name, t) in enumerate(named):
         n = t.numel() * t.element_size()
         if n:
             p = t.data_ptr()
-            spans.append((p, p + n, name))
+            spans.append((p, p + n, k, name))
     if len(spans) < 2:
         return
     spans.sort()
-    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+    for (_, end, k1, a), (start, _, k2, b) in zip(spans, spans[1:]):
         if start < end:
+            a, b = (a, b) if k1 < k2 else (b, a)  # in argument order, whatever the addresses
             raise ValueError(f"{op}: '{a}' and '{b}' share memory; the op needs separate tensors")
 
 
 def check_list(op: str, name: str, value) -> list:
-    if isinstance(value, torch.Tensor) or not hasattr(value, "__iter__"):
+    if isinstance(value, torch.Tensor):
+        raise TypeError(f"{op}: '{name}' must be a sequence of tensors, got a tensor")
+    if not hasattr(value, "__iter__"):
         raise TypeError(f"{op}: '{name}' must be a sequence, got {type(value).__name__}")
     return list(value)
 
 
 # ---- per-op argument sets -----------------------------------------------------------------
+def _on_device(t, cuda: bool, index: int) -> bool:
+    """Cheap device test for the fast paths (False sends the caller to the full checks)."""
+    return (t.is_cuda and t.get_device() == index) if cuda else t.is_cpu
+
+
+def _home_index(t, cuda: bool) -> int | None:
+    """The fast paths' device of the home tensor: a CUDA index, -1 for the CPU, None: use the full checks."""
+    if not isinstance(t, torch.Tensor) or not t.is_contiguous():
+        return None
+    if cuda:
+        index = t.get_device() if t.is_cuda else -1
+        return index if index >= 0 else None
+    return -1 if t.is_cpu else None
+
+
+def _pack_fast(tensors, offsets, flat, cuda: bool):
+    """pack's usual case (tensors in ascending offsets, every check passing) in a few attribute
+    reads per tensor; None when anything is unusual (the full checks then decide)."""
+    if type(tensors) not in (list, tuple) or type(offsets) not in (list, tuple) or len(tensors) != len(offsets):
+        return None
+    index = _home_index(flat, cuda)
+    if index is None:
+        return None
+    dtype, total, esize = flat.dtype, flat.numel(), flat.element_size()
+    lo = flat.data_ptr()
+    hi = lo + total * esize
+    end = 0
+    for t, o in zip(tensors, offsets):
+        if type(o) is not int or o < end or not isinstance(t, torch.Tensor):
+            return None
+        n = t.numel()
+        if o + n > total or t.dtype != dtype or not t.is_contiguous() or not _on_device(t, cuda, index):
+            return None
+        if n:
+            p = t.data_ptr()
+            if p < hi and lo < p + n * esize:
+                return None
+        end = o + n
+    return list(tensors), list(offsets)
+
+
 def pack_args(op: str, tensors, offsets, flat, *, cuda: bool) -> tuple[list, list[int]]:
     """pack/unpack: ``tensors[i]`` at element ``offsets[i]`` of ``flat``, same dtype, inside it,
-    not overlapping each other in ``flat`` nor sharing memory with ``flat`` or each other."""
+    not overlapping each other in ``flat``, sharing no memory with ``flat``; unpack's
+    destinations share none with each other either (pack may read one tensor twice)."""
+    if op == "pack":
+        fast = _pack_fast(tensors, offsets, flat, cuda)
+        if fast is not None:
+            return fast
     device = check_home(op, "flat", flat, cuda=cuda)
     if not flat.is_contiguous():
         raise ValueError(f"{op}: 'flat' must be contiguous (call .contiguous())")
@@ -184,7 +233,11 @@ def pack_args(op: str, tensors, offsets, flat, *, cuda: bool) -> tuple[list, lis
     for (o1, n1, i1), (o2, _, i2) in zip(spans, spans[1:]):
         if o1 + n1 > o2:
             raise ValueError(f"{op}: 'tensors[{i1}]' and 'tensors[{i2}]' overlap in the flat buffer")
-    check_disjoint(op, [("flat", flat)] + [(f"tensors[{i}]", t) for i, t in enumerate(tensors)])
+    if op == "pack":
+        for i, t in enumerate(tensors):
+            check_disjoint(op, [("flat", flat), (f"tensors[{i}]", t)])
+    else:
+        check_disjoint(op, [("flat", flat)] + [(f"tensors[{i}]", t) for i, t in enumerate(tensors)])
     return tensors, offs
 
 
@@ -219,6 +272,30 @@ def sum_squares_args(op: str, t, *, cuda: bool) -> None:
     check_tensor(op, "tensor", t, KERNEL_DTYPES, device=device, home="tensor")
 
 
+def _adam_fast(p, g, m, v, out, cuda: bool, spans: list) -> bool:
+    """One Adam tensor set in its usual, valid form (appending its byte spans to ``spans`` for
+    the caller's overlap check); False when anything is unusual (the full checks then decide)."""
+    index = _home_index(p, cuda)
+    if index is None:
+        return False
+    n = p.numel()
+    for t, dtypes in ((p, F32), (g, GRAD_DTYPES), (m, F32), (v, F32), (out, FLOAT16S)):
+        if t is None and dtypes is FLOAT16S:
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype not in dtypes or t.numel() != n or not t.is_contiguous() \
+                or not _on_device(t, cuda, index):
+            return False
+        if n:
+            a = t.data_ptr()
+            spans.append((a, a + n * t.element_size()))
+    return True
+
+
+def _spans_disjoint(spans: list) -> bool:
+    spans.sort()
+    return all(b[0] >= a[1] for a, b in zip(spans, spans[1:]))
+
+
 def adam_tensor_args(op: str, p, g, m, v, out, *, cuda: bool, index: int | None = None,
                      device: torch.device | None = None) -> torch.device:
     """One Adam tensor set: fp32 param / exp_avg / exp_avg_sq, fp32/bf16/fp16 grad, optional
@@ -227,6 +304,10 @@ def adam_tensor_args(op: str, p, g, m, v, out, *, cuda: bool, index: int | None 
     def nm(single, multi):
         return single if index is None else f"{multi}[{index}]"
 
+    if index is None:
+        spans = []
+        if _adam_fast(p, g, m, v, out, cuda, spans) and _spans_disjoint(spans):
+            return p.device
     pn = nm("param", "params")
     dev = check_home(op, pn, p, cuda=cuda)
     if device is not None and dev != device and not cuda:
@@ -238,6 +319,9 @@ def adam_tensor_args(op: str, p, g, m, v, out, *, cuda: bool, index: int | None 
     check_tensor(op, nm("exp_avg_sq", "exp_avg_sqs"), v, F32, device=dev, home=pn, numel=n, ref=pn)
     if out is not None:
         check_tensor(op, nm("param_out", "param_outs"), out, FLOAT16S, device=dev, home=pn, numel=n, ref=pn)
+    if index is None:  # adam_step_multi checks all its tensors together
+        check_disjoint(op, [("param", p), ("grad", g), ("exp_avg", m), ("exp_avg_sq", v)] +
+                       ([("param_out", out)] if out is not None else []))
     return dev
 
 
@@ -257,6 +341,15 @@ def adam_multi_args(op: str, params, grads, exp_avgs, exp_avg_sqs, param_outs, s
         if length != n:
             raise ValueError(f"{op}: 'params' has {n} entries but '{key}' has {length}; they must have the same "
                              "length")
+    spans, fast = [], True
+    for i in range(n):
+        if not _adam_fast(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], None if outs is None else outs[i], cuda,
+                          spans) or (i and params[i].get_device() != params[0].get_device()):
+            fast = False
+            break
+    steps_ok = all(type(s_) is int and 1 <= s_ <= INT64_MAX for s_ in steps)
+    if fast and steps_ok and _spans_disjoint(spans):
+        return params, grads, exp_avgs, exp_avg_sqs, outs, steps
     first = None
     for i in range(n):
         dev = adam_tensor_args(op, params[i], grads[i], exp_avgs[i], exp_avg_sqs[i],

@@ -5,7 +5,7 @@ import torch
 
 from . import _loader
 from .cuda import _lib as _cuda
-from ._checks import adam_multi_args, adam_tensor_args, check_adam_hyper, check_number, check_step
+from ._checks import adam_multi_args, adam_tensor_args, check_adam_hyper, check_list, check_number, check_step
 
 
 def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
@@ -40,7 +40,7 @@ def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, b
     """:func:`adam_step` over many tensors in one native call (one thread team, chunks spread
     over it). ``steps[i]`` is tensor i's step count including this update; the other
     hyper-parameters are shared. Every tensor is checked first, naming its index."""
-    params = list(params)
+    params = check_list("adam_step_multi", "params", params)
     if params and _cuda.routes(params[0]):  # CUDA tensors: zerocore.ops.cuda
         from .cuda import kernels
 
