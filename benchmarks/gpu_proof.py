@@ -8,12 +8,15 @@ recorded and a failing one does not stop the next; the exit status is 1 if any s
 target was missed:
 
 1. build   `pip install --no-build-isolation --no-deps -e .` (TORCH_CUDA_ARCH_LIST honoured,
-           default 8.0;9.0+PTX) unless the installed extension already has its CUDA part
-           (--rebuild forces it); then what it contains (archs, kernel image for this GPU) and
-           `zerocore env`.
+           default 8.0;9.0+PTX) unless `import zerocore` from outside the checkout already finds
+           this checkout with its CUDA part (a JIT-built extension in the checkout is not an
+           install; --rebuild forces it); then what it contains (archs, kernel image for this
+           GPU) and `zerocore env`.
 2. native  csrc/cuda/test_cuda_host.cpp built with nvcc and run: the kernels against the CPU
            kernels on raw device memory, no torch involved.
-3. tests   `pytest -m gpu tests/` with a fresh random ZC_TEST_SEED (recorded): every kernel against
+3. tests   `pytest -m gpu` on each test file in its own process (a test that crashes its process
+           is named from the output, deselected and the file re-run), with a fresh random
+           ZC_TEST_SEED (recorded): every kernel against
            its CPU oracle (odd sizes, >64 tensors per call, tensors over 2^31 elements), FusedAdam,
            pinned pool and async copies, and a small GPT trained through zerocore.initialize with
            stages 0/1/2(/3) on one GPU over NCCL against the CPU torch.optim.AdamW reference.
@@ -51,12 +54,13 @@ PY = sys.executable
 DEV = "cuda"  # --device cpu runs the benchmark code on the CPU, small, to check the script itself
 
 
-def run(cmd: list[str], *, env: dict | None = None, timeout: int = 1800) -> tuple[int, str, float]:
-    """Runs a command in the repository; returns (status, output, seconds) and echoes the output's tail."""
+def run(cmd: list[str], *, env: dict | None = None, timeout: int = 1800, cwd: str = ROOT) -> tuple[int, str, float]:
+    """Runs a command (in the repository by default); returns (status, output, seconds) and
+    echoes the output's tail. A command killed by a signal has a negative status."""
     print("$", " ".join(cmd), flush=True)
     t0 = time.time()
     try:
-        p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+        p = subprocess.run(cmd, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True,
                            timeout=timeout)
         rc, out = p.returncode, p.stdout + p.stderr
     except subprocess.TimeoutExpired as exc:
@@ -70,26 +74,54 @@ def run(cmd: list[str], *, env: dict | None = None, timeout: int = 1800) -> tupl
 
 
 # ---- 1. build --------------------------------------------------------------------------------
+_PROBE = ("import json, os, zerocore, zerocore.ops.cuda as c; "
+          "print('BUILDINFO' + json.dumps(dict(c.build_info(), package=os.path.dirname(os.path.abspath(zerocore.__file__)))))")
+
+
 def build_info_subprocess() -> dict:
-    rc, out, _ = run([PY, "-c", "import json, zerocore.ops.cuda as c; print('BUILDINFO' + json.dumps(c.build_info()))"])
+    """What `import zerocore` gives a fresh interpreter started OUTSIDE the repository (so the
+    checkout's own directory on sys.path cannot stand in for an install): build info and the
+    package's location, or built=False with the reason."""
+    rc, out, _ = run([PY, "-c", _PROBE], cwd=os.path.expanduser("~") if os.path.isdir(os.path.expanduser("~")) else "/")
     m = re.search(r"BUILDINFO(\{.*\})", out)
-    return json.loads(m.group(1)) if rc == 0 and m else {"built": False, "reason": out[-2000:]}
+    return json.loads(m.group(1)) if rc == 0 and m else {"built": False, "importable": False, "reason": out[-2000:]}
+
+
+def install_needed(info: dict, root: str, rebuild: bool = False) -> str | None:
+    """Why `pip install -e .` must run before the tests and the benchmark ('' or None: it need
+    not). A JIT-built extension in the checkout is not an install: the probe runs outside the
+    checkout, so it only counts when this checkout is what `import zerocore` finds."""
+    if rebuild:
+        return "--rebuild"
+    package = info.get("package")
+    if not package:
+        return "zerocore is not importable outside the checkout (not installed)"
+    if os.path.realpath(package) != os.path.realpath(os.path.join(root, "zerocore")):
+        return f"the installed zerocore is {package}, not this checkout"
+    if not info.get("built"):
+        return "the installed extension has no CUDA part: " + str(info.get("reason", ""))
+    return None
 
 
 def step_build(args) -> dict:
     info = build_info_subprocess()
     built_here = False
     out_tail, seconds = "", 0.0
-    if args.rebuild or not info.get("built"):
+    why = install_needed(info, ROOT, args.rebuild)
+    if why:
+        print(f"installing: {why}", flush=True)
         rc, out, seconds = run([PY, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", "."])
         out_tail, built_here = out[-4000:], True
         if rc != 0:
-            return {"ok": False, "detail": "pip install failed", "log_tail": out_tail, "seconds": seconds}
+            return {"ok": False, "detail": "pip install failed", "why_install": why, "log_tail": out_tail,
+                    "seconds": seconds}
         info = build_info_subprocess()
     rc, env_text, _ = run([PY, "-m", "zerocore", "env"])
     image = (info.get("kernel_image") or {}).get("cuda:0", "")
-    ok = bool(info.get("built")) and info.get("devices", 0) > 0 and image != "" and "no usable" not in image
-    return {"ok": ok, "rebuilt": built_here, "seconds": seconds, "build_info": info, "zerocore_env": env_text,
+    ok = (bool(info.get("built")) and info.get("devices", 0) > 0 and image != "" and "no usable" not in image
+          and not install_needed(info, ROOT))
+    return {"ok": ok, "rebuilt": built_here, "why_install": why, "seconds": seconds, "build_info": info,
+            "zerocore_env": env_text,
             "torch_cuda_arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST", "(default 8.0;9.0+PTX)"),
             "log_tail": out_tail}
 
@@ -124,30 +156,112 @@ def step_native(args) -> dict:
 
 
 # ---- 3. tests ----------------------------------------------------------------------------------
+# Each test file runs in its own pytest process, so a test that kills its process (a segfault in
+# a kernel launch) is reported by name from that process's output, the file is re-run without it,
+# and the other files still run.
+_NODE = re.compile(r"^(\S+\.py::\S+)")
+_OUTCOME = re.compile(r"\s(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+
+
+def crashed_test(output: str) -> str | None:
+    """The test a pytest -v run was in when its process died: the last test id that was started
+    without an outcome after it (pytest prints 'path::name ' before running a test and its
+    outcome after), or the test in faulthandler's traceback."""
+    last = None
+    for line in output.splitlines():
+        m = _NODE.match(line.strip())
+        if m:
+            last = None if _OUTCOME.search(line) else m.group(1)
+    if last:
+        return last
+    m = re.search(r'File "([^"]+)", line \d+ in (test_\w+)', output)
+    return f"{os.path.relpath(m.group(1), ROOT) if os.path.isabs(m.group(1)) else m.group(1)}::{m.group(2)}" if m else None
+
+
+def parse_junit(path: str) -> dict:
+    """{'tests', 'failures', 'errors', 'skipped', 'failed': [...], 'skipped_names': [...]} of a JUnit XML."""
+    root = ET.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    res = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    res["failed"], res["skipped_names"] = [], []
+    for case in suite.iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            res["failed"].append(name)
+        sk = case.find("skipped")
+        if sk is not None:
+            res["skipped_names"].append(f"{name}: {sk.get('message', '')}")
+    return res
+
+
+def run_test_file(path: str, xml: str, *, env: dict, marker: str = "gpu", max_crashes: int = 5,
+                  timeout: int = 1800, cwd: str = ROOT) -> dict:
+    """pytest -m <marker> on one file in a child process; a crash names the test, which is then
+    deselected and the file re-run (at most max_crashes times)."""
+    crashed, outs = [], []
+    while True:
+        if os.path.exists(xml):
+            os.remove(xml)
+        cmd = [PY, "-m", "pytest", "-v", "-m", marker, "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}", path]
+        cmd += [f"--deselect={c}" for c in crashed]
+        rc, out, dt = run(cmd, env=env, timeout=timeout, cwd=cwd)
+        outs.append(out)
+        if rc in (0, 1, 5) and os.path.exists(xml):  # passed / failures / nothing collected
+            res = parse_junit(xml)
+            break
+        name = crashed_test(out) if rc != 124 else None
+        if rc == 124:
+            res = {"tests": 0, "failed": [], "skipped_names": [], "timed_out": True}
+            break
+        if name is None or name in crashed or len(crashed) >= max_crashes:
+            res = {"tests": 0, "failed": [], "skipped_names": [], "unparsed_status": rc}
+            break
+        crashed.append(name)
+    res["crashed"] = crashed
+    res["status"] = rc
+    res["log_tail"] = "\n".join(outs)[-3000:]
+    return res
+
+
+def gpu_test_files(env: dict, marker: str = "gpu", cwd: str = ROOT, tests_dir: str = "tests") -> list[str]:
+    """The test files that hold tests with ``marker`` (from pytest --collect-only)."""
+    rc, out, _ = run([PY, "-m", "pytest", "--collect-only", "-q", "-m", marker, "-p", "no:cacheprovider", tests_dir],
+                     env=env, cwd=cwd)
+    files = []
+    for line in out.splitlines():
+        m = _NODE.match(line.strip())
+        if m:
+            f = m.group(1).split("::")[0]
+            if f not in files:
+                files.append(f)
+    return files
+
+
 def step_tests(args) -> dict:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
-    xml = os.path.join(ROOT, "build", "gpu-proof", "pytest.xml")
-    os.makedirs(os.path.dirname(xml), exist_ok=True)
-    rc, out, dt = run([PY, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}",
-                       "tests"], env={"ZC_TEST_SEED": str(seed)}, timeout=3000)
-    counts, failed_names, skipped = {}, [], []
-    try:
-        root = ET.parse(xml).getroot()
-        suite = root if root.tag == "testsuite" else root.find("testsuite")
-        counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-        for case in suite.iter("testcase"):
-            name = f"{case.get('classname')}::{case.get('name')}"
-            if case.find("failure") is not None or case.find("error") is not None:
-                failed_names.append(name)
-            sk = case.find("skipped")
-            if sk is not None:
-                skipped.append(f"{name}: {sk.get('message', '')}")
-    except (OSError, ET.ParseError) as exc:
-        counts = {"parse_error": str(exc)}
-    ran = counts.get("tests", 0) - counts.get("skipped", 0)
-    ok = rc == 0 and ran > 0 and not failed_names
-    return {"ok": ok, "seed": seed, "counts": counts, "ran": ran, "failed": failed_names, "skipped": skipped,
-            "seconds": dt, "log_tail": out[-5000:]}
+    out_dir = os.path.join(ROOT, "build", "gpu-proof")
+    os.makedirs(out_dir, exist_ok=True)
+    env = {"ZC_TEST_SEED": str(seed)}
+    t0 = time.time()
+    files = gpu_test_files(env)
+    per_file, failed, crashed, skipped = {}, [], [], []
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for f in files:
+        res = run_test_file(f, os.path.join(out_dir, re.sub(r"\W+", "_", f) + ".xml"), env=env)
+        per_file[f] = {k: res.get(k) for k in ("tests", "failures", "errors", "skipped", "status", "crashed",
+                                               "timed_out", "unparsed_status") if res.get(k) is not None}
+        for k in counts:
+            counts[k] += res.get(k, 0)
+        failed += res["failed"]
+        crashed += res["crashed"]
+        skipped += res["skipped_names"]
+        if res.get("timed_out") or res.get("unparsed_status") is not None:
+            failed.append(f"{f} (no result: {'timed out' if res.get('timed_out') else 'status ' + str(res['unparsed_status'])})")
+    counts["crashed"] = len(crashed)
+    ran = counts["tests"] - counts["skipped"]
+    ok = bool(files) and ran > 0 and not failed and not crashed
+    return {"ok": ok, "seed": seed, "files": per_file, "counts": counts, "ran": ran, "failed": failed,
+            "crashed": crashed, "skipped": skipped, "seconds": time.time() - t0}
 
 
 # ---- 4. benchmarks -------------------------------------------------------------------------------
@@ -399,7 +513,8 @@ def markdown(report: dict) -> str:
         detail = {"build": lambda: json.dumps(s.get("build_info", {}))[:300],
                   "native": lambda: f"{s.get('checks')} checks, {s.get('failed')} failed, kernels run: "
                                     f"{s.get('ran_kernels')}",
-                  "tests": lambda: f"seed {s.get('seed')}: {s.get('counts')}; failed: {s.get('failed')}",
+                  "tests": lambda: (f"seed {s.get('seed')}: {s.get('counts')}; failed: {s.get('failed')}; "
+                                    f"crashed (killed their process): {s.get('crashed')}"),
                   "bench": lambda: s.get("detail", "")}.get(name, lambda: "")()
         lines.append(f"| {name} | {'yes' if s.get('ok') else 'NO'} | {detail} |")
     bench = report["steps"].get("bench", {})
@@ -439,6 +554,7 @@ def main() -> int:
     DEV = args.device
     want = [s.strip() for s in args.steps.split(",") if s.strip()]
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, ROOT)  # the bench step imports this checkout's zerocore, installed or not
     steps = {}
     # build and tests run in subprocesses, so this process imports zerocore only after the build
     for name, fn in (("build", step_build), ("native", step_native), ("tests", step_tests)):

@@ -30,15 +30,15 @@ namespace {
 using zc_bind::to_zc;
 
 void check_cpu_contiguous(const at::Tensor& t, const std::string& op, const std::string& arg) {
-  TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": '", arg, "' is on ", t.device(),
+  ZC_CHECK_VALUE(t.device().is_cpu(), op, ": '", arg, "' is on ", t.device(),
                     "; this build has CPU kernels only (CUDA kernels are not built into it)");
-  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": '", arg, "' must be contiguous (call .contiguous())");
+  ZC_CHECK_VALUE(t.is_contiguous(), op, ": '", arg, "' must be contiguous (call .contiguous())");
 }
 
 void check_f32(const at::Tensor& t, int64_t numel, const std::string& op, const std::string& arg) {
   check_cpu_contiguous(t, op, arg);
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": '", arg, "' must be float32, got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.numel() == numel, op, ": '", arg, "' has ", t.numel(), " elements but 'param' has ", numel);
+  ZC_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": '", arg, "' must be float32, got ", t.scalar_type());
+  ZC_CHECK_VALUE(t.numel() == numel, op, ": '", arg, "' has ", t.numel(), " elements but 'param' has ", numel);
 }
 
 // `index` < 0 for a single-tensor call; else the position in the list, used only to name
@@ -59,7 +59,7 @@ zc::AdamTensor make_adam_tensor(const at::Tensor& p, const at::Tensor& g, const 
   if (!(g.device().is_cpu() && g.is_contiguous())) check_cpu_contiguous(g, op, name("grad"));
   const std::optional<zc::DType> known = zc_bind::kernel_dtype(g);
   const zc::DType gdt = known ? *known : to_zc(g, op, name("grad"));
-  TORCH_CHECK_VALUE(g.numel() == n, op, ": '", name("grad"), "' has ", g.numel(), " elements but '",
+  ZC_CHECK_VALUE(g.numel() == n, op, ": '", name("grad"), "' has ", g.numel(), " elements but '",
                     name("param"), "' has ", n);
   zc::AdamTensor t{p.data_ptr<float>(), g.data_ptr(), m.data_ptr<float>(), v.data_ptr<float>(),
                    nullptr, n, gdt, zc::DType::F32, s};
@@ -67,8 +67,8 @@ zc::AdamTensor make_adam_tensor(const at::Tensor& p, const at::Tensor& g, const 
     const at::Tensor& o = *out;
     check_cpu_contiguous(o, op, name("param_out"));
     const zc::DType odt = to_zc(o, op, name("param_out"));
-    TORCH_CHECK_TYPE(odt != zc::DType::F32, op, ": '", name("param_out"), "' must be bfloat16 or float16, got float32");
-    TORCH_CHECK_VALUE(o.numel() == n, op, ": '", name("param_out"), "' has ", o.numel(), " elements but '",
+    ZC_CHECK_TYPE(odt != zc::DType::F32, op, ": '", name("param_out"), "' must be bfloat16 or float16, got float32");
+    ZC_CHECK_VALUE(o.numel() == n, op, ": '", name("param_out"), "' has ", o.numel(), " elements but '",
                       name("param"), "' has ", n);
     t.param_out = o.data_ptr();
     t.out_dtype = odt;
@@ -92,9 +92,9 @@ void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at
                      const std::optional<std::vector<at::Tensor>>& param_outs, const std::vector<int64_t>& steps, double lr, double beta1, double beta2, double eps,
                      double weight_decay, bool adamw, double grad_scale) {
   const size_t n = params.size();
-  TORCH_CHECK_VALUE(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n && steps.size() == n,
+  ZC_CHECK_VALUE(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n && steps.size() == n,
                     "adam_step_multi: params, grads, exp_avgs, exp_avg_sqs and steps must have the same length");
-  TORCH_CHECK_VALUE(!param_outs.has_value() || param_outs->size() == n,
+  ZC_CHECK_VALUE(!param_outs.has_value() || param_outs->size() == n,
                     "adam_step_multi: param_outs must have one tensor per param");
   std::vector<zc::AdamTensor> ts;
   ts.reserve(n);
@@ -110,7 +110,7 @@ void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at
 
 std::vector<zc::Segment> segments(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& offsets,
                                   const at::Tensor& flat, const std::string& op) {
-  TORCH_CHECK_VALUE(tensors.size() == offsets.size(), op, ": got ", tensors.size(), " tensors but ",
+  ZC_CHECK_VALUE(tensors.size() == offsets.size(), op, ": got ", tensors.size(), " tensors but ",
                     offsets.size(), " offsets");
   check_cpu_contiguous(flat, op, "flat");
   const int64_t esize = flat.element_size();
@@ -119,9 +119,9 @@ std::vector<zc::Segment> segments(const std::vector<at::Tensor>& tensors, const 
   for (size_t i = 0; i < tensors.size(); ++i) {
     const std::string arg = "tensors[" + std::to_string(i) + "]";
     check_cpu_contiguous(tensors[i], op, arg);
-    TORCH_CHECK_TYPE(tensors[i].scalar_type() == flat.scalar_type(), op, ": '", arg, "' has dtype ",
+    ZC_CHECK_TYPE(tensors[i].scalar_type() == flat.scalar_type(), op, ": '", arg, "' has dtype ",
                      tensors[i].scalar_type(), " but 'flat' has ", flat.scalar_type());
-    TORCH_CHECK_VALUE(offsets[i] >= 0 && offsets[i] + tensors[i].numel() <= flat.numel(), op, ": '", arg,
+    ZC_CHECK_VALUE(offsets[i] >= 0 && offsets[i] + tensors[i].numel() <= flat.numel(), op, ": '", arg,
                       "' with ", tensors[i].numel(), " elements at offset ", offsets[i],
                       " does not fit in 'flat' of ", flat.numel(), " elements");
     segs.push_back({tensors[i].data_ptr(), offsets[i] * esize, tensors[i].numel() * esize});
@@ -145,7 +145,7 @@ void cast(const at::Tensor& src, at::Tensor& dst) {
   check_cpu_contiguous(src, "cast", "src");
   check_cpu_contiguous(dst, "cast", "dst");
   const zc::DType s = to_zc(src, "cast", "src"), d = to_zc(dst, "cast", "dst");
-  TORCH_CHECK_VALUE(src.numel() == dst.numel(), "cast: 'dst' has ", dst.numel(), " elements but 'src' has ",
+  ZC_CHECK_VALUE(src.numel() == dst.numel(), "cast: 'dst' has ", dst.numel(), " elements but 'src' has ",
                     src.numel());
   zc::cast(src.data_ptr(), s, dst.data_ptr(), d, src.numel(), at::get_num_threads());
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "aio/aligned_buffer.h"
+#include "binding_dtype.h"
 #include "aio/io_engine.h"
 #include "aio/io_error.h"
 
@@ -36,10 +37,10 @@ DirectMode parse_direct(const std::string& s) {
 }
 
 void check_tensor(const at::Tensor& t, const char* op) {
-  TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": 'tensor' is on ", t.device(),
+  ZC_CHECK_VALUE(t.device().is_cpu(), op, ": 'tensor' is on ", t.device(),
                     "; AsyncIO moves CPU tensors (copy it into a buffer from aligned_pinned_empty first)");
-  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": 'tensor' must be contiguous (call .contiguous())");
-  TORCH_CHECK_VALUE(t.numel() == 0 || t.data_ptr() != nullptr, op, ": 'tensor' has no storage");
+  ZC_CHECK_VALUE(t.is_contiguous(), op, ": 'tensor' must be contiguous (call .contiguous())");
+  ZC_CHECK_VALUE(t.numel() == 0 || t.data_ptr() != nullptr, op, ": 'tensor' has no storage");
 }
 
 uint64_t nbytes(const at::Tensor& t) { return static_cast<uint64_t>(t.numel()) * t.element_size(); }
@@ -95,7 +96,7 @@ auto without_gil(F&& f) -> decltype(f()) {
 // A page-aligned, mlock'ed (best effort) uint8 tensor of `nbytes` bytes; the memory is
 // unmapped when the tensor's storage dies.
 py::tuple alloc_aligned(int64_t nbytes, bool lock) {
-  TORCH_CHECK_VALUE(nbytes >= 0, "aligned_pinned_empty: size must be >= 0 bytes, got ", nbytes);
+  ZC_CHECK_VALUE(nbytes >= 0, "aligned_pinned_empty: size must be >= 0 bytes, got ", nbytes);
   bool locked = false;
   uint64_t cap = 0;
   void* p = zc::aio::alloc_aligned(static_cast<uint64_t>(nbytes), lock, &locked, &cap);
@@ -118,10 +119,10 @@ void register_aio(py::module_& m) {
   py::class_<Engine>(m, "AioEngine", "NVMe I/O engine (use zerocore.ops.AsyncIO)")
       .def(py::init([](int64_t block_size, int64_t queue_depth, int64_t threads, const std::string& backend,
                        bool single_submit, bool overlap_events, const std::string& direct) {
-             TORCH_CHECK_VALUE(block_size > 0, "block_size must be positive, got ", block_size);
-             TORCH_CHECK_VALUE(queue_depth > 0 && queue_depth <= 4096, "queue_depth must be between 1 and 4096, got ",
+             ZC_CHECK_VALUE(block_size > 0, "block_size must be positive, got ", block_size);
+             ZC_CHECK_VALUE(queue_depth > 0 && queue_depth <= 4096, "queue_depth must be between 1 and 4096, got ",
                                queue_depth);
-             TORCH_CHECK_VALUE(threads > 0 && threads <= 1024, "threads must be between 1 and 1024, got ", threads);
+             ZC_CHECK_VALUE(threads > 0 && threads <= 1024, "threads must be between 1 and 1024, got ", threads);
              EngineOptions o;
              o.block_size = static_cast<uint64_t>(block_size);
              o.queue_depth = static_cast<int>(queue_depth);

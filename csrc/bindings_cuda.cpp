@@ -33,18 +33,18 @@ using zc_bind::to_zc;
 
 // A contiguous CUDA tensor on `device` (-1: any CUDA device). Returns its device index.
 int check_cuda(const at::Tensor& t, const std::string& op, const std::string& arg, int device = -1) {
-  TORCH_CHECK_VALUE(t.defined(), op, ": '", arg, "' is undefined");
-  TORCH_CHECK_VALUE(t.is_cuda(), op, ": '", arg, "' is on ", t.device(), "; expected a CUDA tensor");
-  TORCH_CHECK_VALUE(device < 0 || t.get_device() == device, op, ": '", arg, "' is on ", t.device(),
+  ZC_CHECK_VALUE(t.defined(), op, ": '", arg, "' is undefined");
+  ZC_CHECK_VALUE(t.is_cuda(), op, ": '", arg, "' is on ", t.device(), "; expected a CUDA tensor");
+  ZC_CHECK_VALUE(device < 0 || t.get_device() == device, op, ": '", arg, "' is on ", t.device(),
                     " but the first tensor is on cuda:", device);
-  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": '", arg, "' must be contiguous (call .contiguous())");
+  ZC_CHECK_VALUE(t.is_contiguous(), op, ": '", arg, "' must be contiguous (call .contiguous())");
   return t.get_device();
 }
 
 void check_f32(const at::Tensor& t, int64_t numel, int device, const std::string& op, const std::string& arg) {
   check_cuda(t, op, arg, device);
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": '", arg, "' must be float32, got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.numel() == numel, op, ": '", arg, "' has ", t.numel(), " elements but 'param' has ", numel);
+  ZC_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": '", arg, "' must be float32, got ", t.scalar_type());
+  ZC_CHECK_VALUE(t.numel() == numel, op, ": '", arg, "' has ", t.numel(), " elements but 'param' has ", numel);
 }
 
 // ---- Adam ------------------------------------------------------------------------------
@@ -55,7 +55,7 @@ void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at
                      double grad_scale, const std::optional<at::Tensor>& grad_scale_tensor, uint64_t stream) {
   const char* op = "adam_step_multi (CUDA)";
   const size_t n = params.size();
-  TORCH_CHECK_VALUE(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n && steps.size() == n &&
+  ZC_CHECK_VALUE(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n && steps.size() == n &&
                         (param_outs.empty() || param_outs.size() == n),
                     op, ": params, grads, exp_avgs, exp_avg_sqs, steps (and param_outs if given) must have the "
                     "same length");
@@ -65,8 +65,8 @@ void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at
   if (grad_scale_tensor.has_value()) {
     const at::Tensor& s = *grad_scale_tensor;
     check_cuda(s, op, "grad_scale", device);
-    TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, op, ": a grad_scale tensor must be float32, got ", s.scalar_type());
-    TORCH_CHECK_VALUE(s.numel() == 1, op, ": a grad_scale tensor must have one element, got ", s.numel());
+    ZC_CHECK_TYPE(s.scalar_type() == at::kFloat, op, ": a grad_scale tensor must be float32, got ", s.scalar_type());
+    ZC_CHECK_VALUE(s.numel() == 1, op, ": a grad_scale tensor must have one element, got ", s.numel());
     dgs = s.data_ptr<float>();
   }
   std::vector<zc::AdamTensor> ts;
@@ -98,18 +98,18 @@ void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at
       check_f32(p, numel, device, op, "params" + sfx);
       check_cuda(g, op, "grads" + sfx, device);
       to_zc(g, op, "grads" + sfx);
-      TORCH_CHECK_VALUE(g.numel() == numel, op, ": 'grads", sfx, "' has ", g.numel(), " elements but 'params", sfx,
+      ZC_CHECK_VALUE(g.numel() == numel, op, ": 'grads", sfx, "' has ", g.numel(), " elements but 'params", sfx,
                         "' has ", numel);
       check_f32(m, numel, device, op, "exp_avgs" + sfx);
       check_f32(v, numel, device, op, "exp_avg_sqs" + sfx);
       if (o != nullptr) {
         check_cuda(*o, op, "param_outs" + sfx, device);
         const zc::DType odt = to_zc(*o, op, "param_outs" + sfx);
-        TORCH_CHECK_TYPE(odt != zc::DType::F32, op, ": 'param_outs", sfx, "' must be bfloat16 or float16, got float32");
-        TORCH_CHECK_VALUE(o->numel() == numel, op, ": 'param_outs", sfx, "' has ", o->numel(),
+        ZC_CHECK_TYPE(odt != zc::DType::F32, op, ": 'param_outs", sfx, "' must be bfloat16 or float16, got float32");
+        ZC_CHECK_VALUE(o->numel() == numel, op, ": 'param_outs", sfx, "' has ", o->numel(),
                           " elements but 'params", sfx, "' has ", numel);
       }
-      TORCH_CHECK_VALUE(false, op, ": tensor ", i, " failed a check");  // not reached
+      ZC_CHECK_VALUE(false, op, ": tensor ", i, " failed a check");  // not reached
     }
     if (steps[i] != scalars_step) {
       s = zc::adam_scalars(lr, beta1, beta2, eps, weight_decay, steps[i], adamw, grad_scale);
@@ -132,7 +132,7 @@ void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at
 void pack_impl(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& offsets, const at::Tensor& flat,
                bool pack, uint64_t stream) {
   const std::string op = pack ? "pack (CUDA)" : "unpack (CUDA)";
-  TORCH_CHECK_VALUE(tensors.size() == offsets.size(), op, ": got ", tensors.size(), " tensors but ", offsets.size(),
+  ZC_CHECK_VALUE(tensors.size() == offsets.size(), op, ": got ", tensors.size(), " tensors but ", offsets.size(),
                     " offsets");
   const int device = check_cuda(flat, op, "flat");
   const int64_t esize = flat.element_size();
@@ -146,9 +146,9 @@ void pack_impl(const std::vector<at::Tensor>& tensors, const std::vector<int64_t
     if (!ok) {
       const std::string arg = "tensors[" + std::to_string(i) + "]";
       check_cuda(t, op, arg, device);
-      TORCH_CHECK_TYPE(t.scalar_type() == flat.scalar_type(), op, ": '", arg, "' has dtype ", t.scalar_type(),
+      ZC_CHECK_TYPE(t.scalar_type() == flat.scalar_type(), op, ": '", arg, "' has dtype ", t.scalar_type(),
                        " but 'flat' has ", flat.scalar_type());
-      TORCH_CHECK_VALUE(false, op, ": '", arg, "' with ", t.numel(), " elements at offset ", offsets[i],
+      ZC_CHECK_VALUE(false, op, ": '", arg, "' with ", t.numel(), " elements at offset ", offsets[i],
                         " does not fit in 'flat' of ", flat.numel(), " elements");
     }
     segs.push_back({t.data_ptr(), offsets[i] * esize, t.numel() * esize});
@@ -180,16 +180,16 @@ void unpack(const at::Tensor& flat, const std::vector<at::Tensor>& tensors, cons
 // src and dst: CUDA tensors on one device, or one CUDA tensor and one pinned CPU tensor.
 void cast(const at::Tensor& src, const at::Tensor& dst, uint64_t stream) {
   const char* op = "cast (CUDA)";
-  TORCH_CHECK_VALUE(src.is_cuda() || dst.is_cuda(), op, ": neither 'src' nor 'dst' is a CUDA tensor");
-  TORCH_CHECK_VALUE(src.is_contiguous() && dst.is_contiguous(), op, ": 'src' and 'dst' must be contiguous");
+  ZC_CHECK_VALUE(src.is_cuda() || dst.is_cuda(), op, ": neither 'src' nor 'dst' is a CUDA tensor");
+  ZC_CHECK_VALUE(src.is_contiguous() && dst.is_contiguous(), op, ": 'src' and 'dst' must be contiguous");
   const int device = src.is_cuda() ? src.get_device() : dst.get_device();
   for (const at::Tensor* t : {&src, &dst}) {
     const char* arg = t == &src ? "src" : "dst";
-    TORCH_CHECK_VALUE(t->is_cuda() ? t->get_device() == device : t->device().is_cpu(), op, ": '", arg, "' is on ",
+    ZC_CHECK_VALUE(t->is_cuda() ? t->get_device() == device : t->device().is_cpu(), op, ": '", arg, "' is on ",
                       t->device(), "; expected cuda:", device, " or pinned CPU memory");
   }
   const zc::DType s = to_zc(src, op, "src"), d = to_zc(dst, op, "dst");
-  TORCH_CHECK_VALUE(src.numel() == dst.numel(), op, ": 'dst' has ", dst.numel(), " elements but 'src' has ", src.numel());
+  ZC_CHECK_VALUE(src.numel() == dst.numel(), op, ": 'dst' has ", dst.numel(), " elements but 'src' has ", src.numel());
   zcc::cast(src.data_ptr(), s, dst.data_ptr(), d, src.numel(), device, as_stream(stream));
 }
 
@@ -210,7 +210,7 @@ std::tuple<at::Tensor, at::Tensor> sum_squares(const at::Tensor& t, uint64_t str
 // ---- pinned memory and copies ----------------------------------------------------------
 // A CPU uint8 tensor of `nbytes` over a pool block; freeing the tensor returns the block.
 at::Tensor pool_tensor(const std::shared_ptr<zcc::PinnedPool>& pool, int64_t nbytes) {
-  TORCH_CHECK_VALUE(nbytes >= 0, "PinnedPool: nbytes must be >= 0, got ", nbytes);
+  ZC_CHECK_VALUE(nbytes >= 0, "PinnedPool: nbytes must be >= 0, got ", nbytes);
   void* p = pool->acquire(nbytes);
   std::shared_ptr<zcc::PinnedPool> keep = pool;  // the pool lives as long as its tensors
   return torch::from_blob(
@@ -226,18 +226,18 @@ at::Tensor pool_tensor(const std::shared_ptr<zcc::PinnedPool>& pool, int64_t nby
 
 void memcpy_async(const at::Tensor& dst, const at::Tensor& src, uint64_t stream) {
   const char* op = "copy_async (CUDA)";
-  TORCH_CHECK_VALUE(dst.is_cuda() || src.is_cuda(), op, ": neither 'dst' nor 'src' is a CUDA tensor");
-  TORCH_CHECK_VALUE(dst.is_contiguous() && src.is_contiguous(), op, ": 'dst' and 'src' must be contiguous");
+  ZC_CHECK_VALUE(dst.is_cuda() || src.is_cuda(), op, ": neither 'dst' nor 'src' is a CUDA tensor");
+  ZC_CHECK_VALUE(dst.is_contiguous() && src.is_contiguous(), op, ": 'dst' and 'src' must be contiguous");
   const int64_t nbytes = src.numel() * src.element_size();
-  TORCH_CHECK_VALUE(dst.numel() * dst.element_size() == nbytes, op, ": 'dst' has ", dst.numel() * dst.element_size(),
+  ZC_CHECK_VALUE(dst.numel() * dst.element_size() == nbytes, op, ": 'dst' has ", dst.numel() * dst.element_size(),
                     " bytes but 'src' has ", nbytes);
   const int device = dst.is_cuda() ? dst.get_device() : src.get_device();
   for (const at::Tensor* t : {&dst, &src}) {
     const char* arg = t == &dst ? "dst" : "src";
     if (t->is_cuda()) {
-      TORCH_CHECK_VALUE(t->get_device() == device, op, ": 'dst' and 'src' are on different CUDA devices");
+      ZC_CHECK_VALUE(t->get_device() == device, op, ": 'dst' and 'src' are on different CUDA devices");
     } else {
-      TORCH_CHECK_VALUE(t->device().is_cpu() && zcc::is_pinned_host(t->data_ptr()), op, ": '", arg, "' is ",
+      ZC_CHECK_VALUE(t->device().is_cpu() && zcc::is_pinned_host(t->data_ptr()), op, ": '", arg, "' is ",
                         t->device().is_cpu() ? "pageable CPU memory" : t->device().str(),
                         "; an async copy needs pinned memory (tensor.pin_memory() or a PinnedBufferPool buffer)");
     }

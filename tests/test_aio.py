@@ -363,6 +363,15 @@ def test_bad_arguments(tmp_path):
         h.async_pwrite(t, 42)
     with pytest.raises(ValueError, match="path"):
         h.async_pwrite(t, "")
+    for nul in (str(tmp_path / "a\0b"), os.fsencode(tmp_path / "a\0b")):  # would write to .../a
+        with pytest.raises(ValueError, match="NUL byte"):
+            h.sync_pwrite(t, nul)
+    assert not (tmp_path / "a").exists()
+    for off in (2**63, 2**63 - 1, 2**64):  # past int64 with the tensor's bytes: named, not wrapped
+        with pytest.raises(ValueError, match="offset"):
+            h.async_pwrite(t, tmp_path / "x", off)
+    with pytest.raises(TypeError, match="offset"):
+        h.async_pwrite(t, tmp_path / "x", 1.0)
     # The native layer checks too (someone calling the binding directly).
     with pytest.raises(ValueError, match="contiguous"):
         h._engine.submit(True, t.t(), str(tmp_path / "x"), 0)

@@ -19,7 +19,9 @@ import zerocore
 from zerocore import ops
 from zerocore.ops import _loader, build_spec
 from zerocore.ops import cuda as zcuda
-from zerocore.ops.cuda import _lib, kernels
+from zerocore.ops.cuda import _lib
+
+from fake_cuda import fake, install_recorder
 
 ROOT = build_spec.repo_root()
 NVCC = next((p for p in (os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc"),
@@ -79,22 +81,6 @@ def test_nvcc_accepts_the_build_flags(tmp_path):
 
 
 # ---- Python dispatch --------------------------------------------------------------------------
-class FakeCuda(torch.Tensor):
-    """A CPU tensor that says it is on cuda:0: enough for the Python-side routing."""
-
-    @property
-    def is_cuda(self):
-        return True
-
-    @property
-    def device(self):
-        return torch.device("cuda", 0)
-
-
-def fake(*shape, dtype=torch.float32):
-    return torch.zeros(*shape, dtype=dtype).as_subclass(FakeCuda)
-
-
 @pytest.fixture
 def no_cuda_build(monkeypatch):
     monkeypatch.setattr(_lib, "_module", lambda: None)
@@ -116,32 +102,9 @@ def test_without_cuda_kernels_cuda_tensors_get_the_clear_error(no_cuda_build):
     assert not zcuda.available() and not zcuda.build_info()["built"]
 
 
-class Recorder:
-    """Stands in for the extension's CUDA functions: records every call."""
-
-    WITH_CUDA = True
-
-    def __init__(self):
-        self.calls = []
-
-    def __getattr__(self, name):
-        if not name.startswith("cuda_"):
-            raise AttributeError(name)
-
-        def record(*args):
-            self.calls.append((name, args))
-            if name == "cuda_sum_squares":
-                return torch.tensor(4.0, dtype=torch.float64), torch.tensor(False)
-
-        return record
-
-
 @pytest.fixture
 def recorder(monkeypatch):
-    rec = Recorder()
-    monkeypatch.setattr(_lib, "_module", lambda: rec)
-    monkeypatch.setattr(kernels, "stream_handle", lambda device: 1234)
-    return rec
+    return install_recorder(monkeypatch)
 
 
 def test_ops_route_cuda_tensors_to_the_cuda_kernels(recorder):
@@ -153,7 +116,8 @@ def test_ops_route_cuda_tensors_to_the_cuda_kernels(recorder):
     assert [a[0] is t for a, t in zip(args[:5], (p, g, m, v, o))] == [True] * 5
     assert args[5:] == ([7], 0.1, 0.8, 0.9, 1e-6, 0.2, False, 0.5, None, 1234)
     scale = fake(1)
-    ops.adam_step_multi([p, p], [g, g], [m, m], [v, v], steps=[1, 2], lr=0.1, grad_scale=scale)
+    p2, g2, m2, v2 = fake(5), fake(5, dtype=torch.bfloat16), fake(5), fake(5)
+    ops.adam_step_multi([p, p2], [g, g2], [m, m2], [v, v2], steps=[1, 2], lr=0.1, grad_scale=scale)
     name, args = recorder.calls[-1]
     assert args[4] == [] and args[5] == [1, 2] and args[12] == 1.0 and args[13] is scale
     flat = fake(16)

@@ -96,13 +96,13 @@ def test_bad_hyperparameters_name_the_argument(bad, exc, words):
 
 
 @pytest.mark.parametrize("which, tensor, exc, words", [
-    (1, torch.randn(9), ValueError, "grad has 9 elements"),
-    (2, torch.zeros(11), ValueError, "exp_avg has 11"),
-    (0, torch.randn(10, dtype=torch.float64), TypeError, "param has dtype float64"),
-    (1, torch.randint(0, 3, (10,)), TypeError, "grad has dtype int64"),
-    (3, torch.zeros(10, dtype=torch.bfloat16), TypeError, "exp_avg_sq has dtype bfloat16"),
-    (0, torch.randn(10, 2)[:, 0], ValueError, "param must be contiguous"),
-    (1, torch.randn(10, device="meta"), ValueError, "grad is on meta"),
+    (1, torch.randn(9), ValueError, "'grad' has 9 elements"),
+    (2, torch.zeros(11), ValueError, "'exp_avg' has 11"),
+    (0, torch.randn(10, dtype=torch.float64), TypeError, "'param' has dtype float64"),
+    (1, torch.randint(0, 3, (10,)), TypeError, "'grad' has dtype int64"),
+    (3, torch.zeros(10, dtype=torch.bfloat16), TypeError, "'exp_avg_sq' has dtype bfloat16"),
+    (0, torch.randn(10, 2)[:, 0], ValueError, "'param' must be contiguous"),
+    (1, torch.randn(10, device="meta"), ValueError, "'grad' is on meta"),
 ])
 def test_bad_tensors_name_the_argument(which, tensor, exc, words):
     args = _args()
@@ -113,9 +113,9 @@ def test_bad_tensors_name_the_argument(which, tensor, exc, words):
 
 def test_bad_param_out():
     args = _args()
-    with pytest.raises(TypeError, match="param_out has dtype float32"):
+    with pytest.raises(TypeError, match="'param_out' has dtype float32"):
         ops.adam_step(*args, lr=1e-3, step=1, param_out=torch.empty(10))
-    with pytest.raises(ValueError, match="param_out has 3 elements"):
+    with pytest.raises(ValueError, match="'param_out' has 3 elements"):
         ops.adam_step(*args, lr=1e-3, step=1, param_out=torch.empty(3, dtype=torch.bfloat16))
 
 
@@ -153,6 +153,6 @@ def test_multi_equals_single_calls():
             assert torch.equal(x, y)
     for a, b in zip(outs, outs2):
         assert torch.equal(a, b)
-    with pytest.raises(ValueError, match=r"'grad\[1\]' has 16 elements"):
+    with pytest.raises(ValueError, match=r"'grads\[1\]' has 16 elements"):
         ops.adam_step_multi([torch.zeros(3), torch.zeros(17)], [torch.zeros(3), torch.zeros(16)],
                             [torch.zeros(3), torch.zeros(17)], [torch.zeros(3), torch.zeros(17)], steps=[1, 1], lr=0.1)

@@ -47,7 +47,7 @@ def test_cast_allocates_when_given_dtype():
 def test_cast_errors():
     with pytest.raises(ValueError, match="'dst' has 4 elements"):
         ops.cast(torch.randn(5), torch.empty(4, dtype=torch.bfloat16))
-    with pytest.raises(TypeError, match="'src' has dtype Double"):
+    with pytest.raises(TypeError, match="'src' has dtype float64"):
         ops.cast(torch.randn(5, dtype=torch.float64), torch.empty(5, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="needs 'dst' or 'dtype'"):
         ops.cast(torch.randn(5))

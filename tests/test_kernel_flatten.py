@@ -47,7 +47,7 @@ def test_pack_order_does_not_matter():
     ([torch.ones(4), torch.ones(4)], [0, 2], ValueError, "overlap"),
     ([torch.ones(4)], [8], ValueError, r"'tensors\[0\]' with 4 elements at offset 8 does not fit"),
     ([torch.ones(4)], [-1], ValueError, "does not fit"),
-    ([torch.ones(4, dtype=torch.float64)], [0], TypeError, r"'tensors\[0\]' has dtype Double"),
+    ([torch.ones(4, dtype=torch.float64)], [0], TypeError, r"'tensors\[0\]' has dtype float64"),
     ([torch.ones(4, 2)[:, 0]], [0], ValueError, r"'tensors\[0\]' must be contiguous"),
     ([torch.ones(4, device="meta")], [0], ValueError, r"'tensors\[0\]' is on meta"),
     ([torch.ones(4)], [0, 1], ValueError, "1 tensors but 2 offsets"),

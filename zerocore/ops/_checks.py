@@ -1,15 +1,40 @@
-"""Argument checks shared by the Python faces of the kernels: each raises ValueError or
-TypeError naming the argument, before anything reaches native code."""
+"""The one argument-checking layer of zerocore.ops: every op checks its arguments here, on the
+CPU and on CUDA alike, before anything reaches native code, so bad input gets the same
+TypeError/ValueError naming the op and the argument on every device (never a pybind
+"incompatible function arguments", a wrapped-around offset or a crash in a kernel launch).
+
+Rules shared by every op:
+- tensors are torch.Tensors on the op's device (the CPU, or one CUDA device; ``cast`` may read
+  or write host memory from a CUDA kernel), contiguous, of a dtype the kernel takes;
+- integers (offsets, step counts) are ints or integer-like (``operator.index``), never floats
+  or bools, and in range for the kernels' int64;
+- what an op writes shares no memory with anything else it reads or writes.
+The native bindings check again (a direct call cannot crash); this layer is what users meet.
+"""
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
 FLOAT16S = (torch.bfloat16, torch.float16)
 GRAD_DTYPES = (torch.float32,) + FLOAT16S
+KERNEL_DTYPES = GRAD_DTYPES
+F32 = (torch.float32,)
+INT64_MAX = 2**63 - 1
 
 
+def dtype_name(d) -> str:
+    return str(d).replace("torch.", "")
+
+
+def _dtypes_text(dtypes) -> str:
+    names = [dtype_name(d) for d in dtypes]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+# ---- numbers ------------------------------------------------------------------------------
 def check_number(name: str, value, *, low: float = 0.0, high: float | None = None, high_open=True) -> float:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
@@ -27,6 +52,29 @@ def check_number(name: str, value, *, low: float = 0.0, high: float | None = Non
     return v
 
 
+def check_int(name: str, value, *, low: int | None = None, high: int | None = INT64_MAX) -> int:
+    """An integer argument: an int or integer-like (numpy ints, integer 0-d tensors), never a
+    float (1.5 is not silently 1, and 1.0 is refused as everywhere else) nor a bool."""
+    if isinstance(value, (bool, float)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+    if low is not None and v < low:
+        raise ValueError(f"{name} must be >= {low}, got {v}")
+    if high is not None and v > high:
+        raise ValueError(f"{name} must be <= {high} (int64), got {v}")
+    return v
+
+
+def check_step(name: str, value) -> int:
+    """A step count including this update: an integer >= 1."""
+    if isinstance(value, (bool, float)) or not hasattr(value, "__index__"):
+        raise ValueError(f"{name} must be an int >= 1 (the count including this update), got {value!r}")
+    return check_int(name, value, low=1)
+
+
 def check_betas(betas) -> tuple[float, float]:
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
         raise TypeError(f"betas must be a pair (beta1, beta2), got {betas!r}")
@@ -41,17 +89,276 @@ def check_adam_hyper(lr, betas, eps, weight_decay) -> tuple[float, float, float,
     return lr, beta1, beta2, check_number("eps", eps), check_number("weight_decay", weight_decay)
 
 
-def check_tensor(name: str, t, dtypes, numel: int | None = None, *, ref: str = "param") -> None:
+def check_dtype_arg(op: str, dtype) -> torch.dtype:
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{op}: 'dtype' must be a torch.dtype, got {type(dtype).__name__} {dtype!r}")
+    if dtype not in KERNEL_DTYPES:
+        raise TypeError(f"{op}: 'dtype' is {dtype_name(dtype)}; expected {_dtypes_text(KERNEL_DTYPES)}")
+    return dtype
+
+
+# ---- tensors ------------------------------------------------------------------------------
+def check_home(op: str, name: str, t, *, cuda: bool) -> torch.device:
+    """The tensor that decides where an op runs: a tensor on the CPU (``cuda=False``) or on a
+    CUDA device (``cuda=True``). Returns its device."""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{op}: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    dev = t.device
+    if cuda and dev.type != "cuda":
+        raise ValueError(f"{op}: '{name}' is on {dev}; the CUDA kernels take CUDA tensors")
+    if not cuda and dev.type != "cpu":
+        if dev.type == "cuda":
+            raise ValueError(
+                f"{op}: '{name}' is on {dev}; zerocore's native kernels for cuda tensors are not built into this "
+                "installation (CPU kernels only)")
+        raise ValueError(f"{op}: '{name}' is on {dev}; zerocore's kernels take CPU or CUDA tensors")
+    return dev
+
+
+def check_tensor(op: str, name: str, t, dtypes, *, device: torch.device, home: str, numel: int | None = None,
+                 ref: str | None = None, host_ok: bool = False) -> None:
+    """``t`` is a contiguous tensor of one of ``dtypes`` on ``device`` (the device of the op's
+    ``home`` argument; with ``host_ok`` also CPU memory) with ``numel`` elements (those of ``ref``)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    dev = t.device
+    if dev != device and not (host_ok and dev.type == "cpu"):
+        if dev.type not in ("cpu", "cuda"):
+            raise ValueError(f"{op}: '{name}' is on {dev}; zerocore's kernels take CPU or CUDA tensors")
+        raise ValueError(f"{op}: '{name}' is on {dev} but '{home}' is on {device}")
     if t.dtype not in dtypes:
-        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; expected {allowed}")
-    if t.device.type != "cpu":
-        raise ValueError(
-            f"{name} is on {t.device}; zerocore's native kernels for {t.device.type} tensors are not "
-            "built into this installation (CPU kernels only)")
+        raise TypeError(f"{op}: '{name}' has dtype {dtype_name(t.dtype)}; expected {_dtypes_text(dtypes)}")
     if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (call .contiguous())")
+        raise ValueError(f"{op}: '{name}' must be contiguous (call .contiguous())")
     if numel is not None and t.numel() != numel:
-        raise ValueError(f"{name} has {t.numel()} elements but {ref} has {numel}")
+        raise ValueError(f"{op}: '{name}' has {t.numel()} elements but '{ref}' has {numel}")
+
+
+def check_disjoint(op: str, named) -> None:
+    """No two of the (name, tensor) pairs share a byte of memory: an op that writes one of
+    them while reading or writing another would give results that depend on thread timing."""
+    spans = []
+    for k, (name, t) in enumerate(named):
+        n = t.numel() * t.element_size()
+        if n:
+            p = t.data_ptr()
+            spans.append((p, p + n, k, name))
+    if len(spans) < 2:
+        return
+    spans.sort()
+    for (_, end, k1, a), (start, _, k2, b) in zip(spans, spans[1:]):
+        if start < end:
+            a, b = (a, b) if k1 < k2 else (b, a)  # in argument order, whatever the addresses
+            raise ValueError(f"{op}: '{a}' and '{b}' share memory; the op needs separate tensors")
+
+
+def check_list(op: str, name: str, value) -> list:
+    if isinstance(value, torch.Tensor):
+        raise TypeError(f"{op}: '{name}' must be a sequence of tensors, got a tensor")
+    if not hasattr(value, "__iter__"):
+        raise TypeError(f"{op}: '{name}' must be a sequence, got {type(value).__name__}")
+    return list(value)
+
+
+# ---- per-op argument sets -----------------------------------------------------------------
+def _on_device(t, cuda: bool, index: int) -> bool:
+    """Cheap device test for the fast paths (False sends the caller to the full checks)."""
+    return (t.is_cuda and t.get_device() == index) if cuda else t.is_cpu
+
+
+def _home_index(t, cuda: bool) -> int | None:
+    """The fast paths' device of the home tensor: a CUDA index, -1 for the CPU, None: use the full checks."""
+    if not isinstance(t, torch.Tensor) or not t.is_contiguous():
+        return None
+    if cuda:
+        index = t.get_device() if t.is_cuda else -1
+        return index if index >= 0 else None
+    return -1 if t.is_cpu else None
+
+
+def _pack_fast(tensors, offsets, flat, cuda: bool):
+    """pack's usual case (tensors in ascending offsets, every check passing) in a few attribute
+    reads per tensor; None when anything is unusual (the full checks then decide)."""
+    if type(tensors) not in (list, tuple) or type(offsets) not in (list, tuple) or len(tensors) != len(offsets):
+        return None
+    index = _home_index(flat, cuda)
+    if index is None:
+        return None
+    dtype, total, esize = flat.dtype, flat.numel(), flat.element_size()
+    lo = flat.data_ptr()
+    hi = lo + total * esize
+    end = 0
+    for t, o in zip(tensors, offsets):
+        if type(o) is not int or o < end or not isinstance(t, torch.Tensor):
+            return None
+        n = t.numel()
+        if o + n > total or t.dtype != dtype or not t.is_contiguous() or not _on_device(t, cuda, index):
+            return None
+        if n:
+            p = t.data_ptr()
+            if p < hi and lo < p + n * esize:
+                return None
+        end = o + n
+    return list(tensors), list(offsets)
+
+
+def pack_args(op: str, tensors, offsets, flat, *, cuda: bool) -> tuple[list, list[int]]:
+    """pack/unpack: ``tensors[i]`` at element ``offsets[i]`` of ``flat``, same dtype, inside it,
+    not overlapping each other in ``flat``, sharing no memory with ``flat``; unpack's
+    destinations share none with each other either (pack may read one tensor twice)."""
+    if op == "pack":
+        fast = _pack_fast(tensors, offsets, flat, cuda)
+        if fast is not None:
+            return fast
+    device = check_home(op, "flat", flat, cuda=cuda)
+    if not flat.is_contiguous():
+        raise ValueError(f"{op}: 'flat' must be contiguous (call .contiguous())")
+    tensors = check_list(op, "tensors", tensors)
+    offsets = check_list(op, "offsets", offsets)
+    if len(offsets) != len(tensors):
+        raise ValueError(f"{op}: got {len(tensors)} tensors but {len(offsets)} offsets")
+    total, dtype = flat.numel(), (flat.dtype,)
+    offs, spans = [], []
+    for i, (t, o) in enumerate(zip(tensors, offsets)):
+        name = f"tensors[{i}]"
+        check_tensor(op, name, t, dtype, device=device, home="flat")
+        o = check_int(f"{op}: 'offsets[{i}]'", o, high=None)
+        n = t.numel()
+        if o < 0 or o + n > total:
+            raise ValueError(f"{op}: '{name}' with {n} elements at offset {o} does not fit in 'flat' of {total} "
+                             "elements")
+        offs.append(o)
+        spans.append((o, n, i))
+    spans.sort(key=lambda s: s[0])  # stable: the native kernels' neighbour rule, exactly
+    for (o1, n1, i1), (o2, _, i2) in zip(spans, spans[1:]):
+        if o1 + n1 > o2:
+            raise ValueError(f"{op}: 'tensors[{i1}]' and 'tensors[{i2}]' overlap in the flat buffer")
+    if op == "pack":
+        for i, t in enumerate(tensors):
+            check_disjoint(op, [("flat", flat), (f"tensors[{i}]", t)])
+    else:
+        check_disjoint(op, [("flat", flat)] + [(f"tensors[{i}]", t) for i, t in enumerate(tensors)])
+    return tensors, offs
+
+
+def cast_args(op: str, src, dst, dtype, *, cuda: bool):
+    """cast: returns (src, dst or None, dtype of the dst to allocate or None). ``dtype`` given
+    with ``dst`` must be dst's dtype."""
+    if cuda and isinstance(src, torch.Tensor) and not src.is_cuda:
+        if not isinstance(dst, torch.Tensor) or not dst.is_cuda:
+            raise ValueError(f"{op}: neither 'src' nor 'dst' is a CUDA tensor")
+        device = dst.device  # a host -> device cast: the kernel reads pinned host memory
+        check_tensor(op, "src", src, KERNEL_DTYPES, device=device, home="dst", host_ok=True)
+    else:
+        device = check_home(op, "src", src, cuda=cuda)
+        check_tensor(op, "src", src, KERNEL_DTYPES, device=device, home="src")
+    if dtype is not None:
+        dtype = check_dtype_arg(op, dtype)
+    if dst is None:
+        if dtype is None:
+            raise ValueError(f"{op}: cast needs 'dst' or 'dtype'")
+        return src, None, dtype
+    check_tensor(op, "dst", dst, KERNEL_DTYPES, device=device, home="src", numel=src.numel(), ref="src",
+                 host_ok=cuda)
+    if dtype is not None and dst.dtype != dtype:
+        raise ValueError(f"{op}: dtype={dtype_name(dtype)} but 'dst' has dtype {dtype_name(dst.dtype)}; give one "
+                         "or make them agree")
+    check_disjoint(op, [("src", src), ("dst", dst)])
+    return src, dst, None
+
+
+def sum_squares_args(op: str, t, *, cuda: bool) -> None:
+    device = check_home(op, "tensor", t, cuda=cuda)
+    check_tensor(op, "tensor", t, KERNEL_DTYPES, device=device, home="tensor")
+
+
+def _adam_fast(p, g, m, v, out, cuda: bool, spans: list) -> bool:
+    """One Adam tensor set in its usual, valid form (appending its byte spans to ``spans`` for
+    the caller's overlap check); False when anything is unusual (the full checks then decide)."""
+    index = _home_index(p, cuda)
+    if index is None:
+        return False
+    n = p.numel()
+    for t, dtypes in ((p, F32), (g, GRAD_DTYPES), (m, F32), (v, F32), (out, FLOAT16S)):
+        if t is None and dtypes is FLOAT16S:
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype not in dtypes or t.numel() != n or not t.is_contiguous() \
+                or not _on_device(t, cuda, index):
+            return False
+        if n:
+            a = t.data_ptr()
+            spans.append((a, a + n * t.element_size()))
+    return True
+
+
+def _spans_disjoint(spans: list) -> bool:
+    spans.sort()
+    return all(b[0] >= a[1] for a, b in zip(spans, spans[1:]))
+
+
+def adam_tensor_args(op: str, p, g, m, v, out, *, cuda: bool, index: int | None = None,
+                     device: torch.device | None = None) -> torch.device:
+    """One Adam tensor set: fp32 param / exp_avg / exp_avg_sq, fp32/bf16/fp16 grad, optional
+    bf16/fp16 param_out, all of param's size, on param's device, sharing no memory. ``index``:
+    the position in adam_step_multi's lists (names become 'params[i]', ...)."""
+    def nm(single, multi):
+        return single if index is None else f"{multi}[{index}]"
+
+    if index is None:
+        spans = []
+        if _adam_fast(p, g, m, v, out, cuda, spans) and _spans_disjoint(spans):
+            return p.device
+    pn = nm("param", "params")
+    dev = check_home(op, pn, p, cuda=cuda)
+    if device is not None and dev != device and not cuda:
+        raise ValueError(f"{op}: '{pn}' is on {dev} but 'params[0]' is on {device}")
+    check_tensor(op, pn, p, F32, device=dev, home=pn)
+    n = p.numel()
+    check_tensor(op, nm("grad", "grads"), g, GRAD_DTYPES, device=dev, home=pn, numel=n, ref=pn)
+    check_tensor(op, nm("exp_avg", "exp_avgs"), m, F32, device=dev, home=pn, numel=n, ref=pn)
+    check_tensor(op, nm("exp_avg_sq", "exp_avg_sqs"), v, F32, device=dev, home=pn, numel=n, ref=pn)
+    if out is not None:
+        check_tensor(op, nm("param_out", "param_outs"), out, FLOAT16S, device=dev, home=pn, numel=n, ref=pn)
+    if index is None:  # adam_step_multi checks all its tensors together
+        check_disjoint(op, [("param", p), ("grad", g), ("exp_avg", m), ("exp_avg_sq", v)] +
+                       ([("param_out", out)] if out is not None else []))
+    return dev
+
+
+def adam_multi_args(op: str, params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, *, cuda: bool):
+    """adam_step_multi's lists, checked tensor by tensor (naming the index) and as a whole
+    (equal lengths, integer steps, no memory shared between tensors). Returns them as lists
+    (param_outs: None or a list) and the steps as ints."""
+    params, grads = check_list(op, "params", params), check_list(op, "grads", grads)
+    exp_avgs, exp_avg_sqs = check_list(op, "exp_avgs", exp_avgs), check_list(op, "exp_avg_sqs", exp_avg_sqs)
+    steps = check_list(op, "steps", steps)
+    outs = None if param_outs is None else check_list(op, "param_outs", param_outs)
+    n = len(params)
+    lengths = {"grads": len(grads), "exp_avgs": len(exp_avgs), "exp_avg_sqs": len(exp_avg_sqs), "steps": len(steps)}
+    if outs is not None:
+        lengths["param_outs"] = len(outs)
+    for key, length in lengths.items():
+        if length != n:
+            raise ValueError(f"{op}: 'params' has {n} entries but '{key}' has {length}; they must have the same "
+                             "length")
+    spans, fast = [], True
+    for i in range(n):
+        if not _adam_fast(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], None if outs is None else outs[i], cuda,
+                          spans) or (i and params[i].get_device() != params[0].get_device()):
+            fast = False
+            break
+    steps_ok = all(type(s_) is int and 1 <= s_ <= INT64_MAX for s_ in steps)
+    if fast and steps_ok and _spans_disjoint(spans):
+        return params, grads, exp_avgs, exp_avg_sqs, outs, steps
+    first = None
+    for i in range(n):
+        dev = adam_tensor_args(op, params[i], grads[i], exp_avgs[i], exp_avg_sqs[i],
+                               None if outs is None else outs[i], cuda=cuda, index=i, device=first)
+        first = first or dev
+    int_steps = [check_step(f"{op}: 'steps[{i}]'", s) for i, s in enumerate(steps)]
+    named = []
+    for key, ts in (("params", params), ("grads", grads), ("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs),
+                    ("param_outs", outs or ())):
+        named.extend((f"{key}[{i}]", t) for i, t in enumerate(ts))
+    check_disjoint(op, named)
+    return params, grads, exp_avgs, exp_avg_sqs, outs, int_steps

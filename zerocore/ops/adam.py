@@ -5,7 +5,7 @@ import torch
 
 from . import _loader
 from .cuda import _lib as _cuda
-from ._checks import FLOAT16S, GRAD_DTYPES, check_adam_hyper, check_number, check_tensor
+from ._checks import adam_multi_args, adam_tensor_args, check_adam_hyper, check_list, check_number, check_step
 
 
 def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
@@ -26,17 +26,10 @@ def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, ex
         return kernels.adam_step(param, grad, exp_avg, exp_avg_sq, lr=lr, betas=betas, eps=eps,
                                  weight_decay=weight_decay, step=step, adamw_mode=adamw_mode,
                                  grad_scale=grad_scale, param_out=param_out)
-    check_tensor("param", param, (torch.float32,))
-    n = param.numel()
-    check_tensor("grad", grad, GRAD_DTYPES, n)
-    check_tensor("exp_avg", exp_avg, (torch.float32,), n)
-    check_tensor("exp_avg_sq", exp_avg_sq, (torch.float32,), n)
-    if param_out is not None:
-        check_tensor("param_out", param_out, FLOAT16S, n)
+    adam_tensor_args("adam_step", param, grad, exp_avg, exp_avg_sq, param_out, cuda=False)
     lr, beta1, beta2, eps, weight_decay = check_adam_hyper(lr, betas, eps, weight_decay)
     grad_scale = check_number("grad_scale", grad_scale, low=float("-inf"))
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise ValueError(f"step must be an int >= 1 (the count including this update), got {step!r}")
+    step = check_step("step", step)
     _loader.load("adam").adam_step(param, grad, exp_avg, exp_avg_sq, param_out, lr, beta1, beta2, eps,
                                    weight_decay, step, bool(adamw_mode), grad_scale)
 
@@ -46,17 +39,17 @@ def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, b
                     grad_scale: float = 1.0, param_outs=None) -> None:
     """:func:`adam_step` over many tensors in one native call (one thread team, chunks spread
     over it). ``steps[i]`` is tensor i's step count including this update; the other
-    hyper-parameters are shared. Tensor checks happen in the binding, naming the index."""
-    params = list(params)
+    hyper-parameters are shared. Every tensor is checked first, naming its index."""
+    params = check_list("adam_step_multi", "params", params)
     if params and _cuda.routes(params[0]):  # CUDA tensors: zerocore.ops.cuda
         from .cuda import kernels
 
         return kernels.adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, steps=steps, lr=lr, betas=betas,
                                        eps=eps, weight_decay=weight_decay, adamw_mode=adamw_mode,
                                        grad_scale=grad_scale, param_outs=param_outs)
+    params, grads, exp_avgs, exp_avg_sqs, outs, steps = adam_multi_args(
+        "adam_step_multi", params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, cuda=False)
     lr, beta1, beta2, eps, weight_decay = check_adam_hyper(lr, betas, eps, weight_decay)
     grad_scale = check_number("grad_scale", grad_scale, low=float("-inf"))
-    _loader.load("adam").adam_step_multi(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs),
-                                         None if param_outs is None else list(param_outs),
-                                         [int(s) for s in steps], lr, beta1, beta2, eps, weight_decay,
-                                         bool(adamw_mode), grad_scale)
+    _loader.load("adam").adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps,
+                                         weight_decay, bool(adamw_mode), grad_scale)

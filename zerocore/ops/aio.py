@@ -37,6 +37,7 @@ from collections.abc import Mapping
 import torch
 
 from . import _loader
+from ._checks import INT64_MAX, check_int
 
 log = logging.getLogger("zerocore.ops")
 
@@ -270,10 +271,9 @@ class AsyncIO:
             raise TypeError(f"{op}: path must be a str or os.PathLike, got {type(path).__name__}") from None
         if not path:
             raise ValueError(f"{op}: path is empty")
-        if isinstance(offset, bool) or not isinstance(offset, int):
-            raise TypeError(f"{op}: offset must be an int, got {type(offset).__name__}")
-        if offset < 0:
-            raise ValueError(f"{op}: offset must be >= 0, got {offset}")
+        if "\0" in path:  # the C library would stop at the NUL and write to a truncated path
+            raise ValueError(f"{op}: path contains a NUL byte: {path!r}")
+        offset = check_int(f"{op}: offset", offset, low=0, high=INT64_MAX - tensor.numel() * tensor.element_size())
         if tensor.numel() and tensor.data_ptr() % ALIGNMENT and not self._bounce_logged:
             self._bounce_logged = True
             log.debug("zerocore aio: %s of a tensor that is not %d-byte aligned (address 0x%x): its blocks are "

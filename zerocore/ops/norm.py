@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import _loader
+from ._checks import sum_squares_args
 from .cuda import _lib as _cuda
 
 
@@ -16,4 +17,5 @@ def sum_squares(t: torch.Tensor, *, sync: bool = True):
         from .cuda import kernels
 
         return kernels.sum_squares(t, sync=sync)
+    sum_squares_args("sum_squares", t, cuda=False)
     return _loader.load("norm").sum_squares(t)

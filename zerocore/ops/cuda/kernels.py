@@ -13,18 +13,9 @@ from collections.abc import Sequence
 
 import torch
 
-from .._checks import check_adam_hyper, check_number
+from .._checks import (adam_multi_args, adam_tensor_args, cast_args, check_adam_hyper, check_number, check_step, pack_args,
+                       sum_squares_args)
 from ._lib import lib, stream_handle
-
-_F16 = (torch.bfloat16, torch.float16)
-
-
-def _device_of(t: torch.Tensor, what: str) -> torch.device:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_cuda:
-        raise ValueError(f"{what} is on {t.device}; the CUDA kernels take CUDA tensors")
-    return t.device
 
 
 def adam_step_multi(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], exp_avgs: Sequence[torch.Tensor],
@@ -37,38 +28,55 @@ def adam_step_multi(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor
     ``grad_scale``: a number, or a one-element float32 CUDA tensor (e.g. a clip coefficient
     computed on the GPU) that the kernel reads itself, so no host sync is needed. Tensors on
     several devices are stepped device by device; each launch covers up to 64 tensors."""
-    params, grads, exp_avgs, exp_avg_sqs = list(params), list(grads), list(exp_avgs), list(exp_avg_sqs)
-    outs = [] if param_outs is None else list(param_outs)
-    steps = list(steps)  # ints >= 1; the binding checks them and every tensor, naming the index
+    mod = lib()
+    params, grads, exp_avgs, exp_avg_sqs, outs, steps = adam_multi_args(
+        "adam_step_multi", params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, cuda=True)
+    hyper, scale_tensor = _adam_hyper("adam_step_multi", lr, betas, eps, weight_decay, adamw_mode, grad_scale)
+    _launch_adam(mod, params, grads, exp_avgs, exp_avg_sqs, outs or [], steps, hyper, scale_tensor)
+
+
+def adam_step(param, grad, exp_avg, exp_avg_sq, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, step,
+              adamw_mode=True, grad_scale=1.0, param_out=None) -> None:
+    """zerocore.ops.adam_step for CUDA tensors (one tensor of :func:`adam_step_multi`)."""
+    mod = lib()
+    adam_tensor_args("adam_step", param, grad, exp_avg, exp_avg_sq, param_out, cuda=True)
+    hyper, scale_tensor = _adam_hyper("adam_step", lr, betas, eps, weight_decay, adamw_mode, grad_scale)
+    step = check_step("step", step)
+    _launch_adam(mod, [param], [grad], [exp_avg], [exp_avg_sq], [] if param_out is None else [param_out], [step],
+                 hyper, scale_tensor)
+
+
+def _adam_hyper(op: str, lr, betas, eps, weight_decay, adamw_mode, grad_scale):
+    """The shared scalars as the binding takes them, and the device grad_scale tensor (or None)."""
     lr, beta1, beta2, eps, weight_decay = check_adam_hyper(lr, betas, eps, weight_decay)
     scale_tensor = None
     if isinstance(grad_scale, torch.Tensor) and grad_scale.is_cuda:
+        if grad_scale.dtype != torch.float32 or grad_scale.numel() != 1:
+            raise TypeError(f"{op}: a grad_scale tensor must be one float32 element, got {grad_scale.numel()} "
+                            f"of {str(grad_scale.dtype).replace('torch.', '')}")
         scale_tensor, grad_scale = grad_scale, 1.0
     else:
         grad_scale = check_number("grad_scale", grad_scale, low=float("-inf"))
+    return (lr, beta1, beta2, eps, weight_decay, bool(adamw_mode), grad_scale), scale_tensor
+
+
+def _launch_adam(mod, params, grads, exp_avgs, exp_avg_sqs, outs, steps, hyper, scale_tensor) -> None:
+    """Checked lists -> one binding call per device (each on its device's current stream)."""
     if not params:
         return
-    mod = lib()
-    device = _device_of(params[0], "params[0]")
-    hyper = (lr, beta1, beta2, eps, weight_decay, bool(adamw_mode), grad_scale)
-    try:  # the usual case, one device: no per-tensor work in Python
+    device = params[0].device
+    if all(p.device == device for p in params):  # the usual case: one call
         mod.cuda_adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, outs, steps, *hyper,
                                  _scale_on(scale_tensor, device), stream_handle(device))
         return
-    except ValueError as exc:  # raised before anything is launched
-        if _OTHER_DEVICE not in str(exc) or len(params) != len(grads):
-            raise
     by_device: dict[torch.device, list[int]] = {}
     for i, p in enumerate(params):
-        by_device.setdefault(_device_of(p, f"params[{i}]"), []).append(i)
-    for dev, idx in by_device.items():  # several devices: each on its own current stream
+        by_device.setdefault(p.device, []).append(i)
+    for dev, idx in by_device.items():
         pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
         mod.cuda_adam_step_multi(pick(params), pick(grads), pick(exp_avgs), pick(exp_avg_sqs),
                                  pick(outs) if outs else [], pick(steps), *hyper, _scale_on(scale_tensor, dev),
                                  stream_handle(dev))
-
-
-_OTHER_DEVICE = "but the first tensor is on"  # the binding's message for a tensor on another device
 
 
 def _scale_on(scale: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
@@ -77,45 +85,30 @@ def _scale_on(scale: torch.Tensor | None, device: torch.device) -> torch.Tensor 
     return scale.to(device, non_blocking=True)
 
 
-def adam_step(param, grad, exp_avg, exp_avg_sq, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, step,
-              adamw_mode=True, grad_scale=1.0, param_out=None) -> None:
-    """zerocore.ops.adam_step for CUDA tensors (one tensor of :func:`adam_step_multi`)."""
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise ValueError(f"step must be an int >= 1 (the count including this update), got {step!r}")
-    adam_step_multi([param], [grad], [exp_avg], [exp_avg_sq], steps=[step], lr=lr, betas=betas, eps=eps,
-                    weight_decay=weight_decay, adamw_mode=adamw_mode, grad_scale=grad_scale,
-                    param_outs=None if param_out is None else [param_out])
-
-
-def _offsets(offsets, count: int) -> list[int]:
-    offs = [int(o) for o in offsets]
-    if len(offs) != count:
-        raise ValueError(f"got {count} tensors but {len(offs)} offsets")
-    return offs
-
-
 def pack(tensors: Sequence[torch.Tensor], offsets: Sequence[int], flat: torch.Tensor) -> torch.Tensor:
     """zerocore.ops.pack on the GPU: one launch for the whole bucket, gaps zeroed."""
-    tensors = list(tensors)
-    lib().cuda_pack(tensors, _offsets(offsets, len(tensors)), flat, stream_handle(_device_of(flat, "flat")))
+    mod = lib()
+    tensors, offs = pack_args("pack", tensors, offsets, flat, cuda=True)
+    mod.cuda_pack(tensors, offs, flat, stream_handle(flat.device))
     return flat
 
 
 def unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
     """zerocore.ops.unpack on the GPU: one launch for the whole bucket."""
-    tensors = list(tensors)
-    lib().cuda_unpack(flat, tensors, _offsets(offsets, len(tensors)), stream_handle(_device_of(flat, "flat")))
+    mod = lib()
+    tensors, offs = pack_args("unpack", tensors, offsets, flat, cuda=True)
+    mod.cuda_unpack(flat, tensors, offs, stream_handle(flat.device))
 
 
 def cast(src: torch.Tensor, dst: torch.Tensor | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
     """zerocore.ops.cast on the GPU. One side may be a pinned CPU tensor: the kernel then reads
     or writes host memory directly (cast fused with the host<->device copy)."""
+    mod = lib()
+    src, dst, dtype = cast_args("cast", src, dst, dtype, cuda=True)
     if dst is None:
-        if dtype is None:
-            raise ValueError("cast needs 'dst' or 'dtype'")
         dst = torch.empty(src.shape, dtype=dtype, device=src.device)
-    device = src.device if src.is_cuda else _device_of(dst, "dst")
-    lib().cuda_cast(src, dst, stream_handle(device))
+    device = src.device if src.is_cuda else dst.device
+    mod.cuda_cast(src, dst, stream_handle(device))
     return dst
 
 
@@ -124,7 +117,9 @@ def sum_squares(t: torch.Tensor, *, sync: bool = True):
 
     ``sync=False``: returns them as 0-d CUDA tensors (float64, bool) without waiting for the GPU;
     ``sync=True``: as Python (float, bool), which waits."""
-    total, nonfinite = lib().cuda_sum_squares(t, stream_handle(_device_of(t, "tensor")))
+    mod = lib()
+    sum_squares_args("sum_squares", t, cuda=True)
+    total, nonfinite = mod.cuda_sum_squares(t, stream_handle(t.device))
     if sync:
         return float(total.item()), bool(nonfinite.item())
     return total, nonfinite
