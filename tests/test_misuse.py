@@ -426,3 +426,21 @@ def test_a_group_zerocore_creates_gets_the_interactive_timeout(monkeypatch):
             dist.destroy_process_group()
     assert load_config({}).zero_optimization.comm_timeout == 120.0
     assert load_config({}).zero_optimization.stage3_divergence_timeout == 120.0
+
+
+def test_leaving_the_with_block_on_an_error_releases_without_collectives():
+    model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3))
+    cfg = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_unit_min_params": 1}}
+    with pytest.raises(KeyError, match="user error"):
+        with zerocore.initialize(model, cfg) as engine:
+            one_step(engine, torch.randn(4, 64))
+            raise KeyError("user error")
+    assert engine.module is None  # released: the model is not owned any more
+    with pytest.raises(ValueError, match=r"parameter '0.weight' has no values: its stage-3 engine was released after "
+                                         r"an error"):
+        zerocore.initialize(model, cfg)
+    small = small_model()
+    with pytest.raises(KeyError):
+        with zerocore.initialize(small, {"zero_optimization": {"stage": 2}}):
+            raise KeyError("user error")
+    zerocore.initialize(small, {"zero_optimization": {"stage": 2}})  # stages 0-2: values are whole, reusable
