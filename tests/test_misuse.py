@@ -3,7 +3,6 @@ show here, and on spawned gloo ranks below (ranks that disagree are refused at s
 raising the same error, within seconds)."""
 from __future__ import annotations
 
-import math
 import os
 import time
 import traceback
