@@ -274,7 +274,8 @@ def test_seed_form_levels_loss_scaling_and_conflicts():
     for bad, wording in [
         ({"zero": {"type": "ZeroRedundancyOptimizer_Level_4"}}, "zero.type: got 'ZeroRedundancyOptimizer_Level_4'"),
         ({"zero": {"type": "ZeroRedundancyOptimizer_Level_3", "level": 2}}, "means stage 3 but zero.level is 2"),
-        ({"zero": {"clip_grad": 1.0}, "gradient_clipping": 0.5}, "zero.clip_grad: got 1.0 but gradient_clipping is 0.5"),
+        ({"zero": {"clip_grad": 1.0}, "gradient_clipping": 0.5},
+         "zero.clip_grad: got 1.0 but gradient_clipping is 0.5"),
         ({"zero": {"dynamic_loss_scale": True}, "fp16": {"loss_scale": 64}}, "fp16.loss_scale is 64"),
         ({"zero": {"dynamic_loss_scale": True}, "bf16": {"enabled": True}}, "bf16.enabled is true"),
         ({"zero": {"dynamic_loss_scale": "yes"}}, "zero.dynamic_loss_scale: got 'yes'"),

@@ -72,7 +72,19 @@ def render() -> str:
     text = HEADER + "\n".join(rows) + "\n"
     if sections:
         text += "\nSection aliases:\n" + "\n".join(sections) + "\n"
-    return text
+    return text + _foreign_table()
+
+
+def _foreign_table() -> str:
+    from .foreign import ANY, FOREIGN
+
+    rows = ["", "Other libraries' keys accepted inside these sections (any other value is an error):", "",
+            "| key | accepted | why |", "|---|---|---|"]
+    for path, keys in FOREIGN.items():
+        for key, (allowed, why) in keys.items():
+            accepted = "any value" if allowed is ANY else " or ".join(f"`{_fmt(a)}`" for a in allowed)
+            rows.append(f"| `{path}.{key}` | {accepted} | {why} |")
+    return "\n".join(rows) + "\n"
 
 
 def _sections(cls, prefix):

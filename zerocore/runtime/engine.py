@@ -261,12 +261,13 @@ class Engine:
     def rank(self) -> int:
         return self.comm.rank
 
-    def destroy(self) -> None:
+    def destroy(self, collective: bool = True) -> None:
         """Gives the model back: hooks removed, every parameter its own tensor with its full current
-        value (stage 3 gathers: a collective). The engine cannot be used afterwards."""
+        value (stage 3 gathers: a collective; ``collective=False`` skips that and leaves stage-3
+        parameters empty). The engine cannot be used afterwards."""
         if self.module is None:
             return
-        release(self)
+        release(self, collective)
         self.module = None
 
     def _alive(self) -> None:
@@ -277,8 +278,8 @@ class Engine:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.destroy()
+    def __exit__(self, exc_type, *_) -> None:
+        self.destroy(collective=exc_type is None)  # after an error the other ranks may not be there
 
     def memory_report(self) -> dict[str, int]:
         """Model-state bytes this rank holds, by role, counted from its tensors."""

@@ -11,6 +11,7 @@ import torch
 
 from ..config import ZeroConfig, require_implemented
 from .gathered import owner_of
+from .release import LOST
 
 _WRAPPERS = {
     "DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel",
@@ -36,6 +37,10 @@ def check_model(module: torch.nn.Module) -> None:
             raise TypeError("zerocore.initialize: the model was sharded by torch's fully_shard (FSDP2), which "
                             "shards and reduces itself; pass a module that fully_shard was not applied to")
     for name, p in module.named_parameters():
+        if getattr(p, LOST, False):
+            raise ValueError(f"zerocore.initialize: parameter '{name}' has no values: its stage-3 engine was released "
+                             "after an error (leaving a `with` block on an exception), when only chunks of it "
+                             "existed. Rebuild the model or load its weights from a checkpoint")
         if p.device.type == "meta":
             raise ValueError(f"zerocore.initialize: parameter '{name}' is on the meta device (shape {tuple(p.shape)}, "
                              "no values yet). Build the model for real: to build one larger than a rank's memory, "

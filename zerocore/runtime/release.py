@@ -4,6 +4,10 @@ module class swaps), gradient views are dropped, and every parameter gets its ow
 its full current value in the training dtype, taken from the flat buffers (gathered first at
 stage 3, where each rank holds a chunk: a collective, as construction was). The fp32 master and
 the optimizer moments are released; save them with the checkpoint methods first if needed.
+
+Leaving a ``with`` block on an exception releases without collectives (the other ranks may not
+be there): stage-3 parameters that only exist as chunks then stay empty, and are marked so that
+``zerocore.initialize`` refuses them by name instead of building 0-element groups.
 """
 from __future__ import annotations
 
@@ -13,18 +17,26 @@ from .gathered import unregister_engine
 from .weights import _full_flat as full_flat
 
 
+LOST = "_zc_lost_values"  # set on a parameter whose values were dropped with its engine
+
+
 @torch.no_grad()
-def release(engine) -> None:
-    if engine.gatherer is not None:
+def release(engine, collective: bool = True) -> None:
+    if engine.gatherer is not None and collective:
         engine.gatherer.free_all()
-    full = [full_flat(engine, g, shard, engine.dtype) for g, shard in zip(engine.groups, engine.shards)]
+    full = [full_flat(engine, g, shard, engine.dtype) if collective or not g.partitioned else None
+            for g, shard in zip(engine.groups, engine.shards)]
     engine.reducer.remove_hooks()
     if engine.gatherer is not None:
         engine.gatherer.remove_hooks()
         _unswap_classes(engine.module)
     for g, flat in zip(engine.groups, full):
         for p, s in zip(g.params, g.layout.slots):
-            p.data = flat[s.offset:s.end].view(s.shape).clone()
+            if flat is None:
+                setattr(p, LOST, True)
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            else:
+                p.data = flat[s.offset:s.end].view(s.shape).clone()
             p.grad = None
     unregister_engine(engine)
     engine.param_index = {}
