@@ -10,7 +10,8 @@ and read of this rank's byte count, zerocore save, torch.save (+fsync), zerocore
 torch.load. Saves include fsync and the atomic publish (durable); loads start cold: the files'
 pages are evicted first (``posix_fadvise(DONTNEED)`` on our own files only). GB/s = 1e9 bytes/s
 of this rank's bytes (12 bytes per owned element: master, exp_avg, exp_avg_sq) over the wall
-time between barriers. A shared 2-core VM is noisy: medians of ``--rounds``, load average recorded.
+time between barriers, and the CPU seconds each operation costs the rank's process (what bounds it
+on a busy machine). A shared 2-core VM is noisy: medians of ``--rounds``, load average recorded.
 
     python benchmarks/checkpoint.py --out benchmarks/results/checkpoint_gloo_w2.json
 """
@@ -45,11 +46,16 @@ def _evict(path: str) -> None:
             os.close(fd)
 
 
-def _timed(fn) -> float:
+CPU: dict[str, list[float]] = {}  # CPU seconds of this process (all its threads) per operation
+
+
+def _timed(fn, name: str) -> float:
     dist.barrier()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     fn()
+    c1 = time.process_time()
     dist.barrier()
+    CPU.setdefault(name, []).append(c1 - c0)
     return time.perf_counter() - t0
 
 
@@ -85,19 +91,19 @@ def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
         f.truncate(buf.numel())
     run_sync(buf, raw, 1 << 20, True)
     for _ in range(args.rounds):
-        rows["direct_write"].append(buf.numel() / _timed(lambda: run_sync(buf, raw, 1 << 20, True)) / 1e9)
-        rows["direct_read"].append(buf.numel() / _timed(lambda: run_sync(buf, raw, 1 << 20, False)) / 1e9)
-        rows["zc_save"].append(nbytes / _timed(lambda: e.save_checkpoint(ckpt, tag="bench")) / 1e9)
-        rows["torch_save"].append(nbytes / _timed(torch_save) / 1e9)
+        rows["direct_write"].append(buf.numel() / _timed(lambda: run_sync(buf, raw, 1 << 20, True), "direct_write") / 1e9)
+        rows["direct_read"].append(buf.numel() / _timed(lambda: run_sync(buf, raw, 1 << 20, False), "direct_read") / 1e9)
+        rows["zc_save"].append(nbytes / _timed(lambda: e.save_checkpoint(ckpt, tag="bench"), "zc_save") / 1e9)
+        rows["torch_save"].append(nbytes / _timed(torch_save, "torch_save") / 1e9)
         if rank == 0:
             _evict(ckpt)
         _evict(tsave)
-        rows["zc_load"].append(nbytes / _timed(lambda: e.load_checkpoint(ckpt, tag="bench")) / 1e9)
-        rows["torch_load"].append(nbytes / _timed(lambda: torch.load(tsave, weights_only=True)) / 1e9)
+        rows["zc_load"].append(nbytes / _timed(lambda: e.load_checkpoint(ckpt, tag="bench"), "zc_load") / 1e9)
+        rows["torch_load"].append(nbytes / _timed(lambda: torch.load(tsave, weights_only=True), "torch_load") / 1e9)
     os.remove(raw)
     os.remove(tsave)
     gathered = [None] * world
-    dist.all_gather_object(gathered, {"rank": rank, "bytes": nbytes, "gbps": rows})
+    dist.all_gather_object(gathered, {"rank": rank, "bytes": nbytes, "gbps": rows, "cpu_s": CPU})
     if rank == 0:
         with open(out_file, "w") as f:
             json.dump({"ranks": gathered, "params": sum(g.layout.numel for g in e.groups)}, f)
@@ -114,9 +120,10 @@ ck.inspect(sys.argv[1])
 base = status("VmRSS:")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # VmHWM := VmRSS
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 ck.consolidate(sys.argv[1], sys.argv[2], dtype=sys.argv[3])
-print(json.dumps({"seconds": time.perf_counter() - t0, "peak_rss_growth": status("VmHWM:") - base}))
+print(json.dumps({"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
+                  "peak_rss_growth": status("VmHWM:") - base}))
 """
 
 
@@ -156,7 +163,8 @@ def main(argv=None) -> int:
                      "save_vs_disk_write": m["zc_save"] / m["direct_write"],
                      "load_vs_disk_read": m["zc_load"] / m["direct_read"],
                      "save_vs_torch_save": m["zc_save"] / m["torch_save"],
-                     "load_vs_torch_load": m["zc_load"] / m["torch_load"]})
+                     "load_vs_torch_load": m["zc_load"] / m["torch_load"],
+                     **{f"{k}_cpu_s": statistics.median(v) for k, v in rk["cpu_s"].items()}})
     print(f"{res['params'] / 1e6:.1f}M parameters, bf16 + fp32 master, stage {args.stage}, {args.ranks} ranks; "
           f"{rows[0]['bytes'] / 1e9:.2f} GB per rank; medians of {args.rounds} rounds (GB/s per rank)")
     print(f"{'rank':>4} {'O_DIRECT w':>10} {'zc save':>8} {'torch.save':>10} {'save/disk':>9} {'save/torch':>10} | "
@@ -166,9 +174,11 @@ def main(argv=None) -> int:
               f"{r['save_vs_disk_write']:>9.2f} {r['save_vs_torch_save']:>10.2f} | {r['direct_read_gbps']:>10.2f} "
               f"{r['zc_load_gbps']:>8.2f} {r['torch_load_gbps']:>10.2f} {r['load_vs_disk_read']:>9.2f} "
               f"{r['load_vs_torch_load']:>10.2f}")
+    print("CPU seconds per operation (this rank's process, all threads; medians): "
+          + ", ".join(f"{k} {rows[0][f'{k}_cpu_s']:.2f}" for k in res["ranks"][0]["cpu_s"]))
     for dt, c in cons.items():
         print(f"consolidate --dtype {dt}: {c['seconds']:.2f} s for {c['out_bytes'] / 1e9:.2f} GB "
-              f"({c['out_bytes'] / c['seconds'] / 1e9:.2f} GB/s), peak RSS growth {c['peak_rss_growth'] / 2**20:.1f} MiB "
+              f"({c['out_bytes'] / c['seconds'] / 1e9:.2f} GB/s, {c['cpu_seconds']:.2f} s CPU), peak RSS growth {c['peak_rss_growth'] / 2**20:.1f} MiB "
               f"= {c['peak_rss_growth'] / largest:.2f} x the largest tensor ({largest / 2**20:.0f} MiB fp32)")
     out = {"machine": machine_info(), "file_system": fs_info(args.dir), "args": vars(args), "params": res["params"],
            "load_avg_start": load0, "load_avg_end": os.getloadavg(), "seconds": time.perf_counter() - t0,

@@ -93,6 +93,8 @@ class BlockWriter:
         os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
+        if self._aio is not None:
+            self._aio.close()
         return {"bytes": self.size, "block": self.block, "crc32": self.crcs}
 
     def abort(self) -> None:
@@ -101,6 +103,8 @@ class BlockWriter:
                 self._aio.wait()
         except OSError:
             pass
+        if self._aio is not None:
+            self._aio.close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -110,8 +114,11 @@ class BlockReader:
     """Verified reads of byte ranges of one file. Each block is checked (read whole) the first
     time a read touches it; later reads of a checked block read only the bytes asked for."""
 
-    def __init__(self, path: str, record: dict):
+    def __init__(self, path: str, record: dict, aio=None):
+        """``aio``: a :class:`zerocore.ops.AsyncIO` for runs of whole blocks (O_DIRECT); the
+        page cache otherwise."""
         self.path = path
+        self._aio = aio
         self.size = record["bytes"]
         self.block = record["block"]
         self.crcs = record["crc32"]
@@ -167,9 +174,19 @@ class BlockReader:
             dst = out[pos - offset:stop - offset]
             if b in self._checked:
                 self._pread_into(dst, pos)
-            elif pos == lo and stop == hi:  # a whole block: read it in place, then check it
-                self._pread_into(dst, pos)
-                self._check(b, dst)
+            elif pos == lo and stop == hi:  # whole blocks: read them in place, then check them
+                last = b
+                while (last + 1 not in self._checked and (last + 2) * self.block <= end
+                       and (last + 2) * self.block <= self.size):
+                    last += 1
+                stop = (last + 1) * self.block if last > b else stop
+                dst = out[pos - offset:stop - offset]
+                if self._aio is not None and len(dst) >= (1 << 20):
+                    self._aio.sync_pread(torch.frombuffer(dst, dtype=torch.uint8), self.path, pos)
+                else:
+                    self._pread_into(dst, pos)
+                for k in range(b, last + 1):
+                    self._check(k, dst[(k - b) * self.block:(k - b + 1) * self.block])
             else:
                 whole = memoryview(bytearray(hi - lo))
                 self._pread_into(whole, lo)

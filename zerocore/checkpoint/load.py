@@ -6,6 +6,7 @@ No rank ever holds more than its own shard plus one tile.
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch
@@ -14,7 +15,7 @@ from ..sharding import ParamState
 from .layout import CheckpointError, read_manifest, resolve
 from .manifest import KINDS, model_differences, set_rng_state
 from .reader import CheckpointReader
-from .save import TILE_ELEMS, _agree
+from .save import TILE_ELEMS, _agree, aio_handle
 
 MAX_LISTED = 10
 
@@ -33,7 +34,8 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
     with_state = load_optimizer_states and not load_module_only
     err, client_state, writing = None, None, False
     try:
-        with CheckpointReader(path, manifest) as reader:  # checks every file's presence and size
+        aio = aio_handle(dataclasses.asdict(engine.config.aio))
+        with CheckpointReader(path, manifest, aio) as reader:  # checks every file's presence and size
             reader.check_complete(saved_name.values())
             writing = True
             _read_state(engine, reader, saved_name, KINDS if with_state else KINDS[:1])

@@ -10,10 +10,12 @@ import re
 
 import torch
 
+from ..ops.aio import aligned_pinned_empty
 from .blockio import byte_view
 from .layout import fsync_dir, locate, read_manifest
 from .manifest import dtype_of
 from .reader import CheckpointReader
+from .save import aio_handle
 
 _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
               torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
@@ -96,8 +98,9 @@ def _write_safetensors(path: str, reader: CheckpointReader, entries: list[dict],
                     done += f.write(mv[done:])
 
             write(memoryview(len(head).to_bytes(8, "little") + head))
-            buf = torch.empty(min(SLICE_ELEMS, max([x["numel"] for x in entries if "param" in x], default=1)),
-                              dtype=torch.float32)
+            n = min(SLICE_ELEMS, max([x["numel"] for x in entries if "param" in x], default=1))
+            # 4096-aligned: O_DIRECT reads land in it without a bounce copy
+            buf = aligned_pinned_empty(n, torch.float32, lock=False)
             for x in entries:
                 _stream_tensor(reader, x, write, buf)
             os.fsync(f.fileno())
@@ -123,7 +126,7 @@ def consolidate(ckpt_dir: str, out: str, *, tag: str | None = None, dtype: str =
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     meta = {"format": "pt", "zerocore_tag": manifest["tag"]}
     written = []
-    with CheckpointReader(path, manifest) as reader:
+    with CheckpointReader(path, manifest, aio_handle({})) as reader:
         if len(shards) == 1:
             _write_safetensors(out, reader, shards[0], meta)
             written.append(out)

@@ -18,8 +18,10 @@ _FP32 = 4
 
 
 class CheckpointReader:
-    def __init__(self, path: str, manifest: dict):
+    def __init__(self, path: str, manifest: dict, aio=None):
+        """``aio``: a :class:`zerocore.ops.AsyncIO` for the large reads (None: the page cache)."""
         self.path = path
+        self._aio = aio
         self.manifest = manifest
         self.params = {p["name"]: p for p in manifest["params"]}
         # per parameter: chunks sorted by start, and their starts for bisection
@@ -48,13 +50,17 @@ class CheckpointReader:
             if name not in self.manifest["files"]:
                 raise CheckpointError(f"zerocore checkpoint: {self.path}: the manifest refers to file {name!r} "
                                       "but does not record it")
-            r = self._files[name] = BlockReader(os.path.join(self.path, name), self.manifest["files"][name])
+            r = self._files[name] = BlockReader(os.path.join(self.path, name), self.manifest["files"][name],
+                                                      self._aio)
         return r
 
     def close(self) -> None:
         for r in self._files.values():
             r.close()
         self._files.clear()
+        if self._aio is not None:
+            self._aio.close()
+            self._aio = None
 
     def __enter__(self):
         return self

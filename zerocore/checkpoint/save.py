@@ -85,7 +85,7 @@ def live_tiles(engine):
     return tiles
 
 
-def _aio_handle(settings: dict | None):
+def aio_handle(settings: dict | None):
     """An AsyncIO handle for the writes, or None (page cache) where none can be made."""
     if settings is None:
         return None
@@ -129,7 +129,7 @@ def _write_rank(plan: SavePlan, tmp: str) -> dict:
     if not plan.writes_state:
         return index
     name = rank_file(rank)
-    w = BlockWriter(os.path.join(tmp, name), aio=_aio_handle(plan.aio))
+    w = BlockWriter(os.path.join(tmp, name), aio=aio_handle(plan.aio))
     try:
         for layout, lo, hi, state in plan.tiles():
             offs = []
