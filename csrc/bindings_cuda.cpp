@@ -156,7 +156,12 @@ void pack_impl(const std::vector<at::Tensor>& tensors, const std::vector<int64_t
   const int64_t flat_bytes = flat.numel() * esize;
   const std::vector<zcc::PackPiece> pieces = zcc::plan_pack(segs.data(), static_cast<int64_t>(segs.size()), flat_bytes, pack);
   if (pieces.empty() || flat_bytes == 0) return;
-  // The piece table travels through pinned memory on the current stream; torch's pinned
+  if (static_cast<int64_t>(pieces.size()) <= zcc::kPackInlinePieces) {  // the usual bucket: table by value
+    zcc::pack_pieces_inline(pieces.data(), static_cast<int64_t>(pieces.size()), flat.data_ptr(), flat_bytes, pack,
+                            device, as_stream(stream));
+    return;
+  }
+  // A larger piece table travels through pinned memory on the current stream; torch's pinned
   // allocator keeps the host block until that copy is done, its caching allocator keeps the
   // device block until the kernel (same stream) is done.
   const int64_t table_bytes = static_cast<int64_t>(pieces.size() * sizeof(zcc::PackPiece));

@@ -255,3 +255,82 @@ def test_failed_step_changes_nothing():
     bad.grad = torch.ones(4)
     opt.step()
     assert opt.state[good]["step"].item() == 2 and opt.state[bad]["step"].item() == 1
+
+
+def _python_calls(fn) -> int:
+    import sys
+
+    calls = [0]
+
+    def prof(frame, event, arg):
+        if event == "call":
+            calls[0] += 1
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls[0]
+
+
+def test_python_work_per_step_does_not_grow_with_parameters():
+    """After its first step a group reuses its checked plan: the Python calls of a step are the
+    same for 20 and for 200 parameters (one native call, step counts bumped by one add_)."""
+    counts = {}
+    for n in (20, 200):
+        ps = [torch.nn.Parameter(torch.randn(9)) for _ in range(n)]
+        opt = FusedAdam(ps, lr=1e-3)
+        for _ in range(2):
+            for p in ps:
+                p.grad = torch.randn(9)
+            opt.step()
+        counts[n] = _python_calls(opt.step)
+    assert counts[20] == counts[200] <= 60, counts
+
+
+def test_plan_follows_changes_and_keeps_torch_state():
+    """The plan is dropped when gradients appear/disappear, the state is loaded, or a gradient
+    is refused; results stay equal to torch.optim.AdamW throughout, step counts included."""
+    gen = torch.Generator().manual_seed(5)
+    base = [torch.randn(6, generator=gen) for _ in range(4)]
+    pa = [torch.nn.Parameter(t.clone()) for t in base]
+    pb = [torch.nn.Parameter(t.clone()) for t in base]
+    a, b = FusedAdam(pa, lr=0.05), torch.optim.AdamW(pb, lr=0.05)
+
+    def both(mask, g_fn=lambda g: g):
+        for p, q, m in zip(pa, pb, mask):
+            g = torch.randn(6, generator=gen)
+            p.grad, q.grad = (g_fn(g.clone()), g.clone()) if m else (None, None)
+        a.step()
+        b.step()
+
+    for mask in ([1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 1, 1], [1, 0, 1, 1], [1, 1, 1, 1]):
+        both(mask)
+    _assert_params_close(pa, pb)
+    assert [a.state[p]["step"].item() for p in pa] == [b.state[q]["step"].item() for q in pb] == [5, 3, 5, 5]
+    both([1, 1, 1, 1], g_fn=lambda g: torch.stack([g, g], 1)[:, 0])  # a non-contiguous gradient: refused by
+    _assert_params_close(pa, pb)                                     # the plan's binding, stepped by the full path
+    a.load_state_dict(copy.deepcopy(b.state_dict()))  # (torch's load keeps same-device tensors: not shared)
+    both([1, 1, 1, 1])
+    both([1, 1, 1, 1])
+    _assert_params_close(pa, pb)
+    assert a.state[pa[1]]["step"].item() == b.state[pb[1]]["step"].item() == 6
+    pa[2].grad = torch.zeros(6).to_sparse()
+    with pytest.raises(TypeError, match="sparse"):
+        a.step()
+
+
+def test_plan_on_cuda_is_one_binding_call(monkeypatch):
+    from fake_cuda import fake, install_recorder
+
+    rec = install_recorder(monkeypatch)
+    ps = [torch.nn.Parameter(fake(5)) for _ in range(70)]
+    opt = FusedAdam(ps, lr=0.01)
+    for step in range(3):
+        for p in ps:
+            p.grad = fake(5)
+        opt.step()
+    calls = [c for c in rec.calls if c[0] == "cuda_adam_step_multi"]
+    assert len(calls) == 3 and all(len(c[1][0]) == 70 for c in calls)
+    assert [c[1][5][0] for c in calls] == [1, 2, 3] and calls[2][1][0][0] is ps[0]

@@ -76,6 +76,12 @@ std::vector<PackPiece> plan_pack(const Segment* segments, int64_t n, int64_t fla
 // memory (the binding stages it through pinned memory on the same stream).
 void pack_pieces(const PackPiece* device_pieces, int64_t num_pieces, void* flat, int64_t flat_bytes, bool pack,
                  int device, cudaStream_t stream);
+// Up to kPackInlinePieces pieces (e.g. 63 tensors with gaps, or any one tensor) travel in the
+// kernel's parameters by value: pack_pieces_inline takes plan_pack's result in host memory and
+// launches at once, with no device copy of the table.
+constexpr int kPackInlinePieces = 128;
+void pack_pieces_inline(const PackPiece* host_pieces, int64_t num_pieces, void* flat, int64_t flat_bytes, bool pack,
+                        int device, cudaStream_t stream);
 
 // ---- Casts -----------------------------------------------------------------------------
 // fp32 <-> bf16 / fp16 (and bf16 <-> fp16, equal dtypes copy), round-to-nearest-even, NaN

@@ -66,9 +66,10 @@ __device__ __forceinline__ void block_copy_any(char* dst, const char* src, int64
   else block_copy<1>(dst, src, n);
 }
 
+// The block's tile of the flat buffer: every piece overlapping it.
 template <bool kPack>
-__global__ void __launch_bounds__(kPackThreads) pack_kernel(const PackPiece* __restrict__ pieces, int64_t count,
-                                                             char* flat, int64_t flat_bytes) {
+__device__ __forceinline__ void pack_tile(const PackPiece* __restrict__ pieces, int64_t count, char* flat,
+                                          int64_t flat_bytes) {
   const int64_t tile_begin = static_cast<int64_t>(blockIdx.x) * kTileBytes;
   const int64_t tile_end = imin(tile_begin + kTileBytes, flat_bytes);
   // First piece ending after tile_begin.
@@ -92,6 +93,29 @@ __global__ void __launch_bounds__(kPackThreads) pack_kernel(const PackPiece* __r
       block_copy_any(tensor + (b - pc.flat_offset), flat + b, e - b);
     }
   }
+}
+
+// The piece table in device memory (staged there by the binding): any number of pieces.
+template <bool kPack>
+__global__ void __launch_bounds__(kPackThreads) pack_kernel(const PackPiece* __restrict__ pieces, int64_t count,
+                                                             char* flat, int64_t flat_bytes) {
+  pack_tile<kPack>(pieces, count, flat, flat_bytes);
+}
+
+// A small piece table passed by value in the kernel's parameters (the usual bucket: no host
+// allocation, no host-to-device copy, no event). __grid_constant__: the blocks read the
+// parameter in place instead of each thread copying 3 KB to local memory.
+struct PackInline {
+  PackPiece pieces[kPackInlinePieces];
+  int64_t count;
+};
+static_assert(sizeof(PackInline) + sizeof(char*) + sizeof(int64_t) <= 4000,
+              "pack kernel arguments must stay under the 4 KB parameter limit");
+
+template <bool kPack>
+__global__ void __launch_bounds__(kPackThreads) pack_kernel_inline(const __grid_constant__ PackInline table,
+                                                                    char* flat, int64_t flat_bytes) {
+  pack_tile<kPack>(table.pieces, table.count, flat, flat_bytes);
 }
 
 }  // namespace
@@ -144,6 +168,27 @@ void pack_pieces(const PackPiece* device_pieces, int64_t num_pieces, void* flat,
     pack_kernel<false><<<static_cast<unsigned>(tiles), kPackThreads, 0, stream>>>(device_pieces, num_pieces,
                                                                                    static_cast<char*>(flat), flat_bytes);
   ZC_LAUNCH_CHECK("pack_kernel");
+}
+
+void pack_pieces_inline(const PackPiece* host_pieces, int64_t num_pieces, void* flat, int64_t flat_bytes, bool pack,
+                        int device, cudaStream_t stream) {
+  if (flat_bytes <= 0 || num_pieces <= 0) return;
+  if (num_pieces > kPackInlinePieces)
+    throw std::invalid_argument("pack (CUDA): " + std::to_string(num_pieces) + " pieces do not fit the inline table of " +
+                                std::to_string(kPackInlinePieces));
+  const int64_t tiles = ceil_div(flat_bytes, kTileBytes);
+  if (tiles > 0x7fffffff) throw std::invalid_argument("pack (CUDA): flat buffer too large for one launch");
+  PackInline table;
+  std::copy(host_pieces, host_pieces + num_pieces, table.pieces);
+  table.count = num_pieces;
+  DeviceGuard guard(device);
+  if (pack)
+    pack_kernel_inline<true><<<static_cast<unsigned>(tiles), kPackThreads, 0, stream>>>(table, static_cast<char*>(flat),
+                                                                                         flat_bytes);
+  else
+    pack_kernel_inline<false><<<static_cast<unsigned>(tiles), kPackThreads, 0, stream>>>(table, static_cast<char*>(flat),
+                                                                                          flat_bytes);
+  ZC_LAUNCH_CHECK("pack_kernel_inline");
 }
 
 }  // namespace cuda

@@ -365,6 +365,12 @@ void test_device_cast_norm_pack() {
   cudaDeviceSynchronize();
   d2h(got.data(), dflat.p, flat_bytes);
   CHECK(got == want, "device pack differs from the CPU pack");
+  h2d(dflat.p, junk.data(), flat_bytes);  // the same with the table passed by value
+  zc::cuda::pack_pieces_inline(pieces.data(), static_cast<int64_t>(pieces.size()), dflat.p, flat_bytes, true, 0,
+                               nullptr);
+  cudaDeviceSynchronize();
+  d2h(got.data(), dflat.p, flat_bytes);
+  CHECK(got == want, "device pack with the inline table differs from the CPU pack");
   // unpack into zeroed tensors and compare
   for (size_t i = 0; i < sizes.size(); ++i) {
     std::vector<uint8_t> zero(sizes[i], 0);
@@ -382,6 +388,28 @@ void test_device_cast_norm_pack() {
     ok &= back == host[i];
   }
   CHECK(ok, "device unpack does not give the tensors back");
+  for (size_t i = 0; i < sizes.size(); ++i) {  // again, the table by value
+    std::vector<uint8_t> zero(sizes[i], 0);
+    h2d(dseg[i].data, zero.data(), sizes[i]);
+  }
+  zc::cuda::pack_pieces_inline(upieces.data(), static_cast<int64_t>(upieces.size()), dflat.p, flat_bytes, false, 0,
+                               nullptr);
+  cudaDeviceSynchronize();
+  ok = true;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<uint8_t> back(sizes[i]);
+    d2h(back.data(), dseg[i].data, sizes[i]);
+    ok &= back == host[i];
+  }
+  CHECK(ok, "device unpack with the inline table does not give the tensors back");
+  bool refused = false;
+  std::vector<zc::cuda::PackPiece> many(zc::cuda::kPackInlinePieces + 1, zc::cuda::PackPiece{0, 0, nullptr});
+  try {
+    zc::cuda::pack_pieces_inline(many.data(), static_cast<int64_t>(many.size()), dflat.p, flat_bytes, true, 0, nullptr);
+  } catch (const std::invalid_argument&) {
+    refused = true;
+  }
+  CHECK(refused, "an inline table over kPackInlinePieces is refused");
 }
 
 void test_device_pool() {

@@ -43,12 +43,14 @@ class FusedAdam(torch.optim.Optimizer):
         if "adamw_mode" in param_group:
             param_group["decoupled_weight_decay"] = bool(param_group.pop("adamw_mode"))
         super().add_param_group(param_group)
+        self._plans.clear()
         _validate_group(self.param_groups[-1], where=f"param_groups[{len(self.param_groups) - 1}]")
 
     def __setstate__(self, state: dict) -> None:
         # Called by load_state_dict: a group saved by torch.optim.Adam/AdamW or by an older
         # zerocore may lack keys; give them the values we support.
         super().__setstate__(state)
+        self.__dict__["_zc_plans"] = {}  # the state was replaced: plans are rebuilt at the next step
         for group in self.param_groups:
             for key, value in _TORCH_FIXED.items():
                 group.setdefault(key, value)
@@ -60,24 +62,58 @@ class FusedAdam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        lib = _loader.load("adam")
         # Check everything before touching any state, so a bad group or parameter leaves the
-        # optimizer and the model exactly as they were.
+        # optimizer and the model exactly as they were. A group stepped before with the same
+        # parameters (and gradients present on the same ones) reuses its checked plan: one native
+        # call, whose binding checks every gradient before anything is written. With several
+        # groups the gradients are checked here first (a few attribute reads each), so that a bad
+        # one in a later group cannot leave an earlier group stepped.
         work = []
+        several = len(self.param_groups) > 1
         for gi, group in enumerate(self.param_groups):
             _validate_group(group, where=f"param_groups[{gi}]")
-            with_grad = [p for p in group["params"] if p.grad is not None]
-            for pi, p in enumerate(group["params"]):
-                if p.grad is not None:
-                    _check_param(p, gi, pi)
-            work.append((group, with_grad))
-        for group, with_grad in work:
-            if with_grad:
-                self._step_group(lib, group, with_grad)
+            params = group["params"]
+            grads = [p.grad for p in params]
+            plan = self._plans.get(gi)
+            if plan is not None and plan.fits(params, grads, check_grads=several):
+                work.append((gi, group, plan, [grads[i] for i in plan.index]))
+                continue
+            self._plans.pop(gi, None)
+            work.append((gi, group, None, self._checked_with_grad(gi, params, grads)))
+        for gi, group, plan, arg in work:
+            if plan is not None:
+                try:
+                    plan.step(group, arg)
+                    continue
+                except (ValueError, TypeError):  # the binding refused a gradient, before writing anything
+                    self._plans.pop(gi, None)
+                    params = group["params"]
+                    arg = self._checked_with_grad(gi, params, [p.grad for p in params])  # names it, or it is fine
+            if arg:
+                self._step_group(group, arg)
+                self._plans[gi] = _Plan.build(self, group)
         return loss
 
+    @staticmethod
+    def _checked_with_grad(gi: int, params: list, grads: list) -> list:
+        """The group's parameters that have a gradient, each checked (TypeError/ValueError naming it)."""
+        for pi, (p, g) in enumerate(zip(params, grads)):
+            if g is not None:
+                _check_param(p, gi, pi)
+        return [p for p, g in zip(params, grads) if g is not None]
 
-    def _step_group(self, lib, group: dict, with_grad: list) -> None:
+    @property
+    def _plans(self) -> dict:
+        # Per param group: its checked plan (absent until the group's first step, dropped when
+        # the group or the state changes). Kept out of __init__ so load_state_dict's
+        # __setstate__ path and unpickled optimizers get one too.
+        plans = self.__dict__.get("_zc_plans")
+        if plans is None:
+            plans = self.__dict__["_zc_plans"] = {}
+        return plans
+
+    def _step_group(self, group: dict, with_grad: list) -> None:
+        lib = _loader.load("adam")
         params, grads, exp_avgs, exp_avg_sqs, writeback = [], [], [], [], []
         for p in with_grad:
             state = self.state[p]
@@ -99,9 +135,7 @@ class FusedAdam(torch.optim.Optimizer):
         counters = [self.state[p]["step"] for p in with_grad]
         torch._foreach_add_(counters, 1.0)
         steps = [int(s) for s in torch.stack(counters).tolist()]
-        beta1, beta2 = group["betas"]
-        hyper = (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]), float(group["weight_decay"]),
-                 bool(group["decoupled_weight_decay"]), 1.0)
+        hyper = _hyper(group)
         on_gpu = [i for i, p in enumerate(params) if p.is_cuda]  # CUDA params: the CUDA kernel
         if on_gpu:
             from .cuda import kernels
@@ -117,6 +151,83 @@ class FusedAdam(torch.optim.Optimizer):
             lib.adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, None, steps, *hyper)
         for p, flat in writeback:
             p.copy_(flat)
+
+
+def _hyper(group: dict) -> tuple:
+    beta1, beta2 = group["betas"]
+    return (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]), float(group["weight_decay"]),
+            bool(group["decoupled_weight_decay"]), 1.0)
+
+
+class _Plan:
+    """One param group's checked step: which parameters get stepped, their state tensors and
+    step counts, all on one device (CPU or one CUDA device), contiguous, float32, one step
+    count for all. Built after a full step of the group; valid while the group holds the same
+    parameters, the same ones have gradients and the state was not replaced."""
+
+    __slots__ = ("params", "index", "present", "exp_avgs", "exp_avg_sqs", "counts", "count", "device", "numels")
+
+    @staticmethod
+    def build(opt: "FusedAdam", group: dict) -> "_Plan | None":
+        params = list(group["params"])
+        index = [i for i, p in enumerate(params) if p.grad is not None]
+        stepped = [params[i] for i in index]
+        if not stepped:
+            return None
+        device = stepped[0].device
+        states = [opt.state.get(p) for p in stepped]
+        if any(not st for st in states) or any(p.device != device or not p.is_contiguous() for p in stepped):
+            return None  # several devices or a non-contiguous parameter: the full path each step
+        counts = torch.stack([st["step"] for st in states]).tolist()
+        if any(c != counts[0] for c in counts) or device.type not in ("cpu", "cuda"):
+            return None  # per-parameter step counts that differ: the full path reads them each step
+        plan = _Plan()
+        plan.params, plan.index = stepped, index
+        plan.present = [g is not None for g in (p.grad for p in params)]
+        plan.exp_avgs = [st["exp_avg"] for st in states]
+        plan.exp_avg_sqs = [st["exp_avg_sq"] for st in states]
+        # The per-parameter step tensors (torch's state layout) become 0-d views of one tensor,
+        # so a step bumps them all with one add_ (a _foreach_add_ over 200 scalars costs ~1 ms).
+        plan.counts = torch.tensor(counts, dtype=torch.float32)
+        for i, st in enumerate(states):
+            st["step"] = plan.counts[i]
+        plan.count = int(counts[0])
+        plan.device = device
+        plan.numels = [p.numel() for p in stepped]
+        return plan
+
+    def fits(self, params: list, grads: list, *, check_grads: bool) -> bool:
+        """Same parameters, gradients on the same ones; with ``check_grads`` also every gradient
+        a contiguous float32 tensor of its parameter's size on the plan's device."""
+        if len(grads) != len(self.present) or [g is not None for g in grads] != self.present:
+            return False
+        if not check_grads:
+            for i, p in zip(self.index, self.params):
+                if params[i] is not p:
+                    return False
+            return True
+        f32, strided = torch.float32, torch.strided
+        cuda, index = self.device.type == "cuda", self.device.index
+        for i, p, n in zip(self.index, self.params, self.numels):
+            g = grads[i]
+            if params[i] is not p or g.dtype is not f32 or g.layout is not strided or g.numel() != n \
+                    or not g.is_contiguous() or not ((g.is_cuda and g.get_device() == index) if cuda else g.is_cpu):
+                return False
+        return True
+
+    def step(self, group: dict, grads: list) -> None:
+        steps = [self.count + 1] * len(self.params)
+        hyper = _hyper(group)
+        if self.device.type == "cuda":
+            from .cuda import kernels
+
+            kernels.lib().cuda_adam_step_multi(self.params, grads, self.exp_avgs, self.exp_avg_sqs, [], steps, *hyper,
+                                               None, kernels.stream_handle(self.device))
+        else:
+            _loader.load("adam").adam_step_multi(self.params, grads, self.exp_avgs, self.exp_avg_sqs, None, steps,
+                                                 *hyper)
+        self.counts.add_(1.0)
+        self.count += 1
 
 
 def _validate_group(group: dict, where: str) -> None:
