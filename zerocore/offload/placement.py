@@ -125,6 +125,7 @@ class OffloadPlan:
         rank = {gi: i for i, gi in enumerate(self.order)}
         self._queued.sort(key=lambda job: (rank.get(job[0], len(rank)), job[0]))
         for gi, fn, ready in self._queued:
+            self.shards[gi].group.defer_gather = True
             self.stepper.submit(gi, fn, ready)
         self._queued.clear()
         self.order.clear()

@@ -73,8 +73,10 @@ class HostStepper:
         self.threads = max(1, int(threads))
         self._jobs: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
-        # test hook: (group index, perf_counter) for every finished host step; None: not recorded
+        # test hooks: (group index, perf_counter) for every finished host step (None: not recorded);
+        # seconds each job sleeps first (a slow host, to see the pipeline on a loaded machine)
         self.trace: list[tuple[int, float]] | None = None
+        self.delay_s = 0.0
 
     def submit(self, gi: int, fn: Callable[[], object], ready: Ready) -> None:
         """Runs ``fn`` (returning an optional CUDA event) on the worker, then sets ``ready``."""
@@ -84,9 +86,11 @@ class HostStepper:
             self._thread.start()
             weakref.finalize(self, self._jobs.put, None)
         ready.clear()
-        trace = self.trace
+        trace, delay = self.trace, self.delay_s
 
         def run():
+            if delay:
+                time.sleep(delay)
             ev = fn()
             if trace is not None:
                 trace.append((gi, time.perf_counter()))

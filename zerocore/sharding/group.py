@@ -52,6 +52,7 @@ class ShardedGroup:
         self.on_gather = None
         self.params_on_host = False  # stage-3 parameter offload: param_shard rests in host memory
         self._staged = None  # the device copy of a host-resident shard while its all-gather runs
+        self.defer_gather = False  # set by offload for the first gather after a queued host step
 
     @property
     def index(self) -> int:
@@ -86,14 +87,24 @@ class ShardedGroup:
         host-resident shard to the device (on the stream the all-gather follows)."""
         if self.on_gather is not None:
             self.on_gather(self.index)
-        mine = self.owned_params()
-        if mine.device != self.param_flat.device:
-            self._staged = mine.to(self.param_flat.device, non_blocking=True)
-            mine = self._staged
         self.param_state.to(ParamState.GATHERING)
         st = self.param_flat.untyped_storage()
         if st.nbytes() != self.full_bytes:
             st.resize_(self.full_bytes)
+        if self.defer_gather and async_op:
+            # A prefetch right after an offloaded step must not block on this group's host step
+            # (which runs while earlier units compute): the all-gather is issued when the unit is
+            # waited for. Decided by this flag, never by timing, so every rank issues its
+            # collectives in the same order.
+            self.defer_gather = False
+            return _DeferredGather(self, comm)
+        return self._issue_gather(comm, async_op)
+
+    def _issue_gather(self, comm, async_op: bool):
+        mine = self.owned_params()
+        if mine.device != self.param_flat.device:
+            self._staged = mine.to(self.param_flat.device, non_blocking=True)
+            mine = self._staged
         return comm.all_gather_into(self.param_flat, mine, async_op=async_op)
 
     def finish_gather(self) -> None:
@@ -150,3 +161,16 @@ class ShardedGroup:
             shard_role = "host_params" if self.params_on_host else "params"
             return {shard_role: self.param_shard, "gathered": self.param_flat, "grads": grads, "staged": self._staged}
         return {"params": self.param_flat, "grads": grads}
+
+
+class _DeferredGather:
+    """The all-gather of a group whose host step may still be running: issued at ``wait()``."""
+
+    def __init__(self, group: ShardedGroup, comm):
+        self.group, self.comm = group, comm
+        self.done = False
+
+    def wait(self) -> None:
+        if not self.done:
+            self.done = True
+            self.group._issue_gather(self.comm, async_op=False)

@@ -50,5 +50,9 @@ class OptimizerShard:
                           adamw_mode=hp.decoupled, grad_scale=grad_scale,
                           param_out=None if self.param_out is None else self.param_out[a:b])
 
+    def load_master(self, a: int, b: int, values: torch.Tensor) -> None:
+        """Writes ``values`` into the master's owned-range elements [a, b)."""
+        self.master[a:b] = values
+
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"master": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
