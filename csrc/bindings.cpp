@@ -169,12 +169,15 @@ std::string active_isa() { return zc::active_kernels().isa; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "zerocore native kernels (CPU)";
-  m.def("adam_step", &adam_step, "Adam/AdamW step on one flat fp32 shard");
-  m.def("adam_step_multi", &adam_step_multi, "Adam/AdamW step on many tensors in one call");
+  // Without the GIL: the offload worker thread steps the host shard while Python trains on.
+  m.def("adam_step", &adam_step, "Adam/AdamW step on one flat fp32 shard", py::call_guard<py::gil_scoped_release>());
+  m.def("adam_step_multi", &adam_step_multi, "Adam/AdamW step on many tensors in one call",
+        py::call_guard<py::gil_scoped_release>());
   m.def("pack", &pack, "pack tensors into a flat buffer (gaps zeroed)");
   m.def("unpack", &unpack, "unpack a flat buffer into tensors");
   m.def("cast", &cast, "dtype conversion, round-to-nearest-even");
-  m.def("sum_squares", &sum_squares, "sum of squares (double) and any-Inf/NaN flag");
+  m.def("sum_squares", &sum_squares, "sum of squares (double) and any-Inf/NaN flag",
+        py::call_guard<py::gil_scoped_release>());
   m.def("stream_rw4", &stream_rw4, "memory roofline probe: read 4 arrays, write 3");
   m.def("supported_isas", &zc::supported_isas);
   m.def("set_isa", &zc::set_isa);

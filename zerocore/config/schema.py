@@ -14,6 +14,7 @@ from .options import ConfigError, coerce, is_section, option, section, spec_of
 OFFLOAD = "CPU/NVMe offload (offload issue)"
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: above this a wait is a hang, and timedelta/gloo overflow
 MAX_ACCUMULATION = 1_000_000  # micro-batches per step; above this the optimizer would never step
+NVME = "NVMe offload (issue 13: optimizer state and parameter shards on NVMe)"
 
 
 def _only_stage3(cfg) -> bool:
@@ -73,14 +74,17 @@ _PAR = _when(_offloads_params, "offload_param.device cpu or nvme")
 @dataclasses.dataclass
 class OffloadOptimizerConfig(_Section):
     PATH = "zero_optimization.offload_optimizer"
-    device: str = option("none", "Where the optimizer state (fp32 master, m, v) and its step live.",
-                         kind=str, choices=("none", "cpu", "nvme"), pending_if=lambda v: v != "none",
-                         pending=OFFLOAD)
+    device: str = option("none", "Where the optimizer state (fp32 master, m, v) and its step live: cpu = host "
+                         "memory, stepped by the SIMD Adam kernel (stages 1-3); nvme: not yet (issue 13).",
+                         kind=str, choices=("none", "cpu", "nvme"), pending_if=lambda v: v == "nvme",
+                         pending=NVME)
     nvme_path: str | None = option(None, "Directory for the swap files when device is nvme.", kind=str,
                                    optional=True, **_OPT)
     pin_memory: bool = option(True, "Use page-locked CPU buffers (faster host/device copies).", kind=bool, **_OPT)
     buffer_count: int = option(4, "Staging buffers for NVMe swapping of optimizer state.", kind=int, ge=1, **_OPT)
-    ratio: float = option(1.0, "Fraction of the optimizer step offloaded.", kind=float, ge=0.0, le=1.0, **_OPT)
+    ratio: float = option(1.0, "Fraction of each owned optimizer shard stepped on the host (twin-flow); the rest "
+                          "stays on the device and is stepped there. Every stage.", kind=float, ge=0.0, le=1.0,
+                          **_OPT)
     fast_init: bool = option(False, "Build the NVMe optimizer partitions in one batched swap.", kind=bool, **_OPT)
     pipeline_read: bool = option(False, "Overlap NVMe reads with the step of the previous sub-group.",
                                  kind=bool, **_OPT)
@@ -95,8 +99,9 @@ class OffloadOptimizerConfig(_Section):
 @dataclasses.dataclass
 class OffloadParamConfig(_Section):
     PATH = "zero_optimization.offload_param"
-    device: str = option("none", "Where stage-3 parameter shards live between uses.", kind=str,
-                         choices=("none", "cpu", "nvme"), pending_if=lambda v: v != "none", pending=OFFLOAD)
+    device: str = option("none", "Where stage-3 parameter shards live between uses: cpu = host memory, copied to "
+                         "the device right before each all-gather; nvme: not yet (issue 13).", kind=str,
+                         choices=("none", "cpu", "nvme"), pending_if=lambda v: v == "nvme", pending=NVME)
     nvme_path: str | None = option(None, "Directory for the swap files when device is nvme.", kind=str,
                                    optional=True, **_PAR)
     pin_memory: bool = option(True, "Use page-locked CPU buffers.", kind=bool, **_PAR)

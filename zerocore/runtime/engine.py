@@ -16,6 +16,7 @@ from .. import ops
 from ..comm import Comm
 from ..config import ZeroConfig
 from ..comm.divergence import DivergenceGuard, Op
+from ..offload import OffloadPlan
 from ..sharding import (AdamHyper, GradReducer, OptimizerShard, ParamState, ShardedGroup,
                         policy_for)
 from ..sharding.gatherer import Limits, ParamGatherer
@@ -40,13 +41,16 @@ class Engine:
         self.config = config
         self.comm = comm
         z = config.zero_optimization
-        self.policy = policy_for(z.stage)
+        self.policy = policy_for(z.stage, z.offload_optimizer.device if z.offload_optimizer.device != "none"
+                                 else "device")
         self.dtype = training_dtype(config)
         self.gas, _, _ = config.batch_sizes(comm.world)
         trainable, frozen = named_params(module)
         if not trainable:
             raise ValueError("zerocore: the model has no trainable parameters")
         self.device = trainable[0][1].device
+        # CPU offload: where the optimizer shard (and stage-3 parameter shards) rest; None: the device
+        self.offload = OffloadPlan.build(config, self.device, lambda: (self.micro_steps + 1) % self.gas == 0)
         for names, p in trainable + frozen:
             check_unchanged(p, names[0])
         self.groups: list[ShardedGroup] = []
@@ -70,7 +74,8 @@ class Engine:
                 max_reuse=z.stage3_max_reuse_distance))
         self.reducer = GradReducer(self.groups, comm, overlap=z.overlap, reduce_scatter=z.reduce_scatter,
                                    device=self.device, guard=self.guard if self.guard.enabled else None,
-                                   on_complete=self.gatherer.on_group_complete if self.gatherer else None)
+                                   on_complete=self.gatherer.on_group_complete if self.gatherer else None,
+                                   on_reduced=self.offload.on_reduced if self.offload else None)
         self.scaler = LossScaler(config.fp16 if config.fp16.enabled else None)
         p = config.optimizer.params
         self.hyper = AdamHyper(lr=p.lr, betas=tuple(p.betas), eps=p.eps, weight_decay=p.weight_decay,
@@ -103,7 +108,8 @@ class Engine:
             flat = ops.cast(init, torch.empty(layout.padded, dtype=self.dtype, device=self.device))
         g = ShardedGroup(layout, params, policy, self.comm.rank, self.device, param_flat=flat)
         tile = self.config.zero_optimization.sub_group_size if self.config.zero_optimization.stage == 3 else None
-        self.shards.append(OptimizerShard(g, init, tile=tile))
+        self.shards.append(self.offload.make_shard(g, init, tile) if self.offload is not None
+                           else OptimizerShard(g, init, tile=tile))
         g.bind_params()
         if g.partitioned:
             g.free_full()  # stage 3: only the owned chunk stays
@@ -180,7 +186,9 @@ class Engine:
         # The reduced gradients are sums over ranks of loss-scaled gradients.
         denom = self.comm.world * self.scaler.scale
         sumsq, bad = 0.0, False
-        for g in self.groups:
+        if self.offload is not None:  # accumulated on the host as the buckets landed
+            sumsq, bad = self.offload.landed_sumsq(self.groups, self.shards)
+        for g in self.groups if self.offload is None else ():
             s, b = ops.sum_squares(g.owned_grad())
             sumsq += s
             bad = bad or b
@@ -223,6 +231,8 @@ class Engine:
         for h, done in inflight:
             h.wait()
             done.param_state.to(ParamState.GATHERED)
+        if self.offload is not None:
+            self.offload.launch()  # stage 3: the queued host steps, first-needed first
 
     def _skip(self) -> None:
         self.skipped_steps += 1

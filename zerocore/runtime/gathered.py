@@ -128,4 +128,4 @@ def _write_back(engine, gi: int, slots: list[int], src: int) -> None:
         if g.partitioned:
             g.param_shard[a - g.lo:b - g.lo] = g.param_flat[a:b]
         if shard.master.data_ptr() != g.owned_params().data_ptr():  # a separate fp32 master
-            shard.master[a - g.lo:b - g.lo] = g.param_flat[a:b].float()
+            shard.load_master(a - g.lo, b - g.lo, g.param_flat[a:b].float())

@@ -2,13 +2,18 @@
 underlying storage once, under the first role that holds it), not from a formula."""
 from __future__ import annotations
 
-ROLES = ("params", "gathered", "grads", "master", "exp_avg", "exp_avg_sq", "buckets")
-# "gathered": stage 3's full parameter buffers while gathered (zero bytes between steps)
+ROLES = ("params", "gathered", "staged", "grads", "master", "exp_avg", "exp_avg_sq", "buckets")
+# "gathered": stage 3's full parameter buffers while gathered (zero bytes between steps);
+# "staged": the device copy of a host-resident parameter shard while its all-gather runs
+HOST_ROLES = ("host_params", "host_grads", "host_master", "host_exp_avg", "host_exp_avg_sq", "host_staging")
+# Host memory of CPU offload (zerocore.offload). "total" sums the training device's roles,
+# "host_total" the host's; on a CPU-only machine both are the same RAM, the split says where
+# the engine put each byte.
 
 
 def held_bytes(engine) -> dict[str, int]:
     seen: set[int] = set()
-    out = dict.fromkeys(ROLES, 0)
+    out = dict.fromkeys(ROLES + HOST_ROLES, 0)
 
     def count(role, t):
         if t is None:
@@ -27,6 +32,7 @@ def held_bytes(engine) -> dict[str, int]:
     for b in engine.reducer.bucket_tensors():
         count("buckets", b)
     out["total"] = sum(out[r] for r in ROLES)
+    out["host_total"] = sum(out[r] for r in HOST_ROLES)
     return out
 
 

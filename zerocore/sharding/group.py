@@ -45,13 +45,36 @@ class ShardedGroup:
         self.grad_shard = (None if policy.keep_full_grads
                            else torch.zeros(self.hi - self.lo, dtype=layout.dtype, device=device))
         self.has_grad = False  # the owned slice holds a gradient of this optimizer step
+        # Offload (zerocore.offload): ``ready`` is set when this step's host update is in the owned
+        # parameters (reads and gathers wait for it: each unit waits only for its own);
+        # ``on_gather(index)`` records the order units are gathered in (the next step's order).
+        self.ready = None
+        self.on_gather = None
+        self.params_on_host = False  # stage-3 parameter offload: param_shard rests in host memory
+        self._staged = None  # the device copy of a host-resident shard while its all-gather runs
+        self.defer_gather = False  # set by offload for the first gather after a queued host step
 
     @property
     def index(self) -> int:
         return self.layout.index
 
     def owned_params(self) -> torch.Tensor:
+        """The owned range of the parameters, holding every update stepped so far."""
+        if self.ready is not None:
+            self.ready.wait()
+        return self.owned_params_raw()
+
+    def owned_params_raw(self) -> torch.Tensor:
+        """The owned range as it is now (the offload worker writes into it)."""
         return self.param_shard if self.partitioned else self.param_flat[self.lo:self.hi]
+
+    def offload_params(self, pin: bool) -> None:
+        """Stage-3 parameter offload: the owned shard moves to host memory (page-locked when ``pin``)."""
+        assert self.partitioned
+        host = torch.empty(self.param_shard.numel(), dtype=self.param_shard.dtype, device="cpu", pin_memory=pin)
+        host.copy_(self.param_shard)
+        self.param_shard = host
+        self.params_on_host = True
 
     @property
     def full_bytes(self) -> int:
@@ -59,16 +82,35 @@ class ShardedGroup:
 
     # -- stage 3: gather / free ------------------------------------------------------------
     def start_gather(self, comm, async_op: bool = True):
-        """Allocates the full buffer and starts the all-gather of every rank's chunk into it."""
+        """Allocates the full buffer and starts the all-gather of every rank's chunk into it.
+        Offloaded: first waits for this group's host step (only this group's), and copies a
+        host-resident shard to the device (on the stream the all-gather follows)."""
+        if self.on_gather is not None:
+            self.on_gather(self.index)
         self.param_state.to(ParamState.GATHERING)
         st = self.param_flat.untyped_storage()
         if st.nbytes() != self.full_bytes:
             st.resize_(self.full_bytes)
-        return comm.all_gather_into(self.param_flat, self.param_shard, async_op=async_op)
+        if self.defer_gather and async_op:
+            # A prefetch right after an offloaded step must not block on this group's host step
+            # (which runs while earlier units compute): the all-gather is issued when the unit is
+            # waited for. Decided by this flag, never by timing, so every rank issues its
+            # collectives in the same order.
+            self.defer_gather = False
+            return _DeferredGather(self, comm)
+        return self._issue_gather(comm, async_op)
+
+    def _issue_gather(self, comm, async_op: bool):
+        mine = self.owned_params()
+        if mine.device != self.param_flat.device:
+            self._staged = mine.to(self.param_flat.device, non_blocking=True)
+            mine = self._staged
+        return comm.all_gather_into(self.param_flat, mine, async_op=async_op)
 
     def finish_gather(self) -> None:
         """The all-gather has landed: the parameters show their full values."""
         self.param_state.to(ParamState.GATHERED)
+        self._staged = None
         for p, v in zip(self.params, self._views):
             p.data = v
 
@@ -116,5 +158,19 @@ class ShardedGroup:
         """The tensors this group holds, by role (for memory accounting)."""
         grads = self.grad_full if self.grad_full is not None else self.grad_shard
         if self.partitioned:  # the full buffer counts only while gathered (its storage is resized)
-            return {"params": self.param_shard, "gathered": self.param_flat, "grads": grads}
+            shard_role = "host_params" if self.params_on_host else "params"
+            return {shard_role: self.param_shard, "gathered": self.param_flat, "grads": grads, "staged": self._staged}
         return {"params": self.param_flat, "grads": grads}
+
+
+class _DeferredGather:
+    """The all-gather of a group whose host step may still be running: issued at ``wait()``."""
+
+    def __init__(self, group: ShardedGroup, comm):
+        self.group, self.comm = group, comm
+        self.done = False
+
+    def wait(self) -> None:
+        if not self.done:
+            self.done = True
+            self.group._issue_gather(self.comm, async_op=False)

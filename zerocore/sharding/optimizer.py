@@ -68,5 +68,9 @@ class OptimizerShard:
         if self.param_out is not None:
             ops.cast(self.master, self.param_out)
 
+    def load_master(self, a: int, b: int, values: torch.Tensor) -> None:
+        """Writes ``values`` into the master's owned-range elements [a, b)."""
+        self.master[a:b] = values
+
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"master": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}

@@ -79,13 +79,16 @@ def reachable_leaves(loss: torch.Tensor) -> set[int]:
 
 class GradReducer:
     def __init__(self, groups: list[ShardedGroup], comm: Comm, *, overlap: bool, reduce_scatter: bool,
-                 device: torch.device, guard=None, on_complete=None):
+                 device: torch.device, guard=None, on_complete=None, on_reduced=None):
         """``guard``: a DivergenceGuard checked before each reduction (stage 3); ``on_complete(k)``:
-        called once per backward when group k has every gradient (stage 3 frees the unit)."""
+        called once per backward when group k has every gradient (stage 3 frees the unit);
+        ``on_reduced(k)``: called when group k's owned reduced slice is final for this micro-batch
+        (offload moves it to the host)."""
         self.groups = groups
         self.comm = comm
         self.guard = guard
         self.on_complete = on_complete
+        self.on_reduced = on_reduced
         self.overlap = overlap
         # reduce_scatter False = DeepSpeed's all-reduce of whole buckets; on gloo the comm layer
         # runs both as an all-reduce (measured faster there). Stage 0 steps the whole group on
@@ -245,6 +248,8 @@ class GradReducer:
             self.pool.give(b)
         g.has_grad = True
         g.grad_state.to(GradState.HELD)
+        if self.on_reduced is not None:
+            self.on_reduced(k)
 
     def finish_backward(self) -> None:
         """Reduces whatever is still pending (groups with unused parameters) and waits for every

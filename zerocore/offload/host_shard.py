@@ -1,0 +1,217 @@
+"""The owned optimizer state of one flat group with all of it (``ratio`` 1) or its first
+``ratio`` fraction on the host ("twin-flow" below 1: the rest stays on the training device and
+is stepped there by the device kernel).
+
+The engine's contract is OptimizerShard's: ``step(grad, hyper, step=, grad_scale=)`` and
+``tensors()``. What differs is where the bytes rest: fp32 master, m, v and a landed copy of the
+reduced gradient (``land``) of the host part live in host memory; the Adam step of the host part
+runs the same SIMD kernel, writing the 16-bit parameters in the same pass (``param_out``)
+straight into the parameters when they are host memory (a CPU device, or stage-3 parameter
+offload), else into a host staging buffer copied to the device on a side stream (an event).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .. import ops
+from ..sharding.group import ShardedGroup
+from ..sharding.optimizer import AdamHyper
+from .host_memory import host_copy, host_empty, host_zeros
+from .stepper import Ready
+
+
+def _adam(master, grad, m, v, out, hp: AdamHyper, step: int, grad_scale: float, tile: int) -> None:
+    n = master.numel()
+    for a in range(0, n, tile):
+        b = min(n, a + tile)
+        ops.adam_step(master[a:b], grad[a:b], m[a:b], v[a:b], lr=hp.lr, betas=hp.betas, eps=hp.eps,
+                      weight_decay=hp.weight_decay, step=step, adamw_mode=hp.decoupled, grad_scale=grad_scale,
+                      param_out=None if out is None else out[a:b])
+
+
+class HostOptimizerShard:
+    def __init__(self, group: ShardedGroup, init_fp32: torch.Tensor, *, ratio: float, pin: bool,
+                 tile: int | None = None):
+        self.group = group
+        self.pin = pin
+        n = group.hi - group.lo
+        owned = init_fp32 if init_fp32.numel() == n else init_fp32[group.lo:group.hi]
+        self.split = n if ratio >= 1.0 else int(round(n * ratio))  # host part: [0, split) of the owned range
+        self.half = group.layout.dtype != torch.float32
+        self.tile = tile or max(n, 1)
+        target = group.owned_params()
+        h = self.split
+        # host part. fp32 training with the parameters already on the host (stage-3 param offload or a CPU
+        # device at stage 3): the master *is* the parameter, as on the device.
+        if not self.half and target.device.type == "cpu" and group.partitioned:
+            self.master_h = target[:h]
+        else:
+            self.master_h = host_copy(owned[:h].to("cpu"), pin)
+        self.exp_avg_h = host_zeros(h, torch.float32, pin)
+        self.exp_avg_sq_h = host_zeros(h, torch.float32, pin)
+        self.grad_h = host_zeros(h, group.layout.dtype, pin)
+        # 16-bit values from the host kernel: straight into host-resident parameters, else staged
+        self.out_h = None
+        if self.half and target.device.type != "cpu":
+            self.out_h = host_empty(h, group.layout.dtype, pin)
+        # device part (ratio < 1): as OptimizerShard keeps it
+        tail = owned[h:]
+        if h == n:
+            self.master_d = torch.empty(0, dtype=torch.float32, device=owned.device)
+        elif not self.half and target.device == tail.device:
+            self.master_d = target[h:]
+        else:
+            self.master_d = tail.clone()
+        self.exp_avg_d = torch.zeros_like(self.master_d)
+        self.exp_avg_sq_d = torch.zeros_like(self.master_d)
+        self.ready = Ready()  # this step's host update is in the parameters
+        self._landed: list = []  # (cuda event | None) for the gradient copy in flight
+        self._copy_stream = None
+        self._copy_event = None  # the last copy back to the device (CUDA)
+        self.sumsq, self.nonfinite = 0.0, False
+        self.poison = False  # test hook: NaN into the device copy before the host step writes it
+        self.enqueue = None  # (group index, host step, ready) -> None: set by OffloadPlan at stage 3
+
+    # -- gradients arrive ------------------------------------------------------------------
+    def land(self, grad: torch.Tensor) -> None:
+        """The reduced owned gradient is final for this step: the host part goes to host memory (a
+        side-stream copy tracked by an event on CUDA) and its contribution to the global norm and
+        overflow flag is accumulated (the device part's on the device)."""
+        self.ready.wait()  # the worker may still be reading last step's landed gradient
+        h = self.split
+        s, bad = (ops.sum_squares(grad[h:]) if h < grad.numel() else (0.0, False))
+        if grad.device.type == "cuda":
+            stream = self._stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self.grad_h.copy_(grad[:h], non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record(stream)
+            grad.record_stream(stream)
+            self._landed.append(ev)
+            self.sumsq, self.nonfinite = s, bad  # the host part is added when its copy has landed
+            self._host_norm_pending = True
+            return
+        self.grad_h.copy_(grad[:h])
+        hs, hbad = ops.sum_squares(self.grad_h)
+        self.sumsq, self.nonfinite = hs + s, bool(hbad or bad)
+        self._host_norm_pending = False
+
+    def landed_sumsq(self) -> tuple[float, bool]:
+        """This group's (sum of squares, any Inf/NaN) of the owned reduced gradient."""
+        if getattr(self, "_host_norm_pending", False):
+            for ev in self._landed:
+                ev.synchronize()
+            self._landed.clear()
+            hs, hbad = ops.sum_squares(self.grad_h)
+            s, bad = self.sumsq, self.nonfinite
+            self.sumsq, self.nonfinite = hs + s, bool(hbad or bad)
+            self._host_norm_pending = False
+        return self.sumsq, self.nonfinite
+
+    def _stream(self):
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream()
+        return self._copy_stream
+
+    # -- the step --------------------------------------------------------------------------
+    def step(self, grad: torch.Tensor, hp: AdamHyper, *, step: int, grad_scale: float):
+        """Steps the device part now; the host part now too, or (with ``enqueue`` set, stage 3) hands
+        it to be queued for the worker. ``grad``: the device's owned gradient (the device part reads it;
+        the host part reads its landed copy)."""
+        hp = dataclasses.replace(hp)  # the worker must see this step's lr even if the user changes it
+        h = self.split
+        target = self.group.owned_params_raw()
+        if h < grad.numel():
+            dev_out = target[h:] if self.half else None
+            if dev_out is not None and dev_out.device != self.master_d.device:
+                dev_out = torch.empty_like(self.master_d, dtype=target.dtype)
+            _adam(self.master_d, grad[h:], self.exp_avg_d, self.exp_avg_sq_d, dev_out, hp, step, grad_scale,
+                  self.tile)
+            if not self.half and self.master_d.data_ptr() != target[h:].data_ptr():
+                target[h:].copy_(self.master_d)
+            elif dev_out is not None and dev_out.data_ptr() != target[h:].data_ptr():
+                target[h:].copy_(dev_out)
+        if h == 0:
+            return None
+        if self.poison and self.master_h.data_ptr() != target.data_ptr():  # (never the master itself)
+            target[:h].fill_(float("nan"))
+
+        def host_part():
+            if self._copy_event is not None:  # last step's copy back still reads the buffer we write
+                self._copy_event.synchronize()
+                self._copy_event = None
+            out = target[:h] if self.half and self.out_h is None else self.out_h
+            _adam(self.master_h, self.grad_h, self.exp_avg_h, self.exp_avg_sq_h, out, hp, step, grad_scale,
+                  self.tile)
+            return self._copy_back(target[:h])
+
+        if self.enqueue is not None:  # stage 3: the worker steps it, in the next forward's order
+            self.enqueue(self.group.index, host_part, self.ready)
+            return None
+        ev = host_part()
+        if ev is not None:
+            torch.cuda.current_stream().wait_event(ev)
+        return None
+
+    def _copy_back(self, dst: torch.Tensor):
+        """Updated host values into the device parameters (nothing to do when they already are them)."""
+        src = self.out_h if self.half else self.master_h
+        if src is None or src.data_ptr() == dst.data_ptr():
+            return None
+        if dst.device.type != "cuda":
+            dst.copy_(src)
+            return None
+        stream = self._stream()
+        with torch.cuda.stream(stream):
+            dst.copy_(src, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(stream)
+        self._copy_event = ev
+        return ev
+
+    # -- what the engine and checkpoints read ------------------------------------------------
+    @property
+    def master(self) -> torch.Tensor:
+        """The fp32 master of the owned range (a copy joined from both parts when ``ratio`` < 1)."""
+        self.ready.wait()
+        if self.master_d.numel() == 0:
+            return self.master_h
+        return torch.cat([self.master_h.to(self.master_d.device), self.master_d])
+
+    def load_master(self, a: int, b: int, values: torch.Tensor) -> None:
+        """Writes ``values`` into the master's owned-range elements [a, b)."""
+        self.ready.wait()
+        h = self.split
+        if a < h:
+            self.master_h[a:min(b, h)].copy_(values[:min(b, h) - a])
+        if b > h:
+            self.master_d[max(a, h) - h:b - h].copy_(values[max(a, h) - a:])
+
+    def state_tiles(self, max_elems: int, *, write: bool = False):
+        """(lo, hi, {"master", "exp_avg", "exp_avg_sq"}) over the owned range, at most ``max_elems`` per
+        tile and never across the host/device split; the tensors are views of the state, so what a
+        writer puts into them with ``write`` is the state."""
+        self.ready.wait()
+        parts = [(0, self.master_h, self.exp_avg_h, self.exp_avg_sq_h),
+                 (self.split, self.master_d, self.exp_avg_d, self.exp_avg_sq_d)]
+        for base, m, a, v in parts:
+            for lo in range(0, m.numel(), max(1, max_elems)):
+                hi = min(m.numel(), lo + max_elems)
+                yield base + lo, base + hi, {"master": m[lo:hi], "exp_avg": a[lo:hi], "exp_avg_sq": v[lo:hi]}
+
+    def refresh_params(self) -> None:
+        """Re-derives the owned 16-bit (or fp32) parameters from the master (after a checkpoint load)."""
+        self.ready.wait()
+        target = self.group.owned_params_raw()
+        h = self.split
+        for m, dst in ((self.master_h, target[:h]), (self.master_d, target[h:])):
+            if m.numel() and m.data_ptr() != dst.data_ptr():
+                dst.copy_(m)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"host_master": self.master_h, "host_exp_avg": self.exp_avg_h, "host_exp_avg_sq": self.exp_avg_sq_h,
+                "host_grads": self.grad_h, "host_staging": self.out_h, "master": self.master_d,
+                "exp_avg": self.exp_avg_d, "exp_avg_sq": self.exp_avg_sq_d}

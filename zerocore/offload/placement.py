@@ -1,0 +1,136 @@
+"""Where the owned optimizer shard and the stage-3 parameter shards rest, as the engine's one
+placement decision (``StagePolicy.optimizer_device``), and the hooks that move bytes there.
+
+- ``make_shard``: the group's optimizer shard on the host (``HostOptimizerShard``) and, with
+  parameter offload, its 16-bit shard moved to host memory (``max_in_cpu`` checked).
+- ``on_reduced(k)`` (the reducer's callback): in the boundary backward, group k's owned gradient
+  is final: it goes to the host and its norm/overflow contribution is accumulated, so the global
+  norm is known when backward ends (``landed_sumsq``).
+- ``launch()`` after the engine's step loop: at stage 3 the host steps were only queued; they are
+  handed to the worker in the order the last forward gathered the units (the next forward's
+  order), and each unit's gather waits for its own (``ShardedGroup.ready``). Stages 1/2 step
+  synchronously: the all-gather that follows each group's step needs its updated slice, so the
+  overlap there is the engine's (group k's all-gather while group k+1 steps).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config.options import ConfigError
+from ..sharding.optimizer import OptimizerShard
+from .host_memory import should_pin
+from .host_shard import HostOptimizerShard
+from .stepper import HostStepper
+
+NVME_NEXT = "NVMe offload (issue 13: optimizer state and parameter shards on NVMe)"
+
+
+def host_step_threads(device: torch.device) -> int:
+    """OpenMP threads of the host step: with a CUDA device every core but the training thread's;
+    on a CPU device the training thread's own count (both share the cores anyway)."""
+    n = torch.get_num_threads()
+    return max(1, n - 1) if device.type == "cuda" else n
+
+
+class OffloadPlan:
+    def __init__(self, config, device: torch.device, boundary):
+        z = config.zero_optimization
+        opt, par = z.offload_optimizer, z.offload_param
+        for key, sec in (("offload_optimizer", opt), ("offload_param", par)):
+            if sec.device == "nvme":
+                raise NotImplementedError(f"zerocore: zero_optimization.{key}.device='nvme' is not implemented yet: it "
+                                          f"needs {NVME_NEXT}. Use device 'cpu' (host memory) meanwhile.")
+        if opt.device != "none" and z.stage == 0:
+            raise ConfigError("zero_optimization.offload_optimizer.device: 'cpu' needs stage 1, 2 or 3 (got stage 0: "
+                              "the optimizer state is not sharded); allowed at stage 0: 'none'")
+        self.optimizer = opt.device == "cpu"
+        self.params = par.device == "cpu"
+        self.ratio = opt.ratio if self.optimizer else 0.0
+        self.pin_opt = should_pin(opt.pin_memory, device) if self.optimizer else False
+        self.pin_par = should_pin(par.pin_memory, device) if self.params else False
+        self.max_in_cpu = par.max_in_cpu
+        self.device = device
+        self.boundary = boundary  # () -> is the backward under way the accumulation boundary's
+        self.stepper = HostStepper(host_step_threads(device)) if z.stage == 3 else None
+        self.shards: dict[int, HostOptimizerShard] = {}
+        self.host_param_elems = 0
+        self.order: list[int] = []  # groups in the order they were first gathered since the last step
+        self._seen: set[int] = set()
+        self._queued: list[tuple[int, object, object]] = []
+        self.poison = False  # test hook (see HostOptimizerShard.poison)
+
+    @staticmethod
+    def build(config, device: torch.device, boundary) -> "OffloadPlan | None":
+        z = config.zero_optimization
+        if z.offload_optimizer.device == "none" and z.offload_param.device == "none":
+            return None
+        return OffloadPlan(config, device, boundary)
+
+    # -- construction ------------------------------------------------------------------------
+    def make_shard(self, g, init: torch.Tensor, tile: int | None):
+        if self.params and g.partitioned:
+            self.host_param_elems += g.hi - g.lo
+            if self.host_param_elems > self.max_in_cpu:
+                raise ConfigError(
+                    f"zero_optimization.offload_param.max_in_cpu: {self.max_in_cpu} elements cannot hold this rank's "
+                    f"parameter shards (at least {self.host_param_elems} elements by group {g.index}); the rest "
+                    f"would go to NVMe ({NVME_NEXT}). Raise max_in_cpu to at least the model's trainable elements "
+                    "divided by the ranks, or use offload_param.device 'none'")
+            g.offload_params(self.pin_par)
+        if not self.optimizer and not g.params_on_host:
+            return OptimizerShard(g, init, tile=tile)
+        shard = HostOptimizerShard(g, init, ratio=self.ratio, pin=self.pin_opt, tile=tile)
+        shard.poison = self.poison
+        g.ready = shard.ready
+        if self.stepper is not None and g.partitioned:
+            g.on_gather = self._note_gather
+            shard.enqueue = self._enqueue
+        self.shards[g.index] = shard
+        return shard
+
+    # -- gradients ---------------------------------------------------------------------------
+    def on_reduced(self, k: int) -> None:
+        shard = self.shards.get(k)
+        if shard is not None and self.boundary():
+            shard.land(shard.group.owned_grad())
+
+    def landed_sumsq(self, groups, shards) -> tuple[float, bool]:
+        """(sum of squares, any Inf/NaN) of this rank's owned reduced gradients, group by group in
+        index order (the order, hence the bits, of the engine's own sum)."""
+        from .. import ops
+
+        sumsq, bad = 0.0, False
+        for g, shard in zip(groups, shards):
+            s, b = shard.landed_sumsq() if isinstance(shard, HostOptimizerShard) else ops.sum_squares(g.owned_grad())
+            sumsq += s
+            bad = bad or b
+        return sumsq, bad
+
+    # -- the step ----------------------------------------------------------------------------
+    def _note_gather(self, gi: int) -> None:
+        if gi not in self._seen:
+            self._seen.add(gi)
+            self.order.append(gi)
+
+    def _enqueue(self, gi: int, fn, ready) -> None:
+        ready.clear()  # reads of this group's parameters wait from now on
+        self._queued.append((gi, fn, ready))
+
+    def launch(self) -> None:
+        """Hands the queued host steps to the worker, first-needed first."""
+        if not self._queued:
+            self.order.clear()
+            self._seen.clear()
+            return
+        rank = {gi: i for i, gi in enumerate(self.order)}
+        self._queued.sort(key=lambda job: (rank.get(job[0], len(rank)), job[0]))
+        for gi, fn, ready in self._queued:
+            self.shards[gi].group.defer_gather = True
+            self.stepper.submit(gi, fn, ready)
+        self._queued.clear()
+        self.order.clear()
+        self._seen.clear()
+
+    def wait_all(self) -> None:
+        for shard in self.shards.values():
+            shard.ready.wait()

@@ -1,0 +1,99 @@
+"""The host step off the training thread: one worker steps the owned host shards tile by tile,
+in the order the next forward needs them, and marks each group ready when its updated 16-bit
+values are back on the device. A unit's gather waits only for its own group (``Ready.wait``).
+
+Threads: the worker runs the project's OpenMP Adam kernel (which drops the GIL) with
+``threads`` OpenMP threads of its own, set once on the worker (OpenMP's thread count is per
+calling thread). With the model on a CUDA device the training thread only launches kernels, so
+the worker takes every core but one, keeping the training thread responsive; with the model on
+the CPU both compete for the same cores and the worker takes the training thread's count.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import weakref
+from typing import Callable
+
+import torch
+
+
+class Ready:
+    """Whether a group's owned parameters hold this step's update (set by the worker). On CUDA
+    also a device event: the copy back to the device was issued on a side stream, and the
+    stream that gathers waits for it, not the host."""
+
+    def __init__(self):
+        self._done = threading.Event()
+        self._done.set()
+        self.cuda_event = None
+        self.error: BaseException | None = None
+
+    def clear(self) -> None:
+        self._done.clear()
+        self.cuda_event = None
+
+    def set(self, cuda_event=None) -> None:
+        self.cuda_event = cuda_event
+        self._done.set()
+
+    @property
+    def pending(self) -> bool:
+        return not self._done.is_set()
+
+    def wait(self) -> None:
+        self._done.wait()
+        if self.error is not None:
+            raise RuntimeError("zerocore offload: the host optimizer step failed on the worker thread") from self.error
+        if self.cuda_event is not None:
+            torch.cuda.current_stream().wait_event(self.cuda_event)
+
+
+def _worker(jobs: queue.Queue, threads: int) -> None:
+    torch.set_num_threads(threads)
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        fn, ready = job
+        try:
+            ev = fn()
+        except BaseException as e:  # surfaced on the training thread at its wait
+            ready.error = e
+            ev = None
+        ready.set(ev)
+
+
+class HostStepper:
+    """One worker thread (started on first use, stopped when the stepper is collected) running
+    submitted steps in submission order."""
+
+    def __init__(self, threads: int):
+        self.threads = max(1, int(threads))
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        # test hooks: (group index, perf_counter) for every finished host step (None: not recorded);
+        # seconds each job sleeps first (a slow host, to see the pipeline on a loaded machine)
+        self.trace: list[tuple[int, float]] | None = None
+        self.delay_s = 0.0
+
+    def submit(self, gi: int, fn: Callable[[], object], ready: Ready) -> None:
+        """Runs ``fn`` (returning an optional CUDA event) on the worker, then sets ``ready``."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=_worker, args=(self._jobs, self.threads),
+                                            name="zerocore-host-step", daemon=True)
+            self._thread.start()
+            weakref.finalize(self, self._jobs.put, None)
+        ready.clear()
+        trace, delay = self.trace, self.delay_s
+
+        def run():
+            if delay:
+                time.sleep(delay)
+            ev = fn()
+            if trace is not None:
+                trace.append((gi, time.perf_counter()))
+            return ev
+
+        self._jobs.put((run, ready))
