@@ -239,7 +239,9 @@ def test_frozen_parameters_and_buffers_round_trip(tmp_path):
     e = zerocore.initialize(model(), cfg)
     case = CkCase("x", model="mlp")
     train(e, case, 0, 1, 0, 2)
-    e.save_checkpoint(str(tmp_path))
+    e.save_checkpoint(str(tmp_path), tag="t")
+    e.save_checkpoint(str(tmp_path), tag="t")  # again: swapped in atomically, the old copy removed
+    assert sorted(os.listdir(tmp_path)) == ["latest", "t"]
     m2 = model()
     m2[2].weight.data.mul_(2)
     e2 = zerocore.initialize(m2, cfg)
@@ -364,3 +366,25 @@ def test_consolidate_peak_memory_is_one_tensor_not_the_model(tmp_path):
     assert os.path.getsize(tmp_path / "out.safetensors") > model_bytes
     print(f"consolidation peak RSS growth {grew / 2**20:.1f} MiB (model 64 MiB, largest tensor 4 MiB)")
     assert grew < 2 * largest, f"consolidation grew RSS by {grew / 2**20:.1f} MiB (model 64 MiB)"
+
+
+def test_without_optimizer_states_and_mid_accumulation(saved, tmp_path):
+    root, per_rank = saved
+    want = result(per_rank, "fp32")[0]
+    e = new_engine(CASES["fp32"], 1, seed=1)
+    e.load_checkpoint(str(root / "fp32"), load_optimizer_states=False)
+    # weights, counters and lr as saved; the moments start afresh, and so does Adam's step count
+    assert (e.global_steps, e.optimizer_steps, e.lr) == (3, 0, want["first"]["lrs"][-1])
+    assert all(not s.exp_avg.any() and not s.exp_avg_sq.any() for s in e.shards)
+    got = e.full_state_dict()
+    assert all(torch.equal(got[k], w) for k, w in want["at3"].items())
+    from dist_helpers import loss_fn, make_batch
+
+    x, y = make_batch("gpt", 0, 8, 0)
+    e.backward(loss_fn("gpt", e(x), y))  # gas is 2: the first micro-batch leaves the step half done
+    with pytest.raises(RuntimeError, match="middle of gradient accumulation"):
+        e.save_checkpoint(str(tmp_path))
+    e.step()
+    with pytest.raises(RuntimeError, match="middle of gradient accumulation"):
+        e.save_checkpoint(str(tmp_path))
+    assert not os.listdir(tmp_path)  # nothing written

@@ -11,6 +11,8 @@ A directory whose name starts with "." is never a tag: a save killed at any mome
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import warnings
@@ -42,6 +44,23 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def exchange(a: str, b: str) -> bool:
+    """Swaps two existing paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``);
+    False where the kernel, libc or file system cannot, and nothing happened."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), a)
 
 
 def write_atomic(path: str, data: bytes) -> None:

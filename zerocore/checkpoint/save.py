@@ -14,9 +14,10 @@
 
 A kill at any moment leaves the previous tag and ``latest`` intact and nothing under a real tag
 but a complete checkpoint. At stage 0 (or world 1) the state is replicated and only rank 0 writes.
-Saving a tag that exists moves the old one aside (``.tmp-old-<tag>``) just before the rename: a
-crash between those two renames leaves ``latest`` naming a missing tag (the old copy is in that
-directory until the next save removes it).
+Saving a tag that exists swaps the new directory with the old one atomically (Linux
+``renameat2(RENAME_EXCHANGE)``); where that is unavailable the old one is moved aside
+(``.tmp-old-<tag>``) first, and a crash between those two renames leaves ``latest`` naming a
+missing tag (the old copy stays in that directory until the next save removes it).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from .blockio import BlockWriter, byte_view
-from .layout import (LATEST, MANIFEST, TMP_PREFIX, CheckpointError, check_tag, fsync_dir, rank_file,
+from .layout import (LATEST, MANIFEST, TMP_PREFIX, CheckpointError, check_tag, exchange, fsync_dir, rank_file,
                      write_atomic)
 from ..sharding import FlatGroup
 from .manifest import FORMAT, KINDS, VERSION, dtype_name, extra_tensors, rng_state, trainable_records
@@ -254,10 +255,15 @@ def _publish(plan: SavePlan, save_dir: str, tmp: str) -> str | None:
     fsync_dir(tmp)
     final = os.path.join(save_dir, tag)
     old = None
-    if os.path.exists(final):  # saving a tag again: the old one goes aside, then away
-        old = os.path.join(save_dir, f"{TMP_PREFIX}old-{tag}")
-        os.rename(final, old)
-    os.rename(tmp, final)
+    if os.path.exists(final):  # saving a tag again: swap atomically; the old content leaves under tmp's name
+        if exchange(tmp, final):
+            old = tmp
+        else:  # no atomic swap here: the old one goes aside first (see the module docstring)
+            old = os.path.join(save_dir, f"{TMP_PREFIX}old-{tag}")
+            os.rename(final, old)
+            os.rename(tmp, final)
+    else:
+        os.rename(tmp, final)
     fsync_dir(save_dir)
     write_atomic(os.path.join(save_dir, LATEST), tag.encode())
     return old
