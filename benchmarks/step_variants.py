@@ -1,0 +1,257 @@
+"""The models and the variants of benchmarks/step.py.
+
+A variant is a builder ``(model, ctx) -> step(x, y) -> loss`` registered under its name with
+the devices it runs on and the package it needs; add one with ``@variant(...)`` (the offload
+variants go here too). ``ctx`` carries the device, the world size and the arguments.
+"""
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+@dataclass
+class Ctx:
+    device: torch.device
+    world: int
+    args: object  # the parsed command line
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+@dataclass
+class Variant:
+    name: str
+    build: Callable
+    devices: tuple
+    needs: str | None  # an importable package, or None
+
+
+REGISTRY: dict[str, Variant] = {}
+
+
+def variant(name: str, devices=("cpu", "cuda"), needs: str | None = None):
+    def register(fn):
+        REGISTRY[name] = Variant(name, fn, tuple(devices), needs)
+        return fn
+    return register
+
+
+def unavailable(name: str, device: str) -> str | None:
+    """Why ``name`` cannot run on ``device`` here (None: it can)."""
+    v = REGISTRY[name]
+    if device not in v.devices:
+        return f"runs on {', '.join(v.devices)} only"
+    if v.needs and importlib.util.find_spec(v.needs) is None:
+        return f"needs {v.needs} (not installed)"
+    return None
+
+
+# ---- models -----------------------------------------------------------------------------------
+MODELS = ("gpt", "hf-gpt2", "hf-llama")
+UNIT_CLASS = {"gpt": "Block", "hf-gpt2": "GPT2Block", "hf-llama": "LlamaDecoderLayer"}
+
+
+def build_model(kind: str, args, vocab: int) -> torch.nn.Module:
+    """The benchmark's model, seeded: zerocore's TinyGPT (tied embeddings, pre-LN blocks), or a
+    Hugging Face GPT-2 / Llama (GQA, half the heads for keys/values) built from a config."""
+    torch.manual_seed(0)
+    if kind == "gpt":
+        from zerocore.demo import TinyGPT
+
+        return TinyGPT(vocab, args.dim, args.layers, heads=args.heads, ctx=args.ctx)
+    if kind == "hf-gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        return GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=args.ctx, n_embd=args.dim, n_layer=args.layers,
+                                          n_head=args.heads))
+    if kind == "hf-llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        return LlamaForCausalLM(LlamaConfig(
+            vocab_size=vocab, hidden_size=args.dim, intermediate_size=int(2.75 * args.dim) // 8 * 8,
+            num_hidden_layers=args.layers, num_attention_heads=args.heads,
+            num_key_value_heads=max(1, args.heads // 2), max_position_embeddings=args.ctx))
+    raise ValueError(f"--model must be one of {', '.join(MODELS)}, got {kind!r}")
+
+
+def blocks_of(model) -> list:
+    """The repeated blocks (FSDP2 wraps each; zerocore stage 3 makes each a unit)."""
+    for path in ("blocks", "transformer.h", "model.layers"):
+        obj = model
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        return list(obj)
+    raise ValueError(f"no blocks found in {type(model).__name__}")
+
+
+def logits(model, x):
+    out = model(x)
+    return out.logits if hasattr(out, "logits") else out
+
+
+def loss_of(model, x, y):
+    return F.cross_entropy(logits(model, x).flatten(0, 1).float(), y.flatten())
+
+
+# ---- variants ---------------------------------------------------------------------------------
+LR, WD = 1e-3, 0.01
+
+
+def _torch_step(model, opt, autocast: bool = False):
+    def step(x, y):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            loss = loss_of(model, x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+    return step
+
+
+def _ddp(model, ctx: Ctx):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[ctx.device.index] if ctx.cuda else None)
+
+
+@variant("ddp_torch_adamw", devices=("cpu",))
+def _ddp_torch_adamw(model, ctx):
+    ddp = _ddp(model, ctx)
+    return _torch_step(ddp, torch.optim.AdamW(ddp.parameters(), lr=LR, weight_decay=WD))
+
+
+@variant("ddp_fused_adam", devices=("cpu",))
+def _ddp_fused_adam(model, ctx):
+    import zerocore
+
+    ddp = _ddp(model, ctx)
+    return _torch_step(ddp, zerocore.FusedAdam(ddp.parameters(), lr=LR, weight_decay=WD))
+
+
+@variant("torch_amp", devices=("cuda",))
+def _torch_amp(model, ctx):
+    """fp32 parameters, bf16 autocast, torch's fused AdamW (DDP when there are several GPUs)."""
+    m = _ddp(model, ctx) if ctx.world > 1 else model
+    return _torch_step(m, torch.optim.AdamW(m.parameters(), lr=LR, weight_decay=WD, fused=True), autocast=True)
+
+
+@variant("fsdp2")
+def _fsdp2(model, ctx):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(ctx.device.type, (ctx.world,))
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if ctx.cuda
+          else MixedPrecisionPolicy())
+    for b in blocks_of(model):
+        fully_shard(b, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return _torch_step(model, torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, fused=ctx.cuda or None))
+
+
+def stage3_config(model, unit_class: str, persist: int) -> dict:
+    """Stage 3 wrapped like FSDP2: a unit per block + the root, prefetch one block ahead."""
+    block_elems = sum(p.numel() for p in blocks_of(model)[0].parameters() if p.numel() >= persist)
+    return {"stage3_unit_classes": [unit_class], "stage3_param_persistence_threshold": persist,
+            "stage3_prefetch_bucket_size": block_elems}
+
+
+def _offload_keys(stage: int) -> dict:
+    """Optimizer state and step on the host; at stage 3 the parameter shards too (issue 12)."""
+    z = {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    if stage == 3:
+        z["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return z
+
+
+def _zerocore(stage: int, check: bool = True, offload: bool = False):
+    def build(model, ctx):
+        import zerocore
+
+        a = ctx.args
+        z = {"stage": stage, "reduce_bucket_size": int(a.bucket), "overlap_comm": True}
+        if stage == 3:
+            z.update(stage3_config(model, UNIT_CLASS[a.model], a.persist), stage3_check_divergence=check)
+        if offload:
+            z.update(_offload_keys(stage))
+        cfg = {"gradient_clipping": 0.0, "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}},
+               "zero_optimization": z}
+        if ctx.cuda:
+            cfg["bf16"] = {"enabled": True}
+        engine = zerocore.initialize(model, cfg)
+
+        def step(x, y):
+            loss = loss_of(engine, x, y)
+            engine.backward(loss)
+            engine.step()
+            return loss
+        return step
+    return build
+
+
+for _s in range(4):
+    variant(f"zerocore_stage{_s}")(_zerocore(_s))
+variant("zerocore_stage3_nocheck")(_zerocore(3, check=False))
+variant("zerocore_stage2_offload")(_zerocore(2, offload=True))
+variant("zerocore_stage3_offload")(_zerocore(3, offload=True))
+
+
+def _deepspeed(stage: int, offload: bool = False):
+    def build(model, ctx):
+        import os
+
+        if not ctx.cuda:  # DeepSpeed's CPU accelerator over the gloo group the benchmark made
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+            for key, value in (("LOCAL_RANK", dist.get_rank()), ("RANK", dist.get_rank()),
+                               ("WORLD_SIZE", dist.get_world_size())):
+                os.environ.setdefault(key, str(value))
+        import deepspeed
+
+        a = ctx.args
+        z = {"stage": stage, "reduce_bucket_size": int(a.bucket), "overlap_comm": True}
+        if stage == 3:
+            z.update(stage3_param_persistence_threshold=a.persist,
+                     stage3_prefetch_bucket_size=stage3_config(model, UNIT_CLASS[a.model],
+                                                               a.persist)["stage3_prefetch_bucket_size"])
+        if offload:
+            z.update(_offload_keys(stage))
+        cfg = {"train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
+               "zero_optimization": z, "steps_per_print": 10 ** 9, "wall_clock_breakdown": False,
+               "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}}}
+        if ctx.cuda:
+            cfg["bf16"] = {"enabled": True}
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg,
+                                          dist_init_required=not dist.is_initialized())
+
+        def step(x, y):
+            loss = loss_of(engine, x, y)
+            engine.backward(loss)
+            engine.step()
+            return loss
+        return step
+    return build
+
+
+for _s in (1, 2, 3):
+    variant(f"deepspeed_stage{_s}", needs="deepspeed")(_deepspeed(_s))
+variant("deepspeed_stage2_offload", needs="deepspeed")(_deepspeed(2, offload=True))
+variant("deepspeed_stage3_offload", needs="deepspeed")(_deepspeed(3, offload=True))
+
+CPU_DEFAULT = ["ddp_torch_adamw", "ddp_fused_adam", "fsdp2", "zerocore_stage0", "zerocore_stage1", "zerocore_stage2",
+               "zerocore_stage3", "zerocore_stage3_nocheck"]
+CUDA_DEFAULT = ["torch_amp", "fsdp2", "deepspeed_stage1", "deepspeed_stage2", "deepspeed_stage3", "zerocore_stage0",
+                "zerocore_stage1", "zerocore_stage2", "zerocore_stage3"]
+# issue 12: zerocore's CPU offload beside the same stage without it and DeepSpeed's same configuration
+OFFLOAD = ["zerocore_stage2", "zerocore_stage2_offload", "deepspeed_stage2", "deepspeed_stage2_offload",
+           "zerocore_stage3", "zerocore_stage3_offload", "deepspeed_stage3_offload"]
