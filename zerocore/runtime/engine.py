@@ -21,6 +21,7 @@ from ..sharding import (AdamHyper, GradReducer, OptimizerShard, ParamState, Shar
 from ..sharding.gatherer import Limits, ParamGatherer
 from .loss_scale import LossScaler
 from .memory import held_bytes
+from .grad_norm import grad_sumsq, reduce_dtype
 from .model_setup import convert_rest, named_params, training_dtype
 from .gathered import register_engine
 from .partition_init import check_unchanged, initial_value
@@ -65,7 +66,8 @@ class Engine:
                 max_reuse=z.stage3_max_reuse_distance))
         self.reducer = GradReducer(self.groups, comm, overlap=z.overlap, reduce_scatter=z.reduce_scatter,
                                    device=self.device, guard=self.guard if self.guard.enabled else None,
-                                   on_complete=self.gatherer.on_group_complete if self.gatherer else None)
+                                   on_complete=self.gatherer.on_group_complete if self.gatherer else None,
+                                   reduce_dtype=reduce_dtype(z.reduce_dtype, self.dtype))
         self.scaler = LossScaler(config.fp16 if config.fp16.enabled else None)
         p = config.optimizer.params
         self.hyper = AdamHyper(lr=p.lr, betas=tuple(p.betas), eps=p.eps, weight_decay=p.weight_decay,
@@ -129,12 +131,13 @@ class Engine:
         boundary = (self.micro_steps + 1) % self.gas == 0
         if self.gatherer is not None:
             self.gatherer.begin_backward()
-        self.reducer.begin_backward(boundary, loss)
+        self.reducer.begin_backward(boundary)
         try:
-            (loss.float() * (self.scaler.scale / self.gas)).backward()
+            with torch.profiler.record_function("zerocore.backward"):
+                (loss.float() * (self.scaler.scale / self.gas)).backward()
             self.reducer.finish_backward()
         except BaseException:
-            self.reducer.in_backward = False
+            self.reducer.abort()
             if self.gatherer is not None:
                 self.gatherer.free_all()
             raise
@@ -157,14 +160,9 @@ class Engine:
         self.guard.check(Op.STEP, 0)
         # The reduced gradients are sums over ranks of loss-scaled gradients.
         denom = self.comm.world * self.scaler.scale
-        sumsq, bad = 0.0, False
-        for g in self.groups:
-            s, b = ops.sum_squares(g.owned_grad())
-            sumsq += s
-            bad = bad or b
-        if self.policy.partitions(self.comm.world) > 1:
-            sumsq, nbad = self.comm.sum_floats([sumsq, float(bad)])
-            bad = nbad > 0
+        with torch.profiler.record_function("zerocore.grad_norm"):
+            sumsq, bad = grad_sumsq([g.owned_grad() for g in self.groups], self.comm,
+                                    across_ranks=self.policy.partitions(self.comm.world) > 1)
         if bad or not math.isfinite(sumsq):
             self._skip()
             return
@@ -175,7 +173,8 @@ class Engine:
         if clip > 0:
             coef *= min(1.0, clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s coefficient
         self.optimizer_steps += 1
-        self._update(coef)
+        with torch.profiler.record_function("zerocore.optimizer_step"):
+            self._update(coef)
         self.scaler.update(False)
         self.reducer.clear()
 

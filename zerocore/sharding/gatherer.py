@@ -38,15 +38,14 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_flatten
 
 from ..comm import Comm
-from ..comm.divergence import DivergenceGuard, Op
+from ..comm.divergence import DivergenceGuard, Op, Phase
 from .group import ShardedGroup
 from .state import ParamState
 
-# phases carried in divergence headers (indices into comm.divergence.PHASES)
-FWD, BWD, PRE_FWD, PRE_BWD, ON_DEMAND = 1, 2, 3, 4, 5
 
+class Running(enum.Enum):
+    """Which pass the gatherer is in (the divergence headers say it with ``Phase``)."""
 
-class Phase(enum.Enum):
     IDLE = "idle"
     FORWARD = "forward"
     BACKWARD = "backward"
@@ -120,7 +119,7 @@ class ParamGatherer:
         self.limits = limits
         self.by_group = {u.group.index: u for u in self.units if u.group is not None}
         self.unit_of_param = {id(p): u for u in self.units if u.group is not None for p in u.group.params}
-        self.phase = Phase.IDLE
+        self.running = Running.IDLE
         self.stack: list[Unit] = []  # units whose forward is running, innermost last
         self.fwd_trace: list[int] | None = None
         self.bwd_trace: list[int] | None = None
@@ -169,7 +168,7 @@ class ParamGatherer:
         for u in self.units:
             self._free(u)
         self.stack.clear()
-        self.phase = Phase.IDLE
+        self.running = Running.IDLE
 
     def _prefetch(self, ahead: list[int], phase: int) -> None:
         budget = self.limits.prefetch_elems
@@ -187,16 +186,16 @@ class ParamGatherer:
     # -- forward -------------------------------------------------------------------------
     def _hook_pre_forward(self, u: Unit):
         def hook(module, args):
-            if self.phase is Phase.BACKWARD:  # activation checkpointing recomputes inside backward:
+            if self.running is Running.BACKWARD:  # activation checkpointing recomputes inside backward:
                 self.stack.append(u)  # the unit's backward follows at once, so it stays gathered
-                self._gather(u, BWD)  # until its gradients are in (on_group_complete)
+                self._gather(u, Phase.BACKWARD)  # until its gradients are in (on_group_complete)
                 return
             if not self.stack:
                 self._begin_forward()
             self.stack.append(u)
             i = self.fwd.visit(u.pos)
-            self._gather(u, FWD)
-            self._prefetch(self.fwd.ahead(i), PRE_FWD)
+            self._gather(u, Phase.FORWARD)
+            self._prefetch(self.fwd.ahead(i), Phase.PREFETCH_FORWARD)
         return hook
 
     def _hook_post_forward(self, u: Unit):
@@ -204,7 +203,7 @@ class ParamGatherer:
             if not self.stack or self.stack[-1] is not u:
                 return  # forward raised before our pre-hook ran (nothing to undo)
             self.stack.pop()
-            if self.phase is Phase.BACKWARD:
+            if self.running is Running.BACKWARD:
                 return  # a recompute (see the pre-hook)
             if torch.is_grad_enabled():
                 tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -221,7 +220,7 @@ class ParamGatherer:
         # Full buffers left from an earlier pass (kept for a backward that never came) go first.
         for v in self.units:
             self._free(v)
-        self.phase = Phase.FORWARD
+        self.running = Running.FORWARD
         self.fwd = _Pass(self.fwd_trace)
 
     def _end_forward(self) -> None:
@@ -231,9 +230,9 @@ class ParamGatherer:
         for v in self.units:  # prefetched but never used, or kept for a reuse that is not coming
             if not self._keep(v, after_forward=True):
                 self._free(v)
-        self.phase = Phase.IDLE
+        self.running = Running.IDLE
         # a skipped module may not show in the collectives (prefetched anyway): compare the orders
-        self.guard.check_order(FWD, self.fwd.order, self._label)
+        self.guard.check_order(Phase.FORWARD, self.fwd.order, self._label)
 
     def _keep(self, u: Unit, after_forward: bool = False) -> bool:
         """Keep ``u`` gathered because it is used again soon (stage3_max_reuse_distance)?"""
@@ -257,22 +256,22 @@ class ParamGatherer:
 
     # -- backward ------------------------------------------------------------------------
     def begin_backward(self) -> None:
-        self.phase = Phase.BACKWARD
+        self.running = Running.BACKWARD
         self.bwd = _Pass(self.bwd_trace)
 
     def _pre_backward(self, u: Unit) -> None:
-        if self.phase is not Phase.BACKWARD:
+        if self.running is not Running.BACKWARD:
             self.begin_backward()  # a backward not started through engine.backward()
         i = self.bwd.visit(u.pos)
-        self._gather(u, BWD)
+        self._gather(u, Phase.BACKWARD)
         for v in u.extern:
-            self._gather(v, BWD)
-        self._prefetch(self.bwd.ahead(i), PRE_BWD)
+            self._gather(v, Phase.BACKWARD)
+        self._prefetch(self.bwd.ahead(i), Phase.PREFETCH_BACKWARD)
 
     def on_group_complete(self, group_index: int) -> None:
         """The reducer has every gradient of this group for this backward: free the unit."""
         u = self.by_group.get(group_index)
-        if u is not None and self.phase is Phase.BACKWARD:
+        if u is not None and self.running is Running.BACKWARD:
             self._free(u)
 
     def end_backward(self) -> None:
@@ -283,7 +282,7 @@ class ParamGatherer:
                 self.bwd_trace = rec
         self.free_all()
         if done is not None:
-            self.guard.check_order(BWD, done.order, self._label)
+            self.guard.check_order(Phase.BACKWARD, done.order, self._label)
 
     def _label(self, pos: int) -> str:
         return self.units[pos].label
@@ -291,11 +290,11 @@ class ParamGatherer:
     # -- parameters read by another module -----------------------------------------------------
     def on_access(self, p: nn.Parameter) -> None:
         u = self.unit_of_param.get(id(p))
-        if u is None or self.phase is Phase.IDLE:
+        if u is None or self.running is Running.IDLE:
             return  # outside forward/backward no collective is issued: the parameter stays empty
         if u.state is ParamState.GATHERED:
             return
-        self._gather(u, ON_DEMAND)
+        self._gather(u, Phase.ON_DEMAND)
         if self.stack and self.stack[-1] is not u:
             self.stack[-1].extern.add(u)
 

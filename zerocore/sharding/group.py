@@ -45,6 +45,7 @@ class ShardedGroup:
         self.grad_shard = (None if policy.keep_full_grads
                            else torch.zeros(self.hi - self.lo, dtype=layout.dtype, device=device))
         self.has_grad = False  # the owned slice holds a gradient of this optimizer step
+        self.grad_views: list[torch.Tensor] = []  # stages 0/1: each parameter's view of grad_full, made once
 
     @property
     def index(self) -> int:
@@ -97,8 +98,10 @@ class ShardedGroup:
     def bind_grads(self) -> None:
         """Stages 0/1: every parameter's ``.grad`` is a view of its slot in ``grad_full``."""
         if self.grad_full is not None:
-            for i, p in enumerate(self.params):
-                p.grad = self.grad_view(i)
+            if not self.grad_views:  # the same view objects every step: the reducer tests ``p.grad is view``
+                self.grad_views = [self.grad_view(i) for i in range(len(self.params))]
+            for p, v in zip(self.params, self.grad_views):
+                p.grad = v
 
     def clear_grads(self) -> None:
         """Forgets this step's gradients (after the optimizer step, or zero_grad)."""
