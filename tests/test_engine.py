@@ -213,3 +213,26 @@ def test_unused_parameters_do_not_pin_buckets():
         assert unused.layout.slots[0].name.startswith("unused") and not unused.owned_grad().any()
         engine.step()
     assert most[0] == 2
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_reduce_dtype_fp32_reduces_bf16_gradients_in_fp32(stage):
+    """zero_optimization.reduce_dtype: "fp32": the collective sums an fp32 copy; at world 1 the
+    sum is the identity, so the step matches the bf16 reduction bit for bit."""
+    results = []
+    for reduce in (None, "fp32"):
+        torch.manual_seed(0)
+        engine = zerocore.initialize(small_model(), {"zero_optimization": {"stage": stage, "reduce_dtype": reduce},
+                                                     "bf16": {"enabled": True}})
+        seen = []
+        reduce_fn = engine.reducer._reduce
+        engine.reducer._reduce = lambda flat, async_op: (seen.append(flat.dtype), reduce_fn(flat, async_op=async_op))[1]
+        x = torch.randn(4, 5, dtype=torch.bfloat16)
+        for _ in range(2):
+            engine.backward(engine(x).float().square().mean())
+            engine.step()
+        assert set(seen) == {torch.float32 if reduce else torch.bfloat16}
+        assert engine.memory_report()["buckets"] == 0  # the fp32 copies are transient
+        results.append(engine.full_state_dict())
+    for k in results[0]:
+        assert torch.equal(results[0][k], results[1][k]), k

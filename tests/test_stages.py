@@ -98,6 +98,10 @@ W2 = [
     Case("gpt_stage1", "gpt", 1, bucket=3000, overlap=True),
     Case("gpt_stage2_acc2", "gpt", 2, gas=2, bucket=2000, overlap=True),
     Case("gpt_stage1_bf16", "gpt", 1, dtype="bf16", lr=3e-3, bucket=5000),
+    # bf16 training, gradients summed over ranks in fp32 (zero_optimization.reduce_dtype)
+    Case("gpt_stage1_bf16_reduce_fp32", "gpt", 1, dtype="bf16", lr=3e-3, bucket=5000, zero={"reduce_dtype": "fp32"}),
+    Case("gpt_stage2_bf16_reduce_fp32", "gpt", 2, dtype="bf16", lr=3e-3, bucket=3000, overlap=True,
+         zero={"reduce_dtype": "fp32"}),
     Case("gpt_stage2_fp16", "gpt", 2, dtype="fp16", lr=3e-3, fp16={"initial_scale_power": 10}),
     Case("mlp_stage2_fp16_overflow", "mlp", 2, dtype="fp16", inject_inf=(3, 1),
          fp16={"initial_scale_power": 8, "hysteresis": 1}),

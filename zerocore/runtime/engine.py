@@ -13,6 +13,7 @@ import warnings
 import torch
 
 from .. import ops
+from ..profiling import label
 from ..comm import Comm
 from ..config import ZeroConfig, require_implemented
 from ..comm.divergence import DivergenceGuard, Op
@@ -133,7 +134,7 @@ class Engine:
             self.gatherer.begin_backward()
         self.reducer.begin_backward(boundary)
         try:
-            with torch.profiler.record_function("zerocore.backward"):
+            with label("zerocore.backward"):
                 (loss.float() * (self.scaler.scale / self.gas)).backward()
             self.reducer.finish_backward()
         except BaseException:
@@ -160,7 +161,7 @@ class Engine:
         self.guard.check(Op.STEP, 0)
         # The reduced gradients are sums over ranks of loss-scaled gradients.
         denom = self.comm.world * self.scaler.scale
-        with torch.profiler.record_function("zerocore.grad_norm"):
+        with label("zerocore.grad_norm"):
             sumsq, bad = grad_sumsq([g.owned_grad() for g in self.groups], self.comm,
                                     across_ranks=self.policy.partitions(self.comm.world) > 1)
         if bad or not math.isfinite(sumsq):
@@ -173,7 +174,7 @@ class Engine:
         if clip > 0:
             coef *= min(1.0, clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s coefficient
         self.optimizer_steps += 1
-        with torch.profiler.record_function("zerocore.optimizer_step"):
+        with label("zerocore.optimizer_step"):
             self._update(coef)
         self.scaler.update(False)
         self.reducer.clear()

@@ -32,8 +32,10 @@ def grad_sumsq(grads: list[torch.Tensor], comm: Comm, *, across_ranks: bool) -> 
             comm.all_reduce(vals)
         sumsq, nbad = vals.tolist()
         return sumsq, nbad > 0
-    sumsq = sum(s for s, _ in parts)
-    bad = any(b for _, b in parts)
+    sumsq, bad = 0.0, False
+    for s, b in parts:  # a loop, not generators: no Python call per group
+        sumsq += s
+        bad = bad or b
     if across_ranks:
         sumsq, nbad = comm.sum_floats([sumsq, float(bad)])
         bad = nbad > 0

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 
 from .. import ops
+from ..profiling import label
 from ..comm import Comm, Handle
 from ..comm.divergence import Op, Phase
 from .group import ShardedGroup
@@ -175,9 +176,9 @@ class GradReducer:
         self.buckets[k] = b
         flat = b[:g.layout.padded]
         dst = torch.empty(g.layout.padded, dtype=g.layout.dtype, device=b.device) if self._staging else flat
-        if all(t.dtype == dst.dtype and t.is_contiguous() for t in grads):
+        try:  # checks every tensor before writing anything
             ops.pack(grads, offs, dst)  # gaps (padding, parameters without a gradient) zeroed
-        else:
+        except (TypeError, ValueError, RuntimeError):  # a gradient in another dtype or layout
             dst.zero_()
             for t, o in zip(grads, offs):
                 dst[o:o + t.numel()].copy_(t.reshape(-1))
@@ -203,7 +204,7 @@ class GradReducer:
         g.grad_state.to(GradState.REDUCING)
         self.launched[k] = True
         self.next_launch = k + 1
-        with torch.profiler.record_function("zerocore.reduce"):
+        with label("zerocore.reduce"):
             handle = self._reduce(flat, async_op=self.overlap)
         self.inflight.append((k, handle))
         if not self.overlap:
@@ -234,10 +235,7 @@ class GradReducer:
         """Stages 0/1: a ``.grad`` that is no longer its view (reset to None, then a fresh
         gradient) goes back into the buffer; identity tests only when nothing moved."""
         for g in self.groups:
-            views = g.grad_views
-            if all(p.grad is v for p, v in zip(g.params, views)):
-                continue
-            for p, v in zip(g.params, views):
+            for p, v in zip(g.params, g.grad_views):  # a plain loop: no Python call per parameter
                 if p.grad is not v:
                     if p.grad is not None:
                         v.copy_(p.grad)
@@ -249,7 +247,7 @@ class GradReducer:
         if not self.in_backward:
             return
         try:
-            with torch.profiler.record_function("zerocore.finish_backward"):
+            with label("zerocore.finish_backward"):
                 if self.full_grads:
                     self._rebind_full_grads()
                 elif self.on_complete is not None:
