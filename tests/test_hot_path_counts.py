@@ -19,10 +19,13 @@ import sys
 
 import pytest
 import torch
-from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import zerocore
+
+# the model and configs of benchmarks/backward_overhead.py: what is counted here is what is timed there
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from backward_overhead import make_model as _make_model, stage_config as config  # noqa: E402
 
 PKG = os.path.dirname(zerocore.__file__) + os.sep
 COMM_FILE = os.path.join(PKG, "comm", "collectives.py")
@@ -30,26 +33,8 @@ COLLECTIVES = {"reduce_scatter", "all_reduce", "all_gather", "all_gather_into", 
 BLOCKS, DIM = 100, 16
 
 
-class Block(nn.Module):
-    def __init__(self, d: int):
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.lin = nn.Linear(d, d)
-
-    def forward(self, x):
-        return x + self.lin(self.norm(x))
-
-
-def make_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(*[Block(DIM) for _ in range(BLOCKS)])
-
-
-def config(stage: int) -> dict:
-    z = {"stage": stage}
-    if stage == 3:
-        z.update(stage3_unit_classes=["Block"], stage3_param_persistence_threshold=0)
-    return {"train_micro_batch_size_per_gpu": 8, "zero_optimization": z}
+def make_model():
+    return _make_model(BLOCKS, DIM)
 
 
 class AtenCounter(TorchDispatchMode):

@@ -156,7 +156,8 @@ class ParamGatherer:
     def free_all(self) -> None:
         """Every unit back to its owned chunk (before the optimizer step changes the chunks)."""
         for u in self.units:
-            self._free(u)
+            if u.tracked.value is not ParamState.SHARDED:  # the test inline: most units are sharded
+                self._free(u)
         self.stack.clear()
         self.running = Running.IDLE
 
@@ -207,7 +208,8 @@ class ParamGatherer:
     def _begin_forward(self) -> None:
         # Full buffers left from an earlier pass (kept for a backward that never came) go first.
         for v in self.units:
-            self._free(v)
+            if v.tracked.value is not ParamState.SHARDED:
+                self._free(v)
         self.running = Running.FORWARD
         self.fwd = Pass(self.fwd_trace, self.sizes)
 
@@ -216,7 +218,8 @@ class ParamGatherer:
         if rec is not None:
             self.fwd_trace = rec
         for v in self.units:  # prefetched but never used, or kept for a reuse that is not coming
-            if not (self.limits.max_reuse > 0 and self._keep(v, after_forward=True)):
+            if v.tracked.value is not ParamState.SHARDED and not (
+                    self.limits.max_reuse > 0 and self._keep(v, after_forward=True)):
                 self._free(v)
         self.running = Running.IDLE
         # a skipped module may not show in the collectives (prefetched anyway): compare the orders
