@@ -87,7 +87,7 @@ def zerocore_row(args, world: int, dtype: str, stage: int) -> dict:
     if stage == 3:
         el = 2 if half else 4
         persistent = sum(g.layout.numel for g in engine.groups if not g.partitioned)
-        units = sorted((u.numel for u in engine.gatherer.units if u.numel), reverse=True)
+        units = sorted((u.padded for u in engine.gatherer.units if u.padded), reverse=True)
         expected = want + el * persistent * (world - 1) // world
         row.update(persistent_params=persistent, expected_bytes=expected,
                    ratio_to_expected=(mem["total"] - mem["buckets"]) / expected,

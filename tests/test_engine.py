@@ -181,9 +181,9 @@ def test_demo_runs_two_ranks_with_torchrun():
 
 
 def test_unused_parameters_do_not_pin_buckets():
-    """A group waiting for an unused parameter would hold its bucket (and every later group's)
-    until the end of backward; after the first backward finds unused parameters, the graph is
-    walked up front and they count as done."""
+    """A group waiting for an unused parameter launches at the end of backward, and the groups
+    after it wait in order; their gradients wait in ``.grad`` (what plain backward holds), not in
+    buckets: at most two buckets (overlap_comm) exist during backward and none between steps."""
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -201,11 +201,41 @@ def test_unused_parameters_do_not_pin_buckets():
     engine = zerocore.initialize(Net(), {"zero_optimization": {"stage": 2, "reduce_bucket_size": 90,
                                                                "overlap_comm": True}})
     pool = engine.reducer.pool
-    for step in range(3):
+    most, take = [0], pool.take
+
+    def counting_take():
+        b = take()
+        most[0] = max(most[0], len(pool.all))
+        return b
+
+    pool.take = counting_take
+    for _ in range(3):
         engine.backward(engine(torch.randn(3, 9)).square().mean())
+        assert pool.all == [] and all(p.grad is None for p in engine.module.parameters())
+        unused = engine.groups[0]  # the unused Linear's group: reduced as zeros
+        assert unused.layout.slots[0].name.startswith("unused") and not unused.owned_grad().any()
         engine.step()
-        assert len(pool.all) == 2  # extra buckets are given back after the backward
-        if step == 0:
-            first_extra = pool.extra
-            assert first_extra > 0 and engine.reducer.find_unused
-    assert pool.extra == first_extra  # no more after the first backward
+    assert most[0] == 2
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_reduce_dtype_fp32_reduces_bf16_gradients_in_fp32(stage):
+    """zero_optimization.reduce_dtype: "fp32": the collective sums an fp32 copy; at world 1 the
+    sum is the identity, so the step matches the bf16 reduction bit for bit."""
+    results = []
+    for reduce in (None, "fp32"):
+        torch.manual_seed(0)
+        engine = zerocore.initialize(small_model(), {"zero_optimization": {"stage": stage, "reduce_dtype": reduce},
+                                                     "bf16": {"enabled": True}})
+        seen = []
+        reduce_fn = engine.reducer._reduce
+        engine.reducer._reduce = lambda flat, async_op: (seen.append(flat.dtype), reduce_fn(flat, async_op=async_op))[1]
+        x = torch.randn(4, 5, dtype=torch.bfloat16)
+        for _ in range(2):
+            engine.backward(engine(x).float().square().mean())
+            engine.step()
+        assert set(seen) == {torch.float32 if reduce else torch.bfloat16}
+        assert engine.memory_report()["buckets"] == 0  # the fp32 copies are transient
+        results.append(engine.full_state_dict())
+    for k in results[0]:
+        assert torch.equal(results[0][k], results[1][k]), k

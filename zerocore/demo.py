@@ -247,10 +247,10 @@ def train_rank(args: argparse.Namespace) -> int:
             print(f"  rank {r}: {_mb(t)} = {t / stage0:.2f}x stage 0's {_mb(stage0)} (16 bytes/param; "
                   f"{(t - mem['buckets']) / stage0:.2f}x without the gradient buckets)")
         if engine.gatherer is not None:
-            units = [u for u in engine.gatherer.units if u.numel]
+            units = [u for u in engine.gatherer.units if u.padded]
             size = torch.empty((), dtype=engine.dtype).element_size()
             print(f"stage 3: {len(units)} units gathered one at a time (+ prefetch); peak gathered "
-                  f"{_mb(engine.gatherer.peak_live * size)} (largest unit {_mb(max(u.numel for u in units) * size)})")
+                  f"{_mb(engine.gatherer.peak_live * size)} (largest unit {_mb(max(u.padded for u in units) * size)})")
     # a few greedy characters; every rank runs the forward (stage 3 will gather in it)
     model.eval()
     with torch.no_grad():

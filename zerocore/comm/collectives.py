@@ -32,10 +32,6 @@ class Handle:
             self._work.wait()
             self._work = None
 
-    @property
-    def pending(self) -> bool:
-        return self._work is not None
-
 
 class Comm:
     """The ranks of one process group. ``Comm()`` is the default group; ``Comm.single()`` a
@@ -123,11 +119,4 @@ class Comm:
             return list(values)
         t = torch.tensor(values, dtype=torch.float64, device=self._scalar_device)
         dist.all_reduce(t, group=self.group)
-        return t.tolist()
-
-    def max_floats(self, values: list[float]) -> list[float]:
-        if self.world == 1:
-            return list(values)
-        t = torch.tensor(values, dtype=torch.float64, device=self._scalar_device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return t.tolist()

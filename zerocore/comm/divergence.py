@@ -78,9 +78,34 @@ _ADVICE = ("Every rank must run the same modules in the same order (one rank ran
            "run each module (e.g. with an empty batch), or keep the modules that differ out of stage 3 "
            "partitioning (zero_optimization.stage3_param_persistence_threshold).")
 
-# Finer detail carried for the message only (prefetch vs on-demand is decided identically on
-# every rank from the same recorded order, but an error message should say which it was).
-PHASES = ("", "forward", "backward", "prefetch (forward)", "prefetch (backward)", "on demand", "after backward")
+
+class Phase(enum.IntEnum):
+    """The one phase vocabulary of the engine: which pass a collective belongs to, carried in the
+    headers for the message only (prefetch vs on-demand is decided identically on every rank
+    from the same recorded order, but an error message should say which it was)."""
+
+    NONE = 0
+    FORWARD = 1
+    BACKWARD = 2
+    PREFETCH_FORWARD = 3
+    PREFETCH_BACKWARD = 4
+    ON_DEMAND = 5
+
+    @property
+    def text(self) -> str:
+        return _PHASE_TEXT[self]
+
+
+_PHASE_TEXT = {Phase.NONE: "", Phase.FORWARD: "forward", Phase.BACKWARD: "backward",
+               Phase.PREFETCH_FORWARD: "prefetch (forward)", Phase.PREFETCH_BACKWARD: "prefetch (backward)",
+               Phase.ON_DEMAND: "on demand"}
+
+
+def _phase_text(phase: int) -> str:
+    try:
+        return Phase(phase).text
+    except ValueError:
+        return ""
 
 
 class DivergenceGuard:
@@ -98,11 +123,11 @@ class DivergenceGuard:
         # every rank builds its guard at the same point (engine construction): a collective
         self._headers = _header_comm(comm, timeout_s) if self.enabled else None
 
-    def check(self, op: Op, index: int, phase: int = 0) -> None:
+    def check(self, op: Op, index: int, phase: int = Phase.NONE) -> None:
         """Raises DivergenceError on every rank unless all ranks are about to do the same thing."""
         if not self.enabled:
             return
-        rows = self._exchange(int(op), index, phase)
+        rows = self._exchange(int(op), index, int(phase))
         if all(r[0] == rows[0][0] and r[1] == rows[0][1] and r[3] == rows[0][3] for r in rows):
             return
         self._raise_mismatch(rows)
@@ -116,7 +141,7 @@ class DivergenceGuard:
             return
         mine = torch.tensor(order, dtype=torch.int64)
         checksum = zlib.crc32(mine.numpy().tobytes()) if order else 0
-        rows = self._exchange(int(Op.ORDER), checksum, phase, extra=len(order))
+        rows = self._exchange(int(Op.ORDER), checksum, int(phase), extra=len(order))
         if all(r[0] == rows[0][0] and r[1] == rows[0][1] and r[3] == rows[0][3] and r[4] == rows[0][4]
                for r in rows):
             return
@@ -131,7 +156,7 @@ class DivergenceGuard:
         first = next(i for i in range(longest) if len({s[i] for s in seqs}) > 1)
         lines = [f"  rank {r}: {'ran ' + name(s[first]) if s[first] >= 0 else 'had finished'} "
                  f"({rows[r][4]} units in the pass)" for r, s in enumerate(seqs)]
-        where = PHASES[phase] if 0 <= phase < len(PHASES) else ""
+        where = _phase_text(phase)
         raise DivergenceError(
             f"zerocore: ranks diverged under ZeRO stage 3: in this {where} pass, at unit #{first + 1}:\n"
             + "\n".join(lines) + "\n" + _ADVICE)
@@ -168,6 +193,6 @@ class DivergenceGuard:
             return f"unknown operation {op}"
         verb = {Op.GATHER: "gathering", Op.REDUCE: "reducing gradients of", Op.STEP: "optimizer step",
                 Op.CONTEXT: "gathering (outside training) ", Op.ORDER: "end of pass"}[o]
-        where = PHASES[phase] if 0 <= phase < len(PHASES) else ""
+        where = _phase_text(phase)
         text = verb if o in (Op.STEP, Op.ORDER) else f"{verb} {self.describe(o, index)}"
         return f"{text} ({where})" if where else text

@@ -127,6 +127,10 @@ class ZeroOptimizationConfig(_Section):
                                   kind=bool)
     overlap_comm: bool | None = option(None, "Reduce full buckets while backward continues (two buckets in "
                                        "flight). null: true at stage 3, else false.", kind=bool, optional=True)
+    reduce_dtype: str | None = option(None, "The dtype gradients are summed over ranks in (FSDP2's name). null: the "
+                                      "training dtype; \"fp32\": bf16/fp16 gradients are converted to fp32 for the "
+                                      "reduction (more accurate sums, twice the bytes on the wire).", kind=str,
+                                      optional=True, choices=("fp32",))
     reduce_bucket_size: int = option(500_000_000, "Elements per gradient bucket (= flat group at stages 1/2); a "
                                      "parameter larger than this gets a group of its own.", kind=int, ge=1)
     allgather_bucket_size: int = option(500_000_000, "Elements of parameter all-gathers in flight at once after "

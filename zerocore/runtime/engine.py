@@ -13,6 +13,7 @@ import warnings
 import torch
 
 from .. import ops
+from ..profiling import label
 from ..comm import Comm
 from ..config import ZeroConfig
 from ..comm.divergence import DivergenceGuard, Op
@@ -22,6 +23,7 @@ from ..sharding import (AdamHyper, GradReducer, OptimizerShard, ParamState, Shar
 from ..sharding.gatherer import Limits, ParamGatherer
 from .loss_scale import LossScaler
 from .memory import held_bytes
+from .grad_norm import grad_sumsq, reduce_dtype, sum_across
 from .model_setup import convert_rest, named_params, training_dtype
 from .gathered import register_engine
 from .partition_init import check_unchanged, initial_value
@@ -75,7 +77,8 @@ class Engine:
         self.reducer = GradReducer(self.groups, comm, overlap=z.overlap, reduce_scatter=z.reduce_scatter,
                                    device=self.device, guard=self.guard if self.guard.enabled else None,
                                    on_complete=self.gatherer.on_group_complete if self.gatherer else None,
-                                   on_reduced=self.offload.on_reduced if self.offload else None)
+                                   on_reduced=self.offload.on_reduced if self.offload else None,
+                                   reduce_dtype=reduce_dtype(z.reduce_dtype, self.dtype))
         self.scaler = LossScaler(config.fp16 if config.fp16.enabled else None)
         p = config.optimizer.params
         self.hyper = AdamHyper(lr=p.lr, betas=tuple(p.betas), eps=p.eps, weight_decay=p.weight_decay,
@@ -152,12 +155,13 @@ class Engine:
         boundary = (self.micro_steps + 1) % self.gas == 0
         if self.gatherer is not None:
             self.gatherer.begin_backward()
-        self.reducer.begin_backward(boundary, loss)
+        self.reducer.begin_backward(boundary)
         try:
-            (loss.float() * (self.scaler.scale / self.gas)).backward()
+            with label("zerocore.backward"):
+                (loss.float() * (self.scaler.scale / self.gas)).backward()
             self.reducer.finish_backward()
         except BaseException:
-            self.reducer.in_backward = False
+            self.reducer.abort()
             if self.gatherer is not None:
                 self.gatherer.free_all()
             raise
@@ -185,16 +189,13 @@ class Engine:
         self.guard.check(Op.STEP, 0)
         # The reduced gradients are sums over ranks of loss-scaled gradients.
         denom = self.comm.world * self.scaler.scale
-        sumsq, bad = 0.0, False
-        if self.offload is not None:  # accumulated on the host as the buckets landed
-            sumsq, bad = self.offload.landed_sumsq(self.groups, self.shards)
-        for g in self.groups if self.offload is None else ():
-            s, b = ops.sum_squares(g.owned_grad())
-            sumsq += s
-            bad = bad or b
-        if self.policy.partitions(self.comm.world) > 1:
-            sumsq, nbad = self.comm.sum_floats([sumsq, float(bad)])
-            bad = nbad > 0
+        across = self.policy.partitions(self.comm.world) > 1
+        with label("zerocore.grad_norm"):
+            if self.offload is not None:  # accumulated on the host as the buckets landed
+                sumsq, bad = sum_across(self.comm, *self.offload.landed_sumsq(self.groups, self.shards),
+                                        across_ranks=across)
+            else:
+                sumsq, bad = grad_sumsq([g.owned_grad() for g in self.groups], self.comm, across_ranks=across)
         if bad or not math.isfinite(sumsq):
             self._skip()
             return
@@ -205,7 +206,8 @@ class Engine:
         if clip > 0:
             coef *= min(1.0, clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s coefficient
         self.optimizer_steps += 1
-        self._update(coef)
+        with label("zerocore.optimizer_step"):
+            self._update(coef)
         self.scaler.update(False)
         self.reducer.clear()
 

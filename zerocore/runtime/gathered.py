@@ -82,8 +82,7 @@ def gathered(params, modifier_rank: int | None = None):
                 opened.append((engine, g))
                 continue
             if g.partitioned and state is ParamState.GATHERING:  # a prefetch in flight (inside forward)
-                unit = engine.gatherer.by_group[gi]
-                engine.gatherer._wait(unit)  # the gatherer still owns it (and frees it)
+                engine.gatherer.finish_prefetch(gi)  # the gatherer still owns it (and frees it)
             if modifier_rank is None and engine.config.zero_optimization.stage == 3:
                 saved += [(g.params[si], g.params[si].detach().clone(), g.params[si]._version) for si in slots]
         for p in loose:

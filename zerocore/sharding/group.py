@@ -53,6 +53,7 @@ class ShardedGroup:
         self.params_on_host = False  # stage-3 parameter offload: param_shard rests in host memory
         self._staged = None  # the device copy of a host-resident shard while its all-gather runs
         self.defer_gather = False  # set by offload for the first gather after a queued host step
+        self.grad_views: list[torch.Tensor] = []  # stages 0/1: each parameter's view of grad_full, made once
 
     @property
     def index(self) -> int:
@@ -139,8 +140,10 @@ class ShardedGroup:
     def bind_grads(self) -> None:
         """Stages 0/1: every parameter's ``.grad`` is a view of its slot in ``grad_full``."""
         if self.grad_full is not None:
-            for i, p in enumerate(self.params):
-                p.grad = self.grad_view(i)
+            if not self.grad_views:  # the same view objects every step: the reducer tests ``p.grad is view``
+                self.grad_views = [self.grad_view(i) for i in range(len(self.params))]
+            for p, v in zip(self.params, self.grad_views):
+                p.grad = v
 
     def clear_grads(self) -> None:
         """Forgets this step's gradients (after the optimizer step, or zero_grad)."""

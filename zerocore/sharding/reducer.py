@@ -1,52 +1,56 @@
-"""GradReducer: gradients from autograd hooks into flat buckets, buckets reduced as they fill.
+"""GradReducer: each group's gradients reduced once per (reducing) backward, with one launch.
 
-``register_post_accumulate_grad_hook`` fires once per parameter per backward, after autograd
-has accumulated its gradient. Stages 0/1 keep a full gradient buffer per group (``.grad`` is a
-view of it, so micro-batches accumulate in place) and reduce it at the accumulation boundary.
-Stage 2 packs each gradient into its group's transient bucket as it arrives and frees
-``.grad`` at once (so at most a bucket, not a group's worth of gradients, is alive on top of
-the model), reduces every micro-batch, and adds the owned slice into the gradient shard.
+Stages 0/1 keep a full gradient buffer per group and every ``.grad`` is a view of it, so
+autograd accumulates micro-batches in place and the reducer needs no hook at all: at the
+accumulation boundary ``finish_backward`` reduces the groups in index order (a ``.grad`` that
+was replaced behind our back is copied back into its view first).
+
+Stages 2/3 leave ``.grad`` to autograd and count arrivals with one cheap post-accumulate hook
+per parameter (a closure per group: a set insert and a length test, nothing else). When a
+group has every gradient, or at the end of backward for groups with unused parameters, its
+gradients are packed into a transient bucket with one multi-tensor call (``ops.pack``: gaps
+and missing gradients zeroed), ``.grad`` is dropped, the bucket is reduced with one
+collective, and its owned slice is added into the group's gradient shard. Buckets come from a
+pool (two with ``overlap_comm``: one reducing while the next is packed) that is emptied at the
+end of every backward, so between steps no bucket is held.
 
 Groups are launched strictly in index order (group k only after groups < k), whatever order
-the hooks fire in, so every rank issues the same collectives in the same order even when
-ranks use different parameters (unused ones reduce as zeros: at the end of the first backward
-that meets them, and from then on as soon as a walk of the autograd graph shows them
-unreachable, so they do not hold buckets back).
-With ``overlap`` up to two buckets are in flight while backward continues; gloo's async Work
-is only ever completed through ``wait()`` (it never reports ``is_completed()``).
+their gradients complete in, so every rank issues the same collectives in the same order even
+when ranks use different parameters. A completed group waiting behind an earlier one keeps its
+gradients in ``.grad`` (what plain backward holds) until its turn.
+gloo's async Work is only ever completed through ``wait()`` (it never reports ``is_completed()``).
 """
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import torch
 
 from .. import ops
+from ..profiling import label
 from ..comm import Comm, Handle
-from ..comm.divergence import Op
+from ..comm.divergence import Op, Phase
 from .group import ShardedGroup
 from .state import GradState
 
-BACKWARD_PHASE = 2  # comm.divergence.PHASES[2]
+OUTSIDE_BACKWARD = ("zerocore: a gradient arrived outside engine.backward(); call engine.backward(loss) instead of "
+                    "loss.backward() so loss scaling and gradient reduction happen")
 
 
 class BucketPool:
-    """Transient stage-2 buckets, all ``numel`` long: at most ``cap`` (2 with overlap_comm: one
-    reducing while the next fills), plus one more only when every bucket is still filling
-    because hooks fired out of group order (counted in ``extra``)."""
+    """Transient buckets, all ``numel`` long, at most ``cap`` alive; ``release`` drops them all."""
 
     def __init__(self, numel: int, dtype: torch.dtype, device: torch.device, cap: int):
         self.numel, self.dtype, self.device, self.cap = numel, dtype, device, cap
         self.free: list[torch.Tensor] = []
         self.all: list[torch.Tensor] = []
-        self.extra = 0
 
-    def take(self, force: bool = False) -> torch.Tensor | None:
+    def take(self) -> torch.Tensor | None:
         if self.free:
             return self.free.pop()
-        if len(self.all) < self.cap or force:
-            self.extra += len(self.all) >= self.cap
-            b = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
+        if len(self.all) < self.cap:
+            b = torch.empty(self.numel, dtype=self.dtype, device=self.device)
             self.all.append(b)
             return b
         return None
@@ -54,36 +58,20 @@ class BucketPool:
     def give(self, b: torch.Tensor) -> None:
         self.free.append(b)
 
-    def trim(self) -> None:
-        """Frees free buckets beyond ``cap``."""
-        while len(self.all) > self.cap and self.free:
-            b = self.free.pop()
-            self.all = [x for x in self.all if x is not b]
-
-
-def reachable_leaves(loss: torch.Tensor) -> set[int]:
-    """ids of the leaf tensors whose gradient ``loss.backward()`` will produce."""
-    seen, out = set(), set()
-    stack = [loss.grad_fn] if loss.grad_fn is not None else []
-    while stack:
-        fn = stack.pop()
-        if fn is None or fn in seen:
-            continue
-        seen.add(fn)
-        var = getattr(fn, "variable", None)  # AccumulateGrad nodes hold their leaf
-        if var is not None:
-            out.add(id(var))
-        stack.extend(nxt for nxt, _ in fn.next_functions)
-    return out
+    def release(self) -> None:
+        self.free.clear()
+        self.all.clear()
 
 
 class GradReducer:
     def __init__(self, groups: list[ShardedGroup], comm: Comm, *, overlap: bool, reduce_scatter: bool,
-                 device: torch.device, guard=None, on_complete=None, on_reduced=None):
+                 device: torch.device, guard=None, on_complete: Callable[[int], None] | None = None,
+                 on_reduced: Callable[[int], None] | None = None, reduce_dtype: torch.dtype | None = None):
         """``guard``: a DivergenceGuard checked before each reduction (stage 3); ``on_complete(k)``:
         called once per backward when group k has every gradient (stage 3 frees the unit);
-        ``on_reduced(k)``: called when group k's owned reduced slice is final for this micro-batch
-        (offload moves it to the host)."""
+        ``on_reduced(k)``: called once per reducing backward when group k's owned reduced slice
+        (``group.owned_grad()``) is final (state HELD). ``reduce_dtype``: the dtype collectives
+        sum in (None: the training dtype)."""
         self.groups = groups
         self.comm = comm
         self.guard = guard
@@ -96,140 +84,128 @@ class GradReducer:
         sharded = bool(groups) and groups[0].policy.shard_optimizer
         self._reduce = comm.reduce_scatter if reduce_scatter and sharded else comm.all_reduce
         self.full_grads = bool(groups) and groups[0].policy.keep_full_grads
-        self.slot_of: dict[int, tuple[int, int]] = {}
-        for g in groups:
-            for i, p in enumerate(g.params):
-                self.slot_of[id(p)] = (g.index, i)
+        train_dtype = groups[0].layout.dtype if groups else torch.float32
+        self.reduce_dtype = reduce_dtype or train_dtype
         self.pool = None
-        if groups and not self.full_grads:
-            self.pool = BucketPool(max(g.layout.padded for g in groups), groups[0].layout.dtype, device,
+        if groups and (not self.full_grads or self.reduce_dtype != train_dtype):
+            self.pool = BucketPool(max(g.layout.padded for g in groups), self.reduce_dtype, device,
                                    cap=2 if overlap else 1)
-        self.buckets: dict[int, torch.Tensor] = {}  # group -> its bucket while filling/reducing (stage 2)
+        # stages 2/3 with reduce_dtype: gradients are packed in their own dtype, then converted
+        self._staging = reduce_dtype is not None and reduce_dtype != train_dtype and not self.full_grads
+        self.buckets: dict[int, torch.Tensor] = {}  # group -> its bucket while reducing
         self.inflight: deque[tuple[int, Handle]] = deque()
-        self.arrived = [[False] * len(g.params) for g in groups]
-        self.count = [0] * len(groups)
+        self._arrived: list[set[int]] = [set() for _ in groups]
         self.launched = [False] * len(groups)
         self.next_launch = 0
         self.reducing = False  # does this backward reduce (always at stage 2; at the boundary at 0/1)?
         self.in_backward = False
-        # Walk the graph for unused parameters before each backward; turned on the first time
-        # a backward ends with parameters that got no gradient (DDP's find_unused_parameters,
-        # found out instead of asked for).
-        self.find_unused = False
-        self.unreached = [[False] * len(g.params) for g in groups]
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for g in groups for p in g.params]
+        if self.full_grads:  # one hook per group, not per parameter: catches a plain loss.backward()
+            self._hooks = [g.params[0].register_post_accumulate_grad_hook(self._check_inside) for g in groups]
+        else:
+            self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(k))
+                           for k, g in enumerate(groups) for p in g.params]
         for g in groups:
             g.bind_grads()
 
     # -- backward ------------------------------------------------------------------------
-    def begin_backward(self, boundary: bool, loss: torch.Tensor | None = None) -> None:
-        """Starts a backward. With ``loss`` given and unused parameters seen before, the autograd
-        graph is walked first and parameters it cannot reach count as done (their slots reduce
-        as zeros), so a group with an unused parameter launches when its used ones are in,
-        instead of holding its bucket until the end of backward."""
+    def begin_backward(self, boundary: bool) -> None:
         if self.in_backward:
             raise RuntimeError("zerocore: backward called again before the previous one finished")
         self.in_backward = True
         self.reducing = boundary or not self.full_grads
-        self.arrived = [[False] * len(g.params) for g in self.groups]
-        self.count = [0] * len(self.groups)
-        self.unreached = [[False] * len(g.params) for g in self.groups]
+        for s in self._arrived:
+            s.clear()
         self.launched = [False] * len(self.groups)
         self.next_launch = 0
-        if self.find_unused and loss is not None:
-            reached = reachable_leaves(loss)
-            for k, g in enumerate(self.groups):
-                for i, p in enumerate(g.params):
-                    if id(p) not in reached:
-                        self.unreached[k][i] = True
-                        self.count[k] += 1
-                if self.count[k] == len(g.params) and self.on_complete is not None:
-                    self.on_complete(k)
-            if self.reducing:
-                self._launch_ready()  # groups with nothing reachable go now
-
-    def _on_grad(self, p: torch.nn.Parameter) -> None:
-        if not self.in_backward:
-            raise RuntimeError("zerocore: a gradient arrived outside engine.backward(); call engine.backward(loss) "
-                               "instead of loss.backward() so loss scaling and gradient reduction happen")
-        k, i = self.slot_of[id(p)]
-        g = self.groups[k]
-        if self.launched[k]:
-            raise RuntimeError(f"zerocore: gradient of '{g.layout.slots[i].name}' arrived after its bucket was "
-                               "reduced (a second backward through it?); reentrant backward is not supported")
         if self.full_grads:
-            view = g.grad_view(i)
-            if p.grad.data_ptr() != view.data_ptr():  # .grad was reset to None behind our back
-                view.copy_(p.grad)
-                p.grad = view
-            if g.grad_state == GradState.EMPTY:
-                g.grad_state.to(GradState.FILLING)
-        else:
-            slot = g.layout.slots[i]
-            dst = self._bucket(k)[slot.offset:slot.end]
-            grad = p.grad.reshape(-1)
-            if self.arrived[k][i]:  # reached twice in one backward (reentrant checkpointing): sum
-                dst.add_(grad)
-            elif grad.dtype == dst.dtype and grad.is_contiguous():
-                ops.pack([grad], [0], dst)
-            else:
-                dst.copy_(grad)
-            p.grad = None  # stage 2 keeps only the owned slice
-        if self.arrived[k][i]:
-            return
-        self.arrived[k][i] = True
-        if self.unreached[k][i]:  # not in the graph at the start (reentrant checkpointing?) but came
-            self.unreached[k][i] = False  # before its group launched: already counted
-            return
-        self.count[k] += 1
-        if self.count[k] == len(g.params) and self.on_complete is not None:
-            self.on_complete(k)
-        if self.reducing and k == self.next_launch and self.count[k] == len(g.params):
-            self._launch_ready()
+            for g in self.groups:
+                if g.grad_state == GradState.EMPTY:
+                    g.grad_state.to(GradState.FILLING)
 
-    def _launch_ready(self) -> None:
-        while self.next_launch < len(self.groups):
-            k = self.next_launch
-            if self.count[k] < len(self.groups[k].params):
+    def _check_inside(self, p: torch.nn.Parameter) -> None:
+        if not self.in_backward:
+            raise RuntimeError(OUTSIDE_BACKWARD)
+
+    def _make_hook(self, k: int):
+        """The post-accumulate hook of group k's parameters: counts, and at the last one hands
+        the group on. One Python call per parameter, no tensor work."""
+        arrived, n = self._arrived[k], len(self.groups[k].params)
+
+        def hook(p: torch.nn.Parameter) -> None:
+            if not self.in_backward:
+                raise RuntimeError(OUTSIDE_BACKWARD)
+            if self.launched[k]:
+                g = self.groups[k]
+                name = next(s.name for s, q in zip(g.layout.slots, g.params) if q is p)
+                raise RuntimeError(f"zerocore: gradient of '{name}' arrived after its bucket was reduced (a second "
+                                   "backward through it?); reentrant backward is not supported")
+            if id(p) in arrived:  # reached twice in one backward: autograd summed it in .grad
                 return
-            self._launch(k)
+            arrived.add(id(p))
+            if len(arrived) == n:
+                self._complete(k)
+        return hook
 
-    def _bucket(self, k: int) -> torch.Tensor:
-        b = self.buckets.get(k)
-        if b is not None:
-            return b
+    def _complete(self, k: int) -> None:
+        if self.on_complete is not None:
+            self.on_complete(k)
+        if self.reducing and k == self.next_launch:
+            while self.next_launch < len(self.groups) and len(self._arrived[self.next_launch]) == \
+                    len(self.groups[self.next_launch].params):
+                self._launch(self.next_launch)
+
+    def _take_bucket(self) -> torch.Tensor:
         b = self.pool.take()
-        while b is None and self.inflight:  # both buckets reducing: the oldest must land first
+        while b is None:  # every bucket is reducing: the oldest must land first
             self._finish_oldest()
             b = self.pool.take()
-        if b is None:
-            b = self.pool.take(force=True)
-        g = self.groups[k]
-        if g.grad_state != GradState.FILLING:
-            g.grad_state.to(GradState.FILLING)
-        self.buckets[k] = b
         return b
+
+    def _pack(self, k: int) -> torch.Tensor:
+        """Stages 2/3: group k's gradients into a bucket (one call), ``.grad`` dropped; returns the
+        padded flat range to reduce."""
+        g = self.groups[k]
+        grads, offs = [], []
+        for slot, p in zip(g.layout.slots, g.params):
+            gr = p.grad
+            if gr is not None:
+                grads.append(gr)
+                offs.append(slot.offset)
+                p.grad = None
+        b = self._take_bucket()
+        self.buckets[k] = b
+        flat = b[:g.layout.padded]
+        dst = torch.empty(g.layout.padded, dtype=g.layout.dtype, device=b.device) if self._staging else flat
+        try:  # checks every tensor before writing anything
+            ops.pack(grads, offs, dst)  # gaps (padding, parameters without a gradient) zeroed
+        except (TypeError, ValueError, RuntimeError):  # a gradient in another dtype or layout
+            dst.zero_()
+            for t, o in zip(grads, offs):
+                dst[o:o + t.numel()].copy_(t.reshape(-1))
+        if self._staging:
+            flat.copy_(dst)
+        return flat
 
     def _launch(self, k: int) -> None:
         g = self.groups[k]
-        if g.grad_state != GradState.FILLING:  # no parameter of this group got a gradient
+        if g.grad_state != GradState.FILLING:
             g.grad_state.to(GradState.FILLING)
         if self.full_grads:
             flat = g.grad_full
+            if self.pool is not None:  # reduce_dtype wider than the buffer: reduce a converted copy
+                b = self._take_bucket()
+                self.buckets[k] = b
+                flat = b[:g.layout.padded]
+                flat.copy_(g.grad_full)
         else:
-            b = self._bucket(k)
-            if not all(self.arrived[k]):  # zero the slots no gradient was written to
-                for slot, seen in zip(g.layout.slots, self.arrived[k]):
-                    if not seen:
-                        b[slot.offset:slot.end].zero_()
-            b[g.layout.numel:g.layout.padded].zero_()  # a reused bucket may hold another group's data
-            flat = b[:g.layout.padded]
+            flat = self._pack(k)
         if self.guard is not None:
-            self.guard.check(Op.REDUCE, k, BACKWARD_PHASE)
+            self.guard.check(Op.REDUCE, k, Phase.BACKWARD)
         g.grad_state.to(GradState.REDUCING)
         self.launched[k] = True
         self.next_launch = k + 1
-        handle = self._reduce(flat, async_op=self.overlap)
+        with label("zerocore.reduce"):
+            handle = self._reduce(flat, async_op=self.overlap)
         self.inflight.append((k, handle))
         if not self.overlap:
             self._finish_oldest()
@@ -238,8 +214,12 @@ class GradReducer:
         k, handle = self.inflight.popleft()
         handle.wait()
         g = self.groups[k]
-        if not self.full_grads:
-            b = self.buckets.pop(k)
+        b = self.buckets.pop(k, None)
+        if self.full_grads:
+            if b is not None:
+                g.grad_full.copy_(b[:g.layout.padded])
+                self.pool.give(b)
+        else:
             mine = b[g.lo:g.hi]
             if g.has_grad:
                 g.grad_shard.add_(mine)
@@ -251,23 +231,56 @@ class GradReducer:
         if self.on_reduced is not None:
             self.on_reduced(k)
 
+    def _rebind_full_grads(self) -> None:
+        """Stages 0/1: a ``.grad`` that is no longer its view (reset to None, then a fresh
+        gradient) goes back into the buffer; identity tests only when nothing moved."""
+        for g in self.groups:
+            for p, v in zip(g.params, g.grad_views):  # a plain loop: no Python call per parameter
+                if p.grad is not v:
+                    if p.grad is not None:
+                        v.copy_(p.grad)
+                    p.grad = v
+
     def finish_backward(self) -> None:
-        """Reduces whatever is still pending (groups with unused parameters) and waits for every
-        reduction, so the owned gradient slices are complete."""
+        """Launches what is still pending (all groups at stages 0/1; groups with parameters that got
+        no gradient at 2/3, their slots zero) and waits for every reduction."""
         if not self.in_backward:
             return
         try:
-            if any(c < len(g.params) for c, g in zip(self.count, self.groups)):
-                self.find_unused = True  # some parameter got no gradient: look for them from now on
-            if self.reducing:
-                while self.next_launch < len(self.groups):
-                    self._launch(self.next_launch)
-            while self.inflight:
-                self._finish_oldest()
-            if self.pool is not None:
-                self.pool.trim()  # give back buckets made for out-of-order gradients
+            with label("zerocore.finish_backward"):
+                if self.full_grads:
+                    self._rebind_full_grads()
+                elif self.on_complete is not None:
+                    for k, g in enumerate(self.groups):
+                        if len(self._arrived[k]) < len(g.params):
+                            self.on_complete(k)
+                if self.reducing:
+                    while self.next_launch < len(self.groups):
+                        self._launch(self.next_launch)
+                while self.inflight:
+                    self._finish_oldest()
         finally:
             self.in_backward = False
+            if self.pool is not None:
+                self.pool.release()
+
+    def abort(self) -> None:
+        """A backward that raised: drop its partial gradients of stages 2/3 and its buckets; what
+        earlier micro-batches reduced into the shards stays."""
+        while self.inflight:
+            k, handle = self.inflight.popleft()
+            try:
+                handle.wait()
+            finally:
+                self.groups[k].grad_state.value = GradState.HELD if self.groups[k].has_grad else GradState.FILLING
+        self.buckets.clear()
+        if not self.full_grads:
+            for g in self.groups:
+                for p in g.params:
+                    p.grad = None
+        if self.pool is not None:
+            self.pool.release()
+        self.in_backward = False
 
     def clear(self) -> None:
         """Forgets all gradients of this optimizer step."""
