@@ -122,8 +122,10 @@ def test_backward_and_step_costs_scale_with_units_not_parameters(stage):
     # native kernels (pack, norm, Adam) and collectives: a few per group/unit per backward
     assert r["native_calls_per_backward"] <= 3 * u + 4, r
     assert r["collectives_per_backward"] <= 2 * u + 2, r
-    if stage < 2:  # one flat group at the default bucket size, no per-parameter hook: nothing grows
-        assert u == 1 and r["python_calls_per_step"] <= 80, r
+    if stage < 2:  # one flat group at the default bucket size, no per-parameter hook: nothing grows.
+        # ~86 constant calls per step: the engine (~25), the ops argument checks (~20), the misuse
+        # bookkeeping of issue 15 (~10), the norm and the reduction.
+        assert u == 1 and r["python_calls_per_step"] <= 100, r
 
 
 @pytest.mark.xfail(strict=True, reason="issue 11 target not met at stage 3: ~106 zerocore Python calls per unit "
