@@ -24,8 +24,7 @@ def check_nvme_path(key: str, path: str) -> None:
         raise ConfigError(f"{key}: cannot create a file in '{path}': {e.strerror}") from None
     os.close(fd)
     try:
-        fd = os.open(probe, os.O_WRONLY | getattr(os, "O_DIRECT", 0))
-        os.close(fd)
+        open_direct(probe)
     except OSError as e:
         if e.errno == errno.EINVAL:
             raise ConfigError(f"{key}: the file system of '{path}' does not support O_DIRECT (direct I/O), which "
@@ -34,6 +33,11 @@ def check_nvme_path(key: str, path: str) -> None:
         raise ConfigError(f"{key}: cannot open a file in '{path}' for direct I/O: {e.strerror}") from None
     finally:
         os.unlink(probe)
+
+
+def open_direct(path: str) -> None:
+    """Opens ``path`` with O_DIRECT (EINVAL where the file system refuses direct I/O)."""
+    os.close(os.open(path, os.O_WRONLY | getattr(os, "O_DIRECT", 0)))
 
 
 def free_bytes(path: str) -> int:
