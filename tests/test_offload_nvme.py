@@ -19,13 +19,13 @@ import pytest
 import torch
 
 import zerocore
-from dist_helpers import case_results, make_model, run_case, spawn_cases
-from test_offload import CLIP, SIZE, OffCase, _train, assert_same_bits, offloaded
+from dist_helpers import case_results, spawn_cases
+from test_offload import CLIP, SIZE, OffCase, assert_same_bits, offloaded
 from test_stages import check_against_reference
 from zerocore import ops
 from zerocore.config import ConfigError
 from zerocore.offload.nvme import NvmeOptimizerShard, SwapCorruptError, SwapError, store as store_mod
-from zerocore.offload.nvme import checks as checks_mod, plan as plan_mod
+from zerocore.offload.nvme import checks as checks_mod, plan as plan_mod, records
 
 pytestmark = pytest.mark.skipif(ops.aio.aio_unavailable() is not None, reason="no NVMe I/O engine in this build")
 # several tiles per group and a buffer pool smaller than a group: the pipeline really cycles
@@ -181,6 +181,23 @@ def test_state_tiles_stream_and_write_back(tmp_path):
         assert all(torch.all(d["exp_avg"] == lo) for lo, hi, d in a.state_tiles(1000))
         a.load_master(3, 7, torch.arange(4.0))
         assert torch.equal(a.master[3:7], torch.arange(4.0))
+
+
+@pytest.mark.parametrize("algo", sorted(records.CHECKSUMS))
+def test_every_checksum_catches_a_flipped_bit_and_a_foreign_record(monkeypatch, algo):
+    monkeypatch.setattr(records, "ALGO", algo)
+    rec = records.Record(ops.aligned_pinned_empty(records.record_bytes(3000), dtype=torch.uint8), 3000)
+    rec.master.normal_()
+    rec.seal("run1", 0, 2, 5, 7, 3000)
+    ok = {"run": "run1", "rank": 0, "group": 2, "tile": 5, "commit": 7, "elements": 3000}
+    rec.verify(ok, "f")
+    with pytest.raises(SwapCorruptError, match="f: record commit is 7, expected 8"):  # a lost write
+        rec.verify(dict(ok, commit=8), "f")
+    with pytest.raises(SwapCorruptError, match="f: record run is 'run1', expected 'run2'"):  # another run's file
+        rec.verify(dict(ok, run="run2"), "f")
+    rec.exp_avg_sq[2999] = 1.0  # one bit pattern changed in the payload's last element
+    with pytest.raises(SwapCorruptError, match=f"f: checksum mismatch \\({records.CHECKSUMS[algo][0]} "):
+        rec.verify(ok, "f")
 
 
 def _corrupt_first_record(path, how):

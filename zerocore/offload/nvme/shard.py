@@ -23,11 +23,10 @@ import dataclasses
 
 import torch
 
-from ... import ops
 from ...sharding.group import ShardedGroup
 from ...sharding.optimizer import AdamHyper
 from ..host_memory import host_empty, host_zeros
-from ..host_shard import HostOptimizerShard
+from ..host_shard import HostOptimizerShard, _adam
 from ..stepper import Ready
 from .records import padded, record_bytes
 from .store import SwapStore
@@ -153,33 +152,13 @@ class NvmeOptimizerShard(HostOptimizerShard):
             for lo, hi, rec in self._tiles_io(step, write=True):
                 m, a, v = rec.arrays(hi - lo)
                 out = self.staging[lo:hi]
-                ops.adam_step(m, self.grad_h[lo:hi], a, v, lr=hp.lr, betas=hp.betas, eps=hp.eps,
-                              weight_decay=hp.weight_decay, step=step, adamw_mode=hp.decoupled,
-                              grad_scale=grad_scale, param_out=out if self.half else None)
+                _adam(m, self.grad_h[lo:hi], a, v, out if self.half else None, hp, step, grad_scale, hi - lo)
                 if not self.half:
                     out.copy_(m)
             self.last_step = step
-            return self._commit(target)
+            return self._copy_back(target, self.staging)  # the step commits: its parameters go in
 
-        if self.enqueue is not None:  # stage 3: the worker steps it, in the next forward's order
-            self.enqueue(self.group.index, host_part, self.ready)
-            return None
-        ev = host_part()
-        if ev is not None:
-            torch.cuda.current_stream().wait_event(ev)
-        return None
-
-    def _commit(self, target: torch.Tensor):
-        """The step's parameters (staged) into the group's owned range; on CUDA a side-stream copy."""
-        if target.device.type != "cuda":
-            target.copy_(self.staging)
-            return None
-        stream = self._stream()  # HostOptimizerShard's side stream
-        with torch.cuda.stream(stream):
-            target.copy_(self.staging, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record(stream)
-        return ev
+        return self._run_host(host_part)
 
     # -- what the engine and checkpoints read ------------------------------------------------
     @property
