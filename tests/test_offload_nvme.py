@@ -200,6 +200,32 @@ def test_every_checksum_catches_a_flipped_bit_and_a_foreign_record(monkeypatch, 
         rec.verify(ok, "f")
 
 
+def test_the_swap_pipeline_reads_ahead_and_writes_behind(tmp_path):
+    """buffer_count 3, pipeline_read/write: tile k+1's read is issued before tile k is used, and
+    tile k-1's write is still in flight while tile k is used (its lane is not waited for)."""
+    engine = zerocore.initialize(deep(1), cfg_for(tmp_path, buffers=3, tile=1024))
+    train(engine, 1)
+    shard = engine.offload.shards[0]
+    store = engine.offload.nvme.store
+    trace = store.trace = []
+    n_tiles = len(shard.tiles)
+    assert n_tiles >= 8
+    for lo, hi, d in shard.state_tiles(1 << 30, write=True):
+        trace.append(("use", lo // shard.tile, None))
+    store.trace = None
+    at = {(op, x): i for i, (op, lane, off) in enumerate(trace)
+          for x in [off // (2 * shard.rec_bytes) if off is not None else lane]}
+    uses = [i for i, (op, _, _) in enumerate(trace) if op == "use"]
+    assert len(uses) == n_tiles
+    for k in range(1, n_tiles):
+        assert at[("read", k)] < uses[k - 1], f"tile {k} was not read ahead"
+        # between tile k-1's write and tile k's use, nobody waits for tile k-1's lane
+        w = next(i for i, (op, _, off) in enumerate(trace) if op == "write" and off // (2 * shard.rec_bytes) == k - 1)
+        lane = (k - 1) % store.lanes
+        assert not [e for e in trace[w:uses[k]] if e[0] == "wait_write" and e[1] in (lane, None)], k
+    assert shard.commit == 2  # the pass committed (one step + this write-back)
+
+
 def _corrupt_first_record(path, how):
     if how == "flip":
         with open(path, "r+b") as f:

@@ -83,7 +83,7 @@ class NvmeOptimizerShard(HostOptimizerShard):
     def _seal_and_write(self, rec, k: int, commit: int, step: int) -> None:
         lo, hi = self.tiles[k]
         rec.seal(self.store.run, self.store.rank, self.group.index, k, commit, hi - lo)
-        self.store.write(rec, self.path, self._offset(k, commit), step)
+        self.store.write(rec, self.path, self._offset(k, commit), step, lane=k % self.store.lanes)
 
     def _swap_out(self, master: torch.Tensor) -> None:
         """The initial state (master, zero moments) to slot 0; with ``fast_init`` in batches of
@@ -111,9 +111,10 @@ class NvmeOptimizerShard(HostOptimizerShard):
         writing: set[int] = set()  # tiles whose write is in flight (their buffers are busy)
 
         def read(k):
-            if k - nbuf in writing:  # its buffer still holds a record being written
-                store.wait_writes(step)
-                writing.clear()
+            if k - nbuf in writing:  # its buffer still holds a record being written: wait for that lane only
+                lane = (k - nbuf) % store.lanes
+                store.wait_writes(step, lane)
+                writing.difference_update({j for j in writing if j % store.lanes == lane})
             store.read(recs[k % nbuf], self.path, self._offset(k, cur), step)
 
         expect = {"run": store.run, "rank": store.rank, "group": self.group.index, "commit": cur,

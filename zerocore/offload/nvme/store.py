@@ -85,8 +85,13 @@ class SwapStore:
             json.dump({"run": self.run, "pid": os.getpid(), "host": socket.gethostname()}, f)
         self._finalizer = weakref.finalize(self, _remove, self.dir)  # also runs at interpreter exit
         kwargs = config_to_kwargs(aio)
-        self.reader, self.writer = ops.AsyncIO(**kwargs), ops.AsyncIO(**kwargs)
+        # one read handle; buffer_count - 1 write lanes, tile k on lane k % lanes: the buffer tile k + 1 is
+        # read into last held tile k + 1 - buffer_count, on the lane tile k is about to use, so waiting for
+        # that write never waits for the newer ones (AsyncIO.wait waits for all of a handle's requests)
+        self.reader = ops.AsyncIO(**kwargs)
+        self.writers = [ops.AsyncIO(**kwargs) for _ in range(max(1, buffer_count - 1))]
         self.buffer_count = buffer_count
+        self.trace: list | None = None  # test hook: (op, lane or None, offset) of every transfer and wait
         self._pool = None  # one allocation: buffer_count records of the largest tile
         self._pool_tile = 0
         self.fail_writes: int | None = None  # test hook: errno every write raises (ENOSPC: a full disk)
@@ -109,12 +114,21 @@ class SwapStore:
         return os.path.join(self.dir, f"group{group}.swap")
 
     # -- transfers ---------------------------------------------------------------------------
-    def write(self, rec: Record, path: str, offset: int, step: int) -> None:
+    @property
+    def lanes(self) -> int:
+        return len(self.writers)
+
+    def _note(self, op: str, lane, offset) -> None:
+        if self.trace is not None:
+            self.trace.append((op, lane, offset))
+
+    def write(self, rec: Record, path: str, offset: int, step: int, lane: int = 0) -> None:
         if self.fail_writes is not None:
             raise SwapError(self._say("write", path, offset, step, OSError(self.fail_writes,
                                                                             os.strerror(self.fail_writes))))
+        self._note("write", lane, offset)
         try:
-            self.writer.async_pwrite(rec.raw, path, offset)
+            self.writers[lane].async_pwrite(rec.raw, path, offset)
         except OSError as e:
             raise SwapError(self._say("write", path, offset, step, e)) from e
 
@@ -127,19 +141,24 @@ class SwapStore:
             raise SwapError(f"zerocore nvme: {path} at byte offset {offset} (step {step}): the swap file is "
                             f"{size} bytes, the record needs {offset + rec.nbytes}: the file was truncated. Nothing "
                             "was changed")
+        self._note("read", None, offset)
         try:
             self.reader.async_pread(rec.raw, path, offset)
         except OSError as e:
             raise SwapError(self._say("read", path, offset, step, e)) from e
 
-    def wait_writes(self, step: int) -> None:
-        """Every write issued so far is complete (the engine checks that each wrote all its bytes)."""
+    def wait_writes(self, step: int, lane: int | None = None) -> None:
+        """Every write issued so far on ``lane`` (None: on every lane) is complete (the engine checks
+        that each wrote all its bytes)."""
+        self._note("wait_write", lane, None)
         try:
-            self.writer.wait()
+            for w in self.writers if lane is None else [self.writers[lane]]:
+                w.wait()
         except OSError as e:
             raise SwapError(self._say("write", self.dir, None, step, e)) from e
 
     def wait_reads(self, step: int) -> None:
+        self._note("wait_read", None, None)
         try:
             self.reader.wait()
         except OSError as e:
@@ -147,7 +166,7 @@ class SwapStore:
 
     def drain(self) -> None:
         """Waits for everything in flight, errors dropped (after an error: the buffers are reused)."""
-        for h in (self.reader, self.writer):
+        for h in (self.reader, *self.writers):
             try:
                 h.wait()
             except OSError:
@@ -166,6 +185,6 @@ class SwapStore:
     def close(self) -> None:
         """Stops the I/O and removes this rank's swap folder."""
         self.drain()
-        self.reader.close()
-        self.writer.close()
+        for h in (self.reader, *self.writers):
+            h.close()
         self._finalizer()
