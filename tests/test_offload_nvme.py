@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import zerocore
-from dist_helpers import case_results, spawn_cases
+from dist_helpers import case_results, run_case, spawn_cases
 from test_offload import CLIP, SIZE, OffCase, assert_same_bits, offloaded
 from test_stages import check_against_reference
 from zerocore import ops
@@ -73,35 +73,65 @@ W2_NVME = [
          pipelined=False, **CLIP),
     nvme("s3_fp32_acc2_clip_seed_params", "nested", 3, form="colossal", zero=dict(SIZE, **SWAP), **CLIP),
     nvme("s3_bf16_ds_params", "gpt", 3, dtype="bf16", lr=3e-3, zero={"stage3_unit_classes": ["Block"], **SWAP}),
+    # an Inf on one rank at step 1: skipped on every rank, the swap files untouched, training goes on
+    nvme("s2_fp16_overflow", "mlp", 2, dtype="fp16", lr=3e-3, bucket=2000, zero=SWAP, inject_inf=(1, 0),
+         fp16={"initial_scale_power": 10}),
 ]
+W4_NVME = [nvme("s2_bf16_acc2_clip_ds", "gpt", 2, dtype="bf16", lr=3e-3, bucket=6000, gas=2, clip=0.05, zero=SWAP)]
+
+
+def spawn_with_twins(cases, world, tmp_path_factory):
+    """``cases`` with their swap folder, each followed by its CPU-offload twin; also the swap files left."""
+    swap = tmp_path_factory.mktemp(f"nvme_swap_w{world}")
+    out = []
+    for c in cases:
+        out += [dataclasses.replace(c, nvme_path=str(swap)),
+                dataclasses.replace(c, name=c.name + "__cpu", cpu_twin=True)]
+    results = spawn_cases(out, world, tmp_path_factory.mktemp(f"nvme_w{world}"), timeout=300)
+    return out, results, [p for p, _, files in os.walk(swap) if files]
 
 
 @pytest.fixture(scope="module")
 def world2(tmp_path_factory):
-    swap = tmp_path_factory.mktemp("nvme_swap")
-    cases = []
-    for c in W2_NVME:
-        cases += [dataclasses.replace(c, nvme_path=str(swap)),
-                  dataclasses.replace(c, name=c.name + "__cpu", cpu_twin=True)]
-    results = spawn_cases(cases, 2, tmp_path_factory.mktemp("nvme_w2"), timeout=300)
-    leftover = [p for p, _, files in os.walk(swap) if files]
-    return cases, results, leftover
+    return spawn_with_twins(W2_NVME, 2, tmp_path_factory)
 
 
-@pytest.mark.parametrize("case", W2_NVME, ids=lambda c: c.name)
-def test_world2_nvme_matches_adamw_and_the_cpu_offload_run_bit_for_bit(world2, case):
-    cases, results, _ = world2
+@pytest.fixture(scope="module")
+def world4(tmp_path_factory):
+    return spawn_with_twins(W4_NVME, 4, tmp_path_factory)
+
+
+def check_case(case, world, cases, results):
     got = case_results(results, cases, case.name)
-    check_against_reference(case, 2, got)
+    check_against_reference(case, world, got)
     assert_same_bits(got, case_results(results, cases, case.name + "__cpu"))
+    if case.inject_inf is not None:
+        assert got[0]["skipped"][-1] == 1
     for r in got:  # the state is in the swap files: no host master/m/v, only the pinned buffers
         mem = r["memory"]
         assert mem["host_master"] == mem["host_exp_avg"] == mem["host_exp_avg_sq"] == 0
         assert mem["master"] == mem["exp_avg"] == mem["exp_avg_sq"] == 0 and mem["host_swap"] > 0
 
 
-def test_world2_swap_files_removed_at_normal_exit(world2):
-    assert world2[2] == []
+@pytest.mark.parametrize("case", W2_NVME, ids=lambda c: c.name)
+def test_world2_nvme_matches_adamw_and_the_cpu_offload_run_bit_for_bit(world2, case):
+    check_case(case, 2, *world2[:2])
+
+
+@pytest.mark.parametrize("case", W4_NVME, ids=lambda c: c.name)
+def test_world4_nvme_matches_adamw_and_the_cpu_offload_run_bit_for_bit(world4, case):
+    check_case(case, 4, *world4[:2])
+
+
+def test_world1_nvme_matches_adamw_and_the_cpu_offload_run_bit_for_bit(tmp_path):
+    case = nvme("w1_s3_fp32_acc2_clip_params", "gpt", 3, zero=dict(SIZE, **SWAP), steps=4, **CLIP)
+    got = run_case(dataclasses.replace(case, nvme_path=str(tmp_path)), 0, 1)
+    check_against_reference(case, 1, [got])
+    assert_same_bits([got], [run_case(dataclasses.replace(case, cpu_twin=True), 0, 1)])
+
+
+def test_swap_files_removed_at_normal_exit(world2, world4):
+    assert world2[2] == [] and world4[2] == []
 
 
 # -- one process --------------------------------------------------------------------------------

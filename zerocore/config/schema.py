@@ -68,17 +68,22 @@ class OffloadOptimizerConfig(_Section):
                          "memory, stepped by the SIMD Adam kernel (stages 1-3); nvme = swap files under nvme_path, "
                          "stepped tile by tile (sub_group_size) through buffer_count pinned buffers.",
                          kind=str, choices=("none", "cpu", "nvme"))
-    nvme_path: str | None = option(None, "Directory for the swap files when device is nvme.", kind=str,
+    nvme_path: str | None = option(None, "Directory for the swap files when device is nvme (checked at "
+                                   "initialize: exists, writable, O_DIRECT, free space); files go to "
+                                   "<nvme_path>/zerocore_swap/<run id>/rank<r>/ and are removed at exit.", kind=str,
                                    optional=True, **_OPT)
     pin_memory: bool = option(True, "Use page-locked CPU buffers (faster host/device copies).", kind=bool, **_OPT)
-    buffer_count: int = option(4, "Staging buffers for NVMe swapping of optimizer state.", kind=int, ge=1, **_OPT)
+    buffer_count: int = option(4, "Pinned buffers of one tile (sub_group_size elements) each for NVMe "
+                               "swapping: the host memory the swapped optimizer state occupies.", kind=int, ge=1,
+                               **_OPT)
     ratio: float = option(1.0, "Fraction of each owned optimizer shard stepped on the host (twin-flow); the rest "
                           "stays on the device and is stepped there. Every stage.", kind=float, ge=0.0, le=1.0,
                           **_OPT)
-    fast_init: bool = option(False, "Build the NVMe optimizer partitions in one batched swap.", kind=bool, **_OPT)
-    pipeline_read: bool = option(False, "Overlap NVMe reads with the step of the previous sub-group.",
+    fast_init: bool = option(False, "NVMe: write the initial optimizer state in batches of buffer_count "
+                             "tiles in flight (else one tile at a time).", kind=bool, **_OPT)
+    pipeline_read: bool = option(False, "NVMe: read tile k+1 while tile k is stepped.",
                                  kind=bool, **_OPT)
-    pipeline_write: bool = option(False, "Overlap NVMe writes with the step of the next sub-group.", kind=bool,
+    pipeline_write: bool = option(False, "NVMe: write tile k-1 while tile k is stepped.", kind=bool,
                                   **_OPT)
 
     def check(self):
