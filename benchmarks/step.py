@@ -37,6 +37,9 @@ from _common import machine_info, summary, spawn_ranks  # noqa: E402
 
 VARIANTS = ["ddp_torch_adamw", "ddp_fused_adam", "fsdp2", "zerocore_stage0", "zerocore_stage1", "zerocore_stage2",
             "zerocore_stage3", "zerocore_stage3_nocheck"]
+# CPU offload (issue 12): zerocore's beside DeepSpeed's same configurations (when importable)
+OFFLOAD_VARIANTS = ["zerocore_stage2_offload", "zerocore_stage3_offload", "deepspeed_stage2",
+                    "deepspeed_stage2_offload", "deepspeed_stage3_offload"]
 
 
 def stage3_config(model, persist: int) -> dict:
@@ -84,13 +87,50 @@ def build(variant: str, args, vocab: int):
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd)
 
         return torch_step(model, opt)
+    if variant.startswith("deepspeed"):
+        return deepspeed_step(variant, model, args, lr, wd)
     stage = int(variant[len("zerocore_stage")])
     z = {"stage": stage, "reduce_bucket_size": int(args.bucket), "overlap_comm": True}
     if stage == 3:
         z.update(stage3_config(model, args.persist), stage3_check_divergence=not variant.endswith("_nocheck"))
+    if variant.endswith("_offload"):  # the optimizer state and step on the host; stage 3: parameters too
+        z["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if stage == 3:
+            z["offload_param"] = {"device": "cpu", "pin_memory": True}
     engine = zerocore.initialize(model, {
         "gradient_clipping": 0.0, "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd}},
         "zero_optimization": z})
+
+    def step(x, y):
+        loss = torch.nn.functional.cross_entropy(engine(x).flatten(0, 1), y.flatten())
+        engine.backward(loss)
+        engine.step()
+        return loss
+    return step
+
+
+def deepspeed_step(variant: str, model, args, lr: float, wd: float):
+    """DeepSpeed's engine on the same model, gloo, its CPU accelerator; offload variants use its
+    offload_optimizer (and offload_param at stage 3) device cpu, which steps with DeepSpeedCPUAdam."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))  # one machine: the local rank is the rank
+    os.environ.setdefault("RANK", str(dist.get_rank()))
+    os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
+    import deepspeed
+
+    stage = int(variant[len("deepspeed_stage")])
+    z = {"stage": stage, "reduce_bucket_size": int(args.bucket), "overlap_comm": True}
+    if stage == 3:
+        z.update(stage3_param_persistence_threshold=args.persist,
+                 stage3_prefetch_bucket_size=stage3_config(model, args.persist)["stage3_prefetch_bucket_size"])
+    if variant.endswith("_offload"):
+        z["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if stage == 3:
+            z["offload_param"] = {"device": "cpu", "pin_memory": True}
+    cfg = {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
+           "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd}}, "zero_optimization": z,
+           "steps_per_print": 10 ** 9, "wall_clock_breakdown": False}
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
 
     def step(x, y):
         loss = torch.nn.functional.cross_entropy(engine(x).flatten(0, 1), y.flatten())
@@ -147,7 +187,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5, help="timed steps per variant per round")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS + OFFLOAD_VARIANTS)
     ap.add_argument("--out", help="JSON file for the results")
     args = ap.parse_args()
     res = spawn_ranks(worker, args.ranks, args)
@@ -172,6 +212,10 @@ def main() -> None:
     ratios = {}
     pairs = [(a, b) for a in args.variants for b in ("ddp_torch_adamw", "ddp_fused_adam", "fsdp2")
              if a != b and b in args.variants and (a.startswith("zerocore") or a == "fsdp2")]
+    # offload: against the same stage without offload, and against DeepSpeed's same configuration
+    pairs += [(a, b) for a in args.variants if a.endswith("_offload")
+              for b in (a[:-len("_offload")], a.replace("zerocore", "deepspeed"))
+              if a != b and b in args.variants]
     if "zerocore_stage3" in args.variants and "zerocore_stage3_nocheck" in args.variants:
         pairs.append(("zerocore_stage3", "zerocore_stage3_nocheck"))
     if pairs:

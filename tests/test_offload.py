@@ -305,3 +305,17 @@ def test_cpu_only_machine_uses_plain_host_memory_without_error(caplog):
     for s in engine.offload.shards.values():
         assert not s.master_h.is_pinned() or torch.cuda.is_available()
     _train(engine, "mlp", 2)
+
+
+def test_the_seeds_fast_init_mistake_is_read_as_max_in_cpu_with_a_warning():
+    """The seed's third dict passes its OFFLOAD_PARAM_MAX_IN_CPU number as offload_param's fast_init."""
+    from zerocore.config import load_config
+
+    seed = dict(level=3, offload_optimizer_config=dict(device="cpu", pin_memory=True, fast_init=True),
+                offload_param_config=dict(device="cpu", pin_memory=True, fast_init=123_456))
+    with pytest.warns(UserWarning, match="offload_param.fast_init=123456 taken as .*max_in_cpu=123456"):
+        cfg = load_config({"zero": seed})
+    assert cfg.zero_optimization.offload_param.max_in_cpu == 123_456
+    assert cfg.zero_optimization.offload_optimizer.fast_init is True
+    with pytest.raises(ConfigError, match="offload_param.fast_init: got True"):
+        load_config({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "fast_init": True}}})

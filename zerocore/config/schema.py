@@ -105,10 +105,32 @@ class OffloadParamConfig(_Section):
     buffer_size: int = option(100_000_000, "Elements per staging buffer.", kind=int, ge=1, **_PAR)
     max_in_cpu: int = option(1_000_000_000, "Elements of parameter shards kept in CPU memory before the rest "
                              "stays on NVMe.", kind=int, ge=0, **_PAR)
+    fast_init: object = option(None, "Not a key of offload_param: the seed's example passes its max_in_cpu number "
+                               "here by mistake; a number is taken as max_in_cpu (with a warning).", optional=True,
+                               allowed="a number (meaning max_in_cpu) or null")
 
     def check(self):
         if self.device == "nvme" and not self.nvme_path:
             raise ConfigError(f"{self.PATH}.nvme_path: required when device is 'nvme'")
+        if self.fast_init is not None:
+            self._fast_init_meant_max_in_cpu()
+
+    def _fast_init_meant_max_in_cpu(self):
+        v = self.fast_init
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 0:
+            raise ConfigError(f"{self.PATH}.fast_init: got {v!r}; offload_param has no fast_init (it belongs in "
+                              "offload_optimizer); allowed here only a number, read as max_in_cpu")
+        if self.max_in_cpu != 1_000_000_000 and self.max_in_cpu != int(v):
+            raise ConfigError(f"{self.PATH}.fast_init: got {v!r} and max_in_cpu {self.max_in_cpu}: offload_param "
+                              "has no fast_init; give the number once, as max_in_cpu")
+        import warnings
+
+        from .parse import ConfigWarning
+
+        warnings.warn(f"zerocore config: {self.PATH}.fast_init={int(v)} taken as {self.PATH}.max_in_cpu={int(v)} "
+                      "(offload_param has no fast_init; the seed's example passes max_in_cpu there)", ConfigWarning,
+                      stacklevel=2)
+        self.max_in_cpu, self.fast_init = int(v), None
 
 
 @dataclasses.dataclass

@@ -69,6 +69,7 @@ class HostOptimizerShard:
         self.ready = Ready()  # this step's host update is in the parameters
         self._landed: list = []  # (cuda event | None) for the gradient copy in flight
         self._copy_stream = None
+        self._copy_event = None  # the last copy back to the device (CUDA)
         self.sumsq, self.nonfinite = 0.0, False
         self.poison = False  # test hook: NaN into the device copy before the host step writes it
         self.enqueue = None  # (group index, host step, ready) -> None: set by OffloadPlan at stage 3
@@ -139,6 +140,9 @@ class HostOptimizerShard:
             target[:h].fill_(float("nan"))
 
         def host_part():
+            if self._copy_event is not None:  # last step's copy back still reads the buffer we write
+                self._copy_event.synchronize()
+                self._copy_event = None
             out = target[:h] if self.half and self.out_h is None else self.out_h
             _adam(self.master_h, self.grad_h, self.exp_avg_h, self.exp_avg_sq_h, out, hp, step, grad_scale,
                   self.tile)
@@ -171,6 +175,7 @@ class HostOptimizerShard:
             dst.copy_(src, non_blocking=True)
             ev = torch.cuda.Event()
             ev.record(stream)
+        self._copy_event = ev
         return ev
 
     # -- what the engine and checkpoints read ------------------------------------------------
