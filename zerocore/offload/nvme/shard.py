@@ -64,6 +64,7 @@ class NvmeOptimizerShard(HostOptimizerShard):
         self.ready = Ready()
         self._landed: list = []
         self._copy_stream = None
+        self._copy_event = None  # the last copy back to the device (CUDA), set by _copy_back
         self.sumsq, self.nonfinite = 0.0, False
         self.poison = False
         self.enqueue = None
@@ -150,6 +151,9 @@ class NvmeOptimizerShard(HostOptimizerShard):
         target = self.group.owned_params_raw()
 
         def host_part():
+            if self._copy_event is not None:  # last step's copy back still reads the staging buffer
+                self._copy_event.synchronize()
+                self._copy_event = None
             for lo, hi, rec in self._tiles_io(step, write=True):
                 m, a, v = rec.arrays(hi - lo)
                 out = self.staging[lo:hi]
