@@ -191,6 +191,14 @@ def test_host_memory_is_bounded_by_the_buffers_and_files_have_their_size(tmp_pat
     assert train(cpu, 2) == engine_losses(tmp_path, 2)
 
 
+def test_default_sub_group_size_gives_bounded_nvme_tiles(tmp_path):
+    cfg = cfg_for(tmp_path)
+    del cfg["zero_optimization"]["sub_group_size"]  # DeepSpeed's 1e9 default would mean 12 GB buffers
+    engine = zerocore.initialize(deep(1), cfg)
+    assert engine.offload.nvme.opts.tile == plan_mod.NVME_TILE == 1 << 24
+    assert plan_mod.DEFAULT_SUB_GROUP == 1_000_000_000
+
+
 def engine_losses(path, steps, **kw):
     return train(zerocore.initialize(deep(), cfg_for(path, **kw)), steps)
 

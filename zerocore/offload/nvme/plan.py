@@ -2,15 +2,23 @@
 SwapStore (made when the first group needs it) and the free-space check as groups are added."""
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 import torch
 import torch.distributed as dist
 
 from ...config.options import ConfigError
+from ...config.schema import ZeroOptimizationConfig
 from .checks import check_free_space, check_nvme_path, free_bytes
+from .records import record_bytes
 from .shard import NvmeOptimizerShard, SwapOptions
 from .store import SwapStore
 
+log = logging.getLogger("zerocore.offload")
 OPT_KEY = "zero_optimization.offload_optimizer"
+DEFAULT_SUB_GROUP = next(f.default for f in dataclasses.fields(ZeroOptimizationConfig) if f.name == "sub_group_size")
+NVME_TILE = 1 << 24  # elements per tile when sub_group_size is left at its default: 192 MiB buffers
 PAR_KEY = "zero_optimization.offload_param"
 
 
@@ -23,7 +31,12 @@ class NvmeSwap:
                               "not swapped; use ratio 1.0 with nvme, or device 'cpu' for ratio < 1")
         check_nvme_path(f"{OPT_KEY}.nvme_path", opt.nvme_path)
         self.path = opt.nvme_path
-        self.opts = SwapOptions(tile=z.sub_group_size, fast_init=opt.fast_init, pipeline_read=opt.pipeline_read,
+        tile = z.sub_group_size
+        if tile == DEFAULT_SUB_GROUP:  # not chosen: DeepSpeed's 1e9 would make each pinned buffer 12 GB
+            tile = NVME_TILE
+            log.info("zerocore nvme: sub_group_size not set; NVMe tiles of %d elements (%d MiB per buffer, %d "
+                     "buffers)", tile, record_bytes(tile) >> 20, opt.buffer_count)
+        self.opts = SwapOptions(tile=tile, fast_init=opt.fast_init, pipeline_read=opt.pipeline_read,
                                 pipeline_write=opt.pipeline_write)
         self.aio = {k: getattr(config.aio, k) for k in ("block_size", "queue_depth", "intra_op_parallelism",
                                                         "single_submit", "overlap_events")}
