@@ -64,6 +64,7 @@ setup(
     python_requires=">=3.9",
     # The extension is compiled against this exact torch; another version may not load it.
     install_requires=[f"torch=={torch_base}", "tqdm"],
-    extras_require={"test": ["pytest>=7", "numpy", "safetensors"], "bench": ["deepspeed", "matplotlib"]},
+    extras_require={"test": ["pytest>=7", "numpy", "safetensors", "crc32c"], "bench": ["deepspeed", "matplotlib"],
+                    "nvme": ["crc32c"]},  # hardware CRC32C for NVMe swap records (else zlib's CRC32)
     entry_points={"console_scripts": ["zerocore=zerocore.cli:main"]},
 )

@@ -162,11 +162,8 @@ def test_colossalai_form_maps_onto_the_schema():
     assert (z.offload_optimizer.device, z.offload_optimizer.fast_init) == ("cpu", True)
     assert (z.offload_param.device, z.offload_param.pin_memory, z.offload_param.max_in_cpu,
             z.offload_param.nvme_path) == ("nvme", False, 10**6, "/tmp/zc")
-    # CPU offload is implemented; NVMe is later work: named, never silently ignored
-    with pytest.raises(NotImplementedError) as e:
-        require_implemented(cfg)
-    assert "stage=3" not in str(e.value) and "offload_optimizer.device" not in str(e.value)
-    assert "offload_param.device" in str(e.value)
+    # CPU and NVMe offload are implemented (parameter shards beyond max_in_cpu on NVMe: an error at initialize)
+    require_implemented(cfg)
 
 
 def test_implemented_settings_pass():

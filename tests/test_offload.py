@@ -292,8 +292,8 @@ def test_fp16_overflow_skips_the_step_and_leaves_the_host_state_alone(stage):
      "zero_optimization.offload_param.max_in_cpu: 100 elements cannot hold"),
     ({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}}, ConfigError,
      "zero_optimization.offload_optimizer.device.*stage 1, 2 or 3"),
-    ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}},
-     NotImplementedError, "offload_optimizer.device.*issue 13"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp", "max_in_cpu": 100},
+                            **SIZE}}, NotImplementedError, "offload_param.max_in_cpu.*beyond max_in_cpu on NVMe"),
 ])
 def test_bad_offload_settings_name_the_key(cfg, error, named):
     with pytest.raises(error, match=named):

@@ -75,20 +75,25 @@ _PAR = _when(_offloads_params, "offload_param.device cpu or nvme")
 class OffloadOptimizerConfig(_Section):
     PATH = "zero_optimization.offload_optimizer"
     device: str = option("none", "Where the optimizer state (fp32 master, m, v) and its step live: cpu = host "
-                         "memory, stepped by the SIMD Adam kernel (stages 1-3); nvme: not yet (issue 13).",
-                         kind=str, choices=("none", "cpu", "nvme"), pending_if=lambda v: v == "nvme",
-                         pending=NVME)
-    nvme_path: str | None = option(None, "Directory for the swap files when device is nvme.", kind=str,
+                         "memory, stepped by the SIMD Adam kernel (stages 1-3); nvme = swap files under nvme_path, "
+                         "stepped tile by tile (sub_group_size) through buffer_count pinned buffers.",
+                         kind=str, choices=("none", "cpu", "nvme"))
+    nvme_path: str | None = option(None, "Directory for the swap files when device is nvme (checked at "
+                                   "initialize: exists, writable, O_DIRECT, free space); files go to "
+                                   "<nvme_path>/zerocore_swap/<run id>/rank<r>/ and are removed at exit.", kind=str,
                                    optional=True, **_OPT)
     pin_memory: bool = option(True, "Use page-locked CPU buffers (faster host/device copies).", kind=bool, **_OPT)
-    buffer_count: int = option(4, "Staging buffers for NVMe swapping of optimizer state.", kind=int, ge=1, **_OPT)
+    buffer_count: int = option(4, "Pinned buffers of one tile (sub_group_size elements) each for NVMe "
+                               "swapping: the host memory the swapped optimizer state occupies.", kind=int, ge=1,
+                               **_OPT)
     ratio: float = option(1.0, "Fraction of each owned optimizer shard stepped on the host (twin-flow); the rest "
                           "stays on the device and is stepped there. Every stage.", kind=float, ge=0.0, le=1.0,
                           **_OPT)
-    fast_init: bool = option(False, "Build the NVMe optimizer partitions in one batched swap.", kind=bool, **_OPT)
-    pipeline_read: bool = option(False, "Overlap NVMe reads with the step of the previous sub-group.",
+    fast_init: bool = option(False, "NVMe: write the initial optimizer state in batches of buffer_count "
+                             "tiles in flight (else one tile at a time).", kind=bool, **_OPT)
+    pipeline_read: bool = option(False, "NVMe: read tile k+1 while tile k is stepped.",
                                  kind=bool, **_OPT)
-    pipeline_write: bool = option(False, "Overlap NVMe writes with the step of the next sub-group.", kind=bool,
+    pipeline_write: bool = option(False, "NVMe: write tile k-1 while tile k is stepped.", kind=bool,
                                   **_OPT)
 
     def check(self):
@@ -100,8 +105,9 @@ class OffloadOptimizerConfig(_Section):
 class OffloadParamConfig(_Section):
     PATH = "zero_optimization.offload_param"
     device: str = option("none", "Where stage-3 parameter shards live between uses: cpu = host memory, copied to "
-                         "the device right before each all-gather; nvme: not yet (issue 13).", kind=str,
-                         choices=("none", "cpu", "nvme"), pending_if=lambda v: v == "nvme", pending=NVME)
+                         "the device right before each all-gather; nvme: host memory up to max_in_cpu (shards "
+                         "beyond it on NVMe: not yet, an error says so).", kind=str,
+                         choices=("none", "cpu", "nvme"))
     nvme_path: str | None = option(None, "Directory for the swap files when device is nvme.", kind=str,
                                    optional=True, **_PAR)
     pin_memory: bool = option(True, "Use page-locked CPU buffers.", kind=bool, **_PAR)
@@ -141,7 +147,8 @@ class ZeroOptimizationConfig(_Section):
     round_robin_gradients: bool = option(False, "Spread gradient copies to CPU across ranks (offload).", kind=bool,
                                          pending_if=lambda v: v, pending=OFFLOAD)
     sub_group_size: int = option(1_000_000_000, "Elements per optimizer-step tile (unit of NVMe swapping).",
-                                 kind=int, ge=1, applies_if=_only_stage3, applies="stage 3")
+                                 kind=int, ge=1, applies_if=lambda c: _only_stage3(c) or _uses_nvme(c),
+                                 applies="stage 3 or NVMe offload")
     stage3_prefetch_bucket_size: int = option(50_000_000, "Elements prefetched ahead of use (stage 3).", kind=int,
                                               ge=0, aliases=("prefetch_bucket_size",), applies_if=_only_stage3,
                                               applies="stage 3")

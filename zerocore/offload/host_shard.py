@@ -148,7 +148,12 @@ class HostOptimizerShard:
                   self.tile)
             return self._copy_back(target[:h])
 
-        if self.enqueue is not None:  # stage 3: the worker steps it, in the next forward's order
+        return self._run_host(host_part)
+
+    def _run_host(self, host_part):
+        """Stage 3: queued for the worker, in the next forward's order; else stepped now (the device
+        stream waits for its copy back). Also NvmeOptimizerShard's."""
+        if self.enqueue is not None:
             self.enqueue(self.group.index, host_part, self.ready)
             return None
         ev = host_part()
@@ -156,9 +161,10 @@ class HostOptimizerShard:
             torch.cuda.current_stream().wait_event(ev)
         return None
 
-    def _copy_back(self, dst: torch.Tensor):
-        """Updated host values into the device parameters (nothing to do when they already are them)."""
-        src = self.out_h if self.half else self.master_h
+    def _copy_back(self, dst: torch.Tensor, src: torch.Tensor | None = None):
+        """Updated host values (``src``, default the 16-bit output or the master) into the device
+        parameters (nothing to do when they already are them)."""
+        src = src if src is not None else self.out_h if self.half else self.master_h
         if src is None or src.data_ptr() == dst.data_ptr():
             return None
         if dst.device.type != "cuda":

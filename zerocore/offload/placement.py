@@ -20,6 +20,7 @@ from ..config.options import ConfigError
 from ..sharding.optimizer import OptimizerShard
 from .host_memory import should_pin
 from .host_shard import HostOptimizerShard
+from .nvme import NvmeSwap, check_param_path
 from .stepper import HostStepper
 
 NVME_NEXT = "NVMe offload (issue 13: optimizer state and parameter shards on NVMe)"
@@ -36,15 +37,14 @@ class OffloadPlan:
     def __init__(self, config, device: torch.device, boundary):
         z = config.zero_optimization
         opt, par = z.offload_optimizer, z.offload_param
-        for key, sec in (("offload_optimizer", opt), ("offload_param", par)):
-            if sec.device == "nvme":
-                raise NotImplementedError(f"zerocore: zero_optimization.{key}.device='nvme' is not implemented yet: it "
-                                          f"needs {NVME_NEXT}. Use device 'cpu' (host memory) meanwhile.")
         if opt.device != "none" and z.stage == 0:
-            raise ConfigError("zero_optimization.offload_optimizer.device: 'cpu' needs stage 1, 2 or 3 (got stage 0: "
-                              "the optimizer state is not sharded); allowed at stage 0: 'none'")
-        self.optimizer = opt.device == "cpu"
-        self.params = par.device == "cpu"
+            raise ConfigError(f"zero_optimization.offload_optimizer.device: '{opt.device}' needs stage 1, 2 or 3 (got "
+                              "stage 0: the optimizer state is not sharded); allowed at stage 0: 'none'")
+        self.optimizer = opt.device in ("cpu", "nvme")
+        self.params = par.device in ("cpu", "nvme")
+        self.params_device = par.device
+        check_param_path(config)
+        self.nvme = NvmeSwap.build(config)  # optimizer state in swap files (zerocore/offload/nvme)
         self.ratio = opt.ratio if self.optimizer else 0.0
         self.pin_opt = should_pin(opt.pin_memory, device) if self.optimizer else False
         self.pin_par = should_pin(par.pin_memory, device) if self.params else False
@@ -70,6 +70,13 @@ class OffloadPlan:
     def make_shard(self, g, init: torch.Tensor, tile: int | None):
         if self.params and g.partitioned:
             self.host_param_elems += g.hi - g.lo
+            if self.host_param_elems > self.max_in_cpu and self.params_device == "nvme":
+                raise NotImplementedError(
+                    f"zero_optimization.offload_param.max_in_cpu: {self.max_in_cpu} elements cannot hold this rank's "
+                    f"parameter shards (at least {self.host_param_elems} elements by group {g.index}), and parameter "
+                    f"shards beyond max_in_cpu on NVMe are not implemented yet ({NVME_NEXT}: only the optimizer "
+                    "state is swapped). Raise max_in_cpu to at least the model's trainable elements divided by the "
+                    "ranks: the shards then stay in host memory")
             if self.host_param_elems > self.max_in_cpu:
                 raise ConfigError(
                     f"zero_optimization.offload_param.max_in_cpu: {self.max_in_cpu} elements cannot hold this rank's "
@@ -79,7 +86,10 @@ class OffloadPlan:
             g.offload_params(self.pin_par)
         if not self.optimizer and not g.params_on_host:
             return OptimizerShard(g, init, tile=tile)
-        shard = HostOptimizerShard(g, init, ratio=self.ratio, pin=self.pin_opt, tile=tile)
+        if self.nvme is not None:
+            shard = self.nvme.make_shard(g, init, self.pin_opt)
+        else:
+            shard = HostOptimizerShard(g, init, ratio=self.ratio, pin=self.pin_opt, tile=tile)
         shard.poison = self.poison
         g.ready = shard.ready
         if self.stepper is not None and g.partitioned:

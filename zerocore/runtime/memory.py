@@ -5,7 +5,8 @@ from __future__ import annotations
 ROLES = ("params", "gathered", "staged", "grads", "master", "exp_avg", "exp_avg_sq", "buckets")
 # "gathered": stage 3's full parameter buffers while gathered (zero bytes between steps);
 # "staged": the device copy of a host-resident parameter shard while its all-gather runs
-HOST_ROLES = ("host_params", "host_grads", "host_master", "host_exp_avg", "host_exp_avg_sq", "host_staging")
+HOST_ROLES = ("host_params", "host_grads", "host_master", "host_exp_avg", "host_exp_avg_sq", "host_staging",
+              "host_swap")  # host_swap: NVMe offload's pinned swap buffers (the optimizer state in host RAM)
 # Host memory of CPU offload (zerocore.offload). "total" sums the training device's roles,
 # "host_total" the host's; on a CPU-only machine both are the same RAM, the split says where
 # the engine put each byte.

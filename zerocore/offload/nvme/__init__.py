@@ -1,0 +1,16 @@
+"""NVMe offload of the optimizer state (issue 13): the owned fp32 master, m and v of each group
+rest in swap files and pass through a few pinned buffers tile by tile.
+
+records.py  the on-disk record of one tile: header (identity, commit, length, CRC32) + payload
+store.py    one rank's swap folder for one run, its AsyncIO handles and pinned buffers, cleanup
+shard.py    NvmeOptimizerShard: HostOptimizerShard's contract, pipelined and verified swapping
+checks.py   start-up checks of nvme_path (exists, directory, writable, O_DIRECT, free space)
+plan.py     NvmeSwap: what OffloadPlan asks of the NVMe side
+"""
+from .plan import NvmeSwap, check_param_path
+from .records import SwapCorruptError, SwapError
+from .shard import NvmeOptimizerShard, SwapOptions
+from .store import SwapStore
+
+__all__ = ["NvmeSwap", "check_param_path", "SwapCorruptError", "SwapError", "NvmeOptimizerShard", "SwapOptions",
+           "SwapStore"]

@@ -1,0 +1,204 @@
+"""NvmeOptimizerShard: one group's owned optimizer state (fp32 master, m, v) in a swap file, with
+HostOptimizerShard's contract (``land``, ``landed_sumsq``, ``step``, ``master``, ``load_master``,
+``state_tiles``, ``refresh_params``, ``tensors``).
+
+The host step goes tile by tile (``sub_group_size`` elements, rounded up to 1024): while tile k
+is stepped in a pinned buffer, tile k+1 is read (``pipeline_read``) and tile k-1 written
+(``pipeline_write``), through the store's ``buffer_count`` buffers, so host memory for the state
+is the buffers whatever the model size.
+
+A step never changes anything until every tile was read back verified and written: each tile
+has two slots in the file and updated records go to the slot not holding the current state;
+the updated parameters wait in a staging buffer. Only when the last write completed does the
+shard advance its commit number (which every record header must carry to be accepted) and copy
+the staging buffer into the parameters. A corrupt record, a short file or a failed write raise
+SwapError with the state and the parameters as they were before the step.
+
+Gradient landing and the norm are HostOptimizerShard's own (inherited): only where the state
+rests differs, so the results are the CPU-offload run's bit for bit.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ...sharding.group import ShardedGroup
+from ...sharding.optimizer import AdamHyper
+from ..host_memory import host_empty, host_zeros
+from ..host_shard import HostOptimizerShard, _adam
+from ..stepper import Ready
+from .records import padded, record_bytes
+from .store import SwapStore
+
+
+@dataclasses.dataclass
+class SwapOptions:
+    tile: int  # elements per tile (sub_group_size)
+    fast_init: bool = False
+    pipeline_read: bool = False
+    pipeline_write: bool = False
+
+
+class NvmeOptimizerShard(HostOptimizerShard):
+    # HostOptimizerShard.__init__ is not called: its full-size host master, m and v are what this
+    # shard exists to avoid. The attributes its land()/landed_sumsq() read are set here.
+    def __init__(self, group: ShardedGroup, init_fp32: torch.Tensor, *, store: SwapStore, opts: SwapOptions,
+                 pin: bool):
+        self.group = group
+        self.pin = pin
+        n = group.hi - group.lo
+        self.n = self.split = n  # all of the owned range is swapped (no device part)
+        self.half = group.layout.dtype != torch.float32
+        self.tile = max(1, min(n, padded(opts.tile)))  # 1024-multiples: kernel vectors never split differently
+        self.tiles = [(lo, min(n, lo + self.tile)) for lo in range(0, n, self.tile)]
+        self.opts = opts
+        self.store = store
+        self.path = store.path(group.index)
+        self.rec_bytes = record_bytes(self.tile)
+        self.commit = 0  # records of the current state carry this number, in slot commit % 2
+        self.last_step = 0
+        self.grad_h = host_zeros(n, group.layout.dtype, pin)
+        self.staging = host_empty(n, group.layout.dtype, pin)  # updated parameters until the step commits
+        self.master_d = torch.empty(0, dtype=torch.float32)
+        self.ready = Ready()
+        self._landed: list = []
+        self._copy_stream = None
+        self._copy_event = None  # the last copy back to the device (CUDA), set by _copy_back
+        self.sumsq, self.nonfinite = 0.0, False
+        self.poison = False
+        self.enqueue = None
+        owned = init_fp32 if init_fp32.numel() == n else init_fp32[group.lo:group.hi]
+        self._swap_out(owned.detach().to("cpu", torch.float32))
+
+    @staticmethod
+    def size_on_disk(n: int, tile: int) -> int:
+        """Bytes of the swap file of an ``n``-element owned range: two slots of every tile's record."""
+        t = max(1, min(n, padded(tile)))
+        return 2 * (-(-n // t)) * record_bytes(t)
+
+    # -- records -----------------------------------------------------------------------------
+    def _offset(self, k: int, commit: int) -> int:
+        return (2 * k + commit % 2) * self.rec_bytes
+
+    def _seal_and_write(self, rec, k: int, commit: int, step: int) -> None:
+        lo, hi = self.tiles[k]
+        rec.seal(self.store.run, self.store.rank, self.group.index, k, commit, hi - lo)
+        self.store.write(rec, self.path, self._offset(k, commit), step, lane=k % self.store.lanes)
+
+    def _swap_out(self, master: torch.Tensor) -> None:
+        """The initial state (master, zero moments) to slot 0; with ``fast_init`` in batches of
+        ``buffer_count`` records in flight at once, else one record at a time."""
+        recs = self.store.records(self.tile)
+        batch = len(recs) if self.opts.fast_init else 1
+        for k, (lo, hi) in enumerate(self.tiles):
+            rec = recs[k % batch]
+            m, a, v = rec.arrays(hi - lo)
+            m.copy_(master[lo:hi])
+            a.zero_()
+            v.zero_()
+            self._seal_and_write(rec, k, 0, 0)
+            if (k + 1) % batch == 0:
+                self.store.wait_writes(0)
+        self.store.wait_writes(0)
+
+    def _tiles_io(self, step: int, write: bool):
+        """Yields (lo, hi, record) for every tile, read back and verified; with ``write`` each record
+        (as the consumer left it) is written to the other slot and the shard commits at the end. An
+        error or an early close leaves the current state as it was."""
+        store, recs = self.store, self.store.records(self.tile)
+        nbuf, ahead = len(recs), self.opts.pipeline_read and len(recs) >= 2
+        cur, new = self.commit, self.commit + 1
+        writing: set[int] = set()  # tiles whose write is in flight (their buffers are busy)
+
+        def read(k):
+            if k - nbuf in writing:  # its buffer still holds a record being written: wait for that lane only
+                lane = (k - nbuf) % store.lanes
+                store.wait_writes(step, lane)
+                writing.difference_update({j for j in writing if j % store.lanes == lane})
+            store.read(recs[k % nbuf], self.path, self._offset(k, cur), step)
+
+        expect = {"run": store.run, "rank": store.rank, "group": self.group.index, "commit": cur,
+                  "payload bytes": self.rec_bytes - 4096}
+        try:
+            read(0)
+            for k, (lo, hi) in enumerate(self.tiles):
+                store.wait_reads(step)
+                rec = recs[k % nbuf]
+                rec.verify(dict(expect, tile=k, elements=hi - lo),
+                           f"{self.path} at byte offset {self._offset(k, cur)} (step {step})")
+                if ahead and k + 1 < len(self.tiles):
+                    read(k + 1)
+                yield lo, hi, rec
+                if write:
+                    self._seal_and_write(rec, k, new, step)
+                    writing.add(k)
+                    if not self.opts.pipeline_write:
+                        store.wait_writes(step)
+                        writing.clear()
+                if not ahead and k + 1 < len(self.tiles):
+                    read(k + 1)
+            store.wait_writes(step)
+        except BaseException:
+            store.drain()  # nothing may still be moving into or out of the buffers
+            raise
+        if write:
+            self.commit = new
+
+    # -- the step --------------------------------------------------------------------------
+    def step(self, grad: torch.Tensor, hp: AdamHyper, *, step: int, grad_scale: float):
+        hp = dataclasses.replace(hp)
+        target = self.group.owned_params_raw()
+
+        def host_part():
+            if self._copy_event is not None:  # last step's copy back still reads the staging buffer
+                self._copy_event.synchronize()
+                self._copy_event = None
+            for lo, hi, rec in self._tiles_io(step, write=True):
+                m, a, v = rec.arrays(hi - lo)
+                out = self.staging[lo:hi]
+                _adam(m, self.grad_h[lo:hi], a, v, out if self.half else None, hp, step, grad_scale, hi - lo)
+                if not self.half:
+                    out.copy_(m)
+            self.last_step = step
+            return self._copy_back(target, self.staging)  # the step commits: its parameters go in
+
+        return self._run_host(host_part)
+
+    # -- what the engine and checkpoints read ------------------------------------------------
+    @property
+    def master(self) -> torch.Tensor:
+        """A host copy of the owned fp32 master, assembled tile by tile."""
+        self.ready.wait()
+        out = torch.empty(self.n, dtype=torch.float32)
+        for lo, hi, rec in self._tiles_io(self.last_step, write=False):
+            out[lo:hi] = rec.master[:hi - lo]
+        return out
+
+    def load_master(self, a: int, b: int, values: torch.Tensor) -> None:
+        self.ready.wait()
+        for lo, hi, rec in self._tiles_io(self.last_step, write=True):
+            x, y = max(a, lo), min(b, hi)
+            if x < y:
+                rec.master[x - lo:y - lo].copy_(values[x - a:y - a])
+
+    def state_tiles(self, max_elems: int, *, write: bool = False):
+        """(lo, hi, {"master", "exp_avg", "exp_avg_sq"}) streamed tile by tile (at most ``max_elems``
+        each): views of the pinned buffer; with ``write`` what the caller puts into them is written
+        back and committed once the last tile was consumed."""
+        self.ready.wait()
+        chunk = max(1, max_elems)
+        for lo, hi, rec in self._tiles_io(self.last_step, write=write):
+            m, a, v = rec.arrays(hi - lo)
+            for x in range(0, hi - lo, chunk):
+                y = min(hi - lo, x + chunk)
+                yield lo + x, lo + y, {"master": m[x:y], "exp_avg": a[x:y], "exp_avg_sq": v[x:y]}
+
+    def refresh_params(self) -> None:
+        self.ready.wait()
+        target = self.group.owned_params_raw()
+        for lo, hi, rec in self._tiles_io(self.last_step, write=False):
+            target[lo:hi].copy_(rec.master[:hi - lo])
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"host_grads": self.grad_h, "host_staging": self.staging, "host_swap": self.store.pool}
