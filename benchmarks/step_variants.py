@@ -160,6 +160,16 @@ def _fsdp2(model, ctx):
     return _torch_step(model, torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, fused=ctx.cuda or None))
 
 
+def _engine_step(engine):
+    """A step of a DeepSpeed-style engine (zerocore's or DeepSpeed's): backward and step through it."""
+    def step(x, y):
+        loss = loss_of(engine, x, y)
+        engine.backward(loss)
+        engine.step()
+        return loss
+    return step
+
+
 def stage3_config(model, unit_class: str, persist: int) -> dict:
     """Stage 3 wrapped like FSDP2: a unit per block + the root, prefetch one block ahead."""
     block_elems = sum(p.numel() for p in blocks_of(model)[0].parameters() if p.numel() >= persist)
@@ -190,13 +200,7 @@ def _zerocore(stage: int, check: bool = True, offload: bool = False):
         if ctx.cuda:
             cfg["bf16"] = {"enabled": True}
         engine = zerocore.initialize(model, cfg)
-
-        def step(x, y):
-            loss = loss_of(engine, x, y)
-            engine.backward(loss)
-            engine.step()
-            return loss
-        return step
+        return _engine_step(engine)
     return build
 
 
@@ -233,13 +237,7 @@ def _deepspeed(stage: int, offload: bool = False):
             cfg["bf16"] = {"enabled": True}
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg,
                                           dist_init_required=not dist.is_initialized())
-
-        def step(x, y):
-            loss = loss_of(engine, x, y)
-            engine.backward(loss)
-            engine.step()
-            return loss
-        return step
+        return _engine_step(engine)
     return build
 
 

@@ -11,6 +11,7 @@
 #include "binding_dtype.h"
 #include "bench/stream.h"
 #include "cast/cast.h"
+#include "checksum/crc32c.h"
 #include "flatten/flatten.h"
 #include "isa/dispatch.h"
 #include "norm/norm.h"
@@ -163,6 +164,16 @@ void stream_rw4(at::Tensor& a, const at::Tensor& b, at::Tensor& c, at::Tensor& d
                  static_cast<float>(s), a.numel(), at::get_num_threads());
 }
 
+// CRC32C of a CPU tensor's bytes (any dtype), continuing from `crc`; `hardware=false` forces
+// the table-driven version (tests).
+int64_t crc32c(const at::Tensor& t, int64_t crc, bool hardware) {
+  check_cpu_contiguous(t, "crc32c", "tensor");
+  ZC_CHECK_VALUE(crc >= 0 && crc <= 0xFFFFFFFFLL, "crc32c: 'crc' must be a 32-bit unsigned value, got ", crc);
+  const int64_t n = t.numel() * static_cast<int64_t>(t.element_size());
+  const uint32_t c = static_cast<uint32_t>(crc);
+  return hardware ? zc::crc32c(t.data_ptr(), n, c) : zc::crc32c_scalar(t.data_ptr(), n, c);
+}
+
 std::string active_isa() { return zc::active_kernels().isa; }
 
 }  // namespace
@@ -179,6 +190,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sum_squares", &sum_squares, "sum of squares (double) and any-Inf/NaN flag",
         py::call_guard<py::gil_scoped_release>());
   m.def("stream_rw4", &stream_rw4, "memory roofline probe: read 4 arrays, write 3");
+  m.def("crc32c", &crc32c, "CRC32C of a tensor's bytes");
+  m.def("crc32c_hardware", &zc::crc32c_hardware, "whether crc32c uses the SSE4.2 instruction here");
   m.def("supported_isas", &zc::supported_isas);
   m.def("set_isa", &zc::set_isa);
   m.def("active_isa", &active_isa);

@@ -29,6 +29,8 @@ def collect() -> dict:
             info["prebuilt_missing_because"] = _loader.status()["prebuilt_error"]
         info["cpu_isa_active"] = lib.active_isa()
         info["cpu_isas_supported"] = list(lib.supported_isas())
+        if hasattr(lib, "crc32c_hardware"):
+            info["crc32c"] = "SSE4.2 crc32 instruction" if lib.crc32c_hardware() else "table (no SSE4.2)"
         for op in OP_SOURCES:
             ops[op] = how
         unavailable = _loader.unavailable_parts()

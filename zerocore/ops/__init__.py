@@ -7,10 +7,11 @@ from ._loader import NativeBuildError
 from .adam import adam_step, adam_step_multi
 from .aio import AsyncIO, aligned_pinned_empty
 from .cast import cast
+from .checksum import crc32c
 from .flatten import pack, unpack
 from .fused_adam import FusedAdam
 from .isa import active_isa, force_isa, set_isa, supported_isas
 from .norm import sum_squares
 
-__all__ = ["adam_step", "adam_step_multi", "FusedAdam", "pack", "unpack", "cast", "sum_squares", "active_isa", "force_isa",
+__all__ = ["adam_step", "adam_step_multi", "FusedAdam", "pack", "unpack", "cast", "sum_squares", "crc32c", "active_isa", "force_isa",
            "set_isa", "supported_isas", "NativeBuildError"]

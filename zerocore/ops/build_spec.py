@@ -19,6 +19,7 @@ KERNEL_SOURCES = [
     "csrc/cast/cast.cpp",
     "csrc/norm/norm.cpp",
     "csrc/flatten/flatten.cpp",
+    "csrc/checksum/crc32c.cpp",
     "csrc/bench/stream.cpp",
 ]
 BINDING_SOURCE = "csrc/bindings.cpp"
@@ -29,6 +30,7 @@ OP_SOURCES = {
     "flatten": ["csrc/flatten/flatten.cpp"],
     "cast": ["csrc/cast/cast.cpp", "csrc/isa/"],
     "norm": ["csrc/norm/norm.cpp", "csrc/isa/"],
+    "checksum": ["csrc/checksum/crc32c.cpp"],
 }
 
 # No -march=native: ISA-specific code is confined to csrc/isa/{avx2,avx512}.cpp (target

@@ -43,3 +43,13 @@ def cast_reference(src, dst) -> None:
 def sum_squares_reference(t) -> tuple[float, bool]:
     d = t.double()
     return float((d * d).sum()), bool(~torch.isfinite(t).all())
+
+
+def crc32c_reference(data: bytes, crc: int = 0) -> int:
+    """CRC32C, bit by bit (reflected polynomial 0x82F63B78): the oracle of ops.crc32c."""
+    c = crc ^ 0xFFFFFFFF
+    for byte in data:
+        c ^= byte
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+    return c ^ 0xFFFFFFFF
