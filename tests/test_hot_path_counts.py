@@ -116,7 +116,8 @@ def test_backward_and_step_costs_scale_with_units_not_parameters(stage):
     assert p == 4 * BLOCKS
     assert r["aten_ops"] <= r["plain_aten_ops"] + 5 * u + 8, r
     if stage < 3:
-        assert r["python_calls_per_step"] <= p + 20 * u + 60, r
+        # the constant: engine, ops argument checks, issue 15's misuse bookkeeping (~90 calls)
+        assert r["python_calls_per_step"] <= p + 20 * u + 100, r
     else:  # today: the backward hook and the class-swapped attribute read per parameter, ~106 per unit
         assert r["python_calls_per_step"] <= 2 * p + 120 * u, r
     # native kernels (pack, norm, Adam) and collectives: a few per group/unit per backward

@@ -84,6 +84,12 @@ def check_betas(betas) -> tuple[float, float]:
 def check_adam_hyper(lr, betas, eps, weight_decay) -> tuple[float, float, float, float, float]:
     """Adam's shared hyper-parameters as floats (lr, beta1, beta2, eps, weight_decay), checked
     in that order; ValueError/TypeError naming a bad one."""
+    if type(betas) in (tuple, list) and len(betas) == 2:  # the usual valid floats: inline, no calls
+        b1, b2 = betas
+        if (type(lr) is float and type(b1) is float and type(b2) is float and type(eps) is float
+                and type(weight_decay) is float and 0.0 <= lr < math.inf and 0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0
+                and 0.0 <= eps < math.inf and 0.0 <= weight_decay < math.inf):
+            return lr, b1, b2, eps, weight_decay
     lr = check_number("lr", lr)
     beta1, beta2 = check_betas(betas)
     return lr, beta1, beta2, check_number("eps", eps), check_number("weight_decay", weight_decay)
@@ -161,11 +167,6 @@ def check_list(op: str, name: str, value) -> list:
 
 
 # ---- per-op argument sets -----------------------------------------------------------------
-def _on_device(t, cuda: bool, index: int) -> bool:
-    """Cheap device test for the fast paths (False sends the caller to the full checks)."""
-    return (t.is_cuda and t.get_device() == index) if cuda else t.is_cpu
-
-
 def _home_index(t, cuda: bool) -> int | None:
     """The fast paths' device of the home tensor: a CUDA index, -1 for the CPU, None: use the full checks."""
     if not isinstance(t, torch.Tensor) or not t.is_contiguous():
@@ -188,11 +189,13 @@ def _pack_fast(tensors, offsets, flat, cuda: bool):
     lo = flat.data_ptr()
     hi = lo + total * esize
     end = 0
-    for t, o in zip(tensors, offsets):
+    for t, o in zip(tensors, offsets):  # inline tests only: the engine packs a whole group per call
         if type(o) is not int or o < end or not isinstance(t, torch.Tensor):
             return None
         n = t.numel()
-        if o + n > total or t.dtype != dtype or not t.is_contiguous() or not _on_device(t, cuda, index):
+        if o + n > total or t.dtype != dtype or not t.is_contiguous():
+            return None
+        if (not t.is_cuda or t.get_device() != index) if cuda else not t.is_cpu:
             return None
         if n:
             p = t.data_ptr()
@@ -282,8 +285,9 @@ def _adam_fast(p, g, m, v, out, cuda: bool, spans: list) -> bool:
     for t, dtypes in ((p, F32), (g, GRAD_DTYPES), (m, F32), (v, F32), (out, FLOAT16S)):
         if t is None and dtypes is FLOAT16S:
             continue
-        if not isinstance(t, torch.Tensor) or t.dtype not in dtypes or t.numel() != n or not t.is_contiguous() \
-                or not _on_device(t, cuda, index):
+        if not isinstance(t, torch.Tensor) or t.dtype not in dtypes or t.numel() != n or not t.is_contiguous():
+            return False
+        if (not t.is_cuda or t.get_device() != index) if cuda else not t.is_cpu:  # inline: per group
             return False
         if n:
             a = t.data_ptr()

@@ -57,7 +57,10 @@ def routes(*tensors) -> bool:
     """True when one of the tensors is a CUDA tensor and the CUDA kernels are built: the op
     then goes to its CUDA path. With no CUDA kernels it is False and the op's CPU path raises
     its usual 'not built' error."""
-    return any(is_cuda(t) for t in tensors) and available()
+    for t in tensors:  # a plain loop: called once per op on the engine's hot path
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            return available()
+    return False
 
 
 def stream_handle(device: torch.device) -> int:
