@@ -93,20 +93,30 @@ def build(variant: str, args, vocab: int):
     z = {"stage": stage, "reduce_bucket_size": int(args.bucket), "overlap_comm": True}
     if stage == 3:
         z.update(stage3_config(model, args.persist), stage3_check_divergence=not variant.endswith("_nocheck"))
-    if variant.endswith("_offload"):  # the optimizer state and step on the host; stage 3: parameters too
-        z["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-        if stage == 3:
-            z["offload_param"] = {"device": "cpu", "pin_memory": True}
+    add_offload(z, variant, stage)
     engine = zerocore.initialize(model, {
         "gradient_clipping": 0.0, "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd}},
         "zero_optimization": z})
+    return engine_step(engine)
 
+
+def engine_step(engine):
+    """One training step of a ZeRO engine (zerocore's or DeepSpeed's: the same three calls)."""
     def step(x, y):
         loss = torch.nn.functional.cross_entropy(engine(x).flatten(0, 1), y.flatten())
         engine.backward(loss)
         engine.step()
         return loss
     return step
+
+
+def add_offload(z: dict, variant: str, stage: int) -> None:
+    """The *_offload variants: the optimizer state and step on the host; stage 3: parameters too (the
+    same keys for zerocore and DeepSpeed)."""
+    if variant.endswith("_offload"):
+        z["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if stage == 3:
+            z["offload_param"] = {"device": "cpu", "pin_memory": True}
 
 
 def deepspeed_step(variant: str, model, args, lr: float, wd: float):
@@ -123,21 +133,12 @@ def deepspeed_step(variant: str, model, args, lr: float, wd: float):
     if stage == 3:
         z.update(stage3_param_persistence_threshold=args.persist,
                  stage3_prefetch_bucket_size=stage3_config(model, args.persist)["stage3_prefetch_bucket_size"])
-    if variant.endswith("_offload"):
-        z["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-        if stage == 3:
-            z["offload_param"] = {"device": "cpu", "pin_memory": True}
+    add_offload(z, variant, stage)
     cfg = {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
            "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd}}, "zero_optimization": z,
            "steps_per_print": 10 ** 9, "wall_clock_breakdown": False}
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
-
-    def step(x, y):
-        loss = torch.nn.functional.cross_entropy(engine(x).flatten(0, 1), y.flatten())
-        engine.backward(loss)
-        engine.step()
-        return loss
-    return step
+    return engine_step(engine)
 
 
 def worker(rank: int, world: int, init: str, args, out: str) -> None:
