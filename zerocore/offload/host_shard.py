@@ -43,9 +43,9 @@ class HostOptimizerShard:
         self.tile = tile or max(n, 1)
         target = group.owned_params()
         h = self.split
-        # host part. fp32 training with the parameters already on the host (stage-3 param offload or a CPU
-        # device at stage 3): the master *is* the parameter, as on the device.
-        if not self.half and target.device.type == "cpu" and group.partitioned:
+        # host part. fp32 training with the parameters already in host memory (stage-3 param offload, or a
+        # CPU training device): the master *is* the parameter, as on the device (no copy back).
+        if not self.half and target.device.type == "cpu":
             self.master_h = target[:h]
         else:
             self.master_h = host_copy(owned[:h].to("cpu"), pin)
