@@ -3,7 +3,7 @@ a CPU Adam step over the same parameters (a tile holds fp32 master, m and v: 12 
 parameter, checksummed once when written and once when read back: 24 bytes per parameter per
 step; the Adam step moves 28). Variants interleaved, one thread, ``time.thread_time``.
 
-    python benchmarks/crc32c.py --out benchmarks/results/crc32c_cpu.json
+    python benchmarks/checksum_speed.py --out benchmarks/results/crc32c_cpu.json
 """
 from __future__ import annotations
 
