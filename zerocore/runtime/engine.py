@@ -30,7 +30,8 @@ from .partition_init import check_unchanged, initial_value
 from .group_specs import GroupSpec, size_groups, stage3_groups
 from . import weights
 from .agreement import agree
-from .misuse import check_loss, checked_lr, explain_dtype_error, keeps_counters_on_failure, reports_stalls
+from .misuse import (RequiresGradWatch, check_loss, checked_lr, explain_dtype_error, keeps_counters_on_failure,
+                     reports_stalls)
 from .preflight import check_config, check_model
 from .release import release
 
@@ -51,6 +52,7 @@ class Engine:
         if not trainable:
             raise ValueError("zerocore: the model has no trainable parameters")
         self.device = trainable[0][1].device
+        self._requires_grad = RequiresGradWatch(trainable, frozen)
         # CPU offload: where the optimizer shard (and stage-3 parameter shards) rest; None: the device
         self.offload = OffloadPlan.build(config, self.device, lambda: (self.micro_steps + 1) % self.gas == 0)
         for names, p in trainable + frozen:
@@ -175,6 +177,7 @@ class Engine:
     @keeps_counters_on_failure
     def step(self) -> None:
         """Ends a micro-batch; at the accumulation boundary updates the parameters."""
+        self._requires_grad.check()  # before anything changes: fix it and call step() again
         if not self._backward_done:
             raise RuntimeError("zerocore: step() without backward(); call engine.backward(loss) first"
                                + (" (zero_grad() after the last backward() discarded its gradients: step() clears "

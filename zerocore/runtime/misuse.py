@@ -138,3 +138,28 @@ def _failures_soon(comm, tag: str, micro_step: int, patience_s: float = 2.0) -> 
 
 def _who(failures: dict[int, str]) -> str:
     return "; ".join(f"rank {r} stopped issuing collectives: its {text}" for r, text in sorted(failures.items()))
+
+
+class RequiresGradWatch:
+    """Which parameters train is fixed at ``initialize`` (the flat groups, the optimizer shards and
+    the reducer's bookkeeping are built from it). ``p.requires_grad_(...)`` flipped afterwards
+    would leave a "frozen" parameter moving with Adam's momentum, or a newly trainable one never
+    trained, silently: ``check`` names the first such parameter at the next ``step()``."""
+
+    def __init__(self, trainable, frozen):
+        self.trainable = [p for _, p in trainable]
+        self.frozen = [p for _, p in frozen]
+        self.names = {id(p): names[0] for names, p in trainable + frozen}
+
+    def check(self) -> None:
+        # list comprehensions: one Python call per step, attribute reads per parameter
+        off = [p for p in self.trainable if not p.requires_grad]
+        on = [p for p in self.frozen if p.requires_grad]
+        if off or on:
+            p, was = (off[0], "trainable") if off else (on[0], "frozen")
+            more = len(off) + len(on) - 1
+            raise RuntimeError(
+                f"zerocore: parameter '{self.names[id(p)]}' was {was} at zerocore.initialize and its requires_grad "
+                f"is now {p.requires_grad}{f' (and {more} more)' if more else ''}; which parameters train is fixed "
+                "when the engine is built. Set requires_grad before zerocore.initialize (engine.destroy() and "
+                "initialize again to change it); nothing was updated")
