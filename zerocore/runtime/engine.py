@@ -31,7 +31,7 @@ from .group_specs import GroupSpec, size_groups, stage3_groups
 from . import weights
 from .agreement import agree
 from .misuse import (RequiresGradWatch, check_loss, checked_lr, explain_dtype_error, keeps_counters_on_failure,
-                     reports_stalls)
+                     own_module_zero_grad, reports_stalls)
 from .preflight import check_config, check_model
 from .release import release
 
@@ -53,6 +53,7 @@ class Engine:
             raise ValueError("zerocore: the model has no trainable parameters")
         self.device = trainable[0][1].device
         self._requires_grad = RequiresGradWatch(trainable, frozen)
+        own_module_zero_grad(self)
         # CPU offload: where the optimizer shard (and stage-3 parameter shards) rest; None: the device
         self.offload = OffloadPlan.build(config, self.device, lambda: (self.micro_steps + 1) % self.gas == 0)
         for names, p in trainable + frozen:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import warnings
 
 import torch
 
@@ -163,3 +164,25 @@ class RequiresGradWatch:
                 f"is now {p.requires_grad}{f' (and {more} more)' if more else ''}; which parameters train is fixed "
                 "when the engine is built. Set requires_grad before zerocore.initialize (engine.destroy() and "
                 "initialize again to change it); nothing was updated")
+
+
+def own_module_zero_grad(engine) -> None:
+    """The engine owns the gradients (DeepSpeed's semantics): ``model.zero_grad()`` on the model it
+    wraps is a no-op, with a warning when it lands inside an accumulation window (where it
+    would otherwise drop the micro-batches so far at stages 0/1, whose ``.grad`` are views of
+    the flat buffer, and change nothing at stages 2/3, whose gradients already left ``.grad``).
+    ``engine.zero_grad()`` is the way to discard them. Undone by ``engine.destroy()``."""
+    module = engine.module
+
+    def zero_grad(set_to_none: bool = True) -> None:
+        if engine.micro_steps % engine.gas or engine._backward_done:
+            warnings.warn("zerocore: model.zero_grad() inside a gradient accumulation window was ignored: the "
+                          "engine owns the gradients and clears them itself at each optimizer step (as DeepSpeed "
+                          "does); call engine.zero_grad() to discard the micro-batches accumulated so far",
+                          RuntimeWarning, stacklevel=2)
+
+    module.__dict__["zero_grad"] = zero_grad  # an instance attribute shadows nn.Module.zero_grad
+
+
+def give_back_module_zero_grad(module) -> None:
+    module.__dict__.pop("zero_grad", None)

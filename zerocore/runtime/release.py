@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .gathered import unregister_engine
+from .misuse import give_back_module_zero_grad
 from .weights import _full_flat as full_flat
 
 
@@ -38,6 +39,7 @@ def release(engine, collective: bool = True) -> None:
             else:
                 p.data = flat[s.offset:s.end].view(s.shape).clone()
             p.grad = None
+    give_back_module_zero_grad(engine.module)
     unregister_engine(engine)
     engine.param_index = {}
     engine.groups, engine.shards = [], []

@@ -1,6 +1,10 @@
-"""Issue 15 item 6: ``requires_grad_`` flipped after ``zerocore.initialize`` is refused at the
-next ``step()``, naming the parameter, with nothing updated; flipping it back lets training go
-on exactly as if nothing had happened."""
+"""What a user does to the model after ``zerocore.initialize`` (issue 15 items 5 and 6).
+
+- ``requires_grad_`` flipped afterwards is refused at the next ``step()``, naming the parameter,
+  with nothing updated; flipping it back lets training go on exactly as if nothing happened.
+- ``model.zero_grad()`` inside an accumulation window is the same at every stage: ignored with a
+  warning (the engine owns the gradients, as in DeepSpeed), so the result equals a loop without
+  it; ``engine.destroy()`` gives ``model.zero_grad`` back."""
 from __future__ import annotations
 
 import pytest
@@ -55,3 +59,30 @@ def test_flipped_requires_grad_is_named_and_changes_nothing(stage, which, flip, 
     finally:
         engine.destroy()
         clean.destroy()
+
+
+def _accumulate(stage, zero_grad_between, set_to_none=True):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    e = zerocore.initialize(m, {"gradient_accumulation_steps": 2, "zero_optimization": {"stage": stage},
+                                "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})
+    try:
+        for s in range(2):
+            for k in range(2):
+                _micro(e, 10 * s + k)
+                e.step()
+                if zero_grad_between and k == 0:
+                    m.zero_grad(set_to_none=set_to_none)
+        return e.full_state_dict()
+    finally:
+        e.destroy()
+        assert "zero_grad" not in m.__dict__  # nn.Module.zero_grad is back
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_module_zero_grad_inside_accumulation_is_ignored_with_a_warning_at_every_stage(stage, set_to_none):
+    want = _accumulate(stage, False)
+    with pytest.warns(RuntimeWarning, match=r"model.zero_grad\(\) inside a gradient accumulation window was ignored"):
+        got = _accumulate(stage, True, set_to_none)
+    assert all(torch.equal(got[k], want[k]) for k in want)
