@@ -99,6 +99,11 @@ class GradReducer:
         self.next_launch = 0
         self.reducing = False  # does this backward reduce (always at stage 2; at the boundary at 0/1)?
         self.in_backward = False
+        # A backward that raises must leave the gradients as they were before it (issue 15):
+        self._fresh = False  # stages 0/1, a later micro-batch of a window: autograd writes fresh .grad
+        self._had_grad: list[bool] = []  # stages 2/3: which owned slices held earlier micro-batches
+        self._added: list[int] = []  # stages 2/3: groups this backward added into their slices
+        self.window_lost: str | None = None  # why the accumulated gradients of this window are unusable
         if self.full_grads:  # one hook per group, not per parameter: catches a plain loss.backward()
             self._hooks = [g.params[0].register_post_accumulate_grad_hook(self._check_inside) for g in groups]
         else:
@@ -118,9 +123,21 @@ class GradReducer:
         self.launched = [False] * len(self.groups)
         self.next_launch = 0
         if self.full_grads:
+            # After the first micro-batch of a window the buffer holds earlier ones: autograd then
+            # writes fresh gradients (added in at the end), so a failure can drop them exactly.
+            self._fresh = False
             for g in self.groups:
                 if g.grad_state == GradState.EMPTY:
                     g.grad_state.to(GradState.FILLING)
+                else:
+                    self._fresh = True
+            if self._fresh:
+                for g in self.groups:
+                    for p in g.params:  # a plain loop: no Python call per parameter
+                        p.grad = None
+        else:
+            self._had_grad = [g.has_grad for g in self.groups]
+            self._added = []
 
     def _check_inside(self, p: torch.nn.Parameter) -> None:
         if not self.in_backward:
@@ -226,19 +243,21 @@ class GradReducer:
             else:
                 g.grad_shard.copy_(mine)
             self.pool.give(b)
+            self._added.append(k)
         g.has_grad = True
         g.grad_state.to(GradState.HELD)
         if self.on_reduced is not None:
             self.on_reduced(k)
 
-    def _rebind_full_grads(self) -> None:
-        """Stages 0/1: a ``.grad`` that is no longer its view (reset to None, then a fresh
-        gradient) goes back into the buffer; identity tests only when nothing moved."""
+    def _rebind_full_grads(self, add: bool = False, keep: bool = True) -> None:
+        """Stages 0/1: a ``.grad`` that is no longer its view (a fresh gradient of a later micro-batch,
+        or one made after the user reset it) goes into the buffer (``add``: summed with the earlier
+        micro-batches; ``keep`` False: dropped); identity tests only when nothing moved."""
         for g in self.groups:
             for p, v in zip(g.params, g.grad_views):  # a plain loop: no Python call per parameter
                 if p.grad is not v:
-                    if p.grad is not None:
-                        v.copy_(p.grad)
+                    if p.grad is not None and keep:
+                        v.add_(p.grad) if add else v.copy_(p.grad)
                     p.grad = v
 
     def finish_backward(self) -> None:
@@ -249,7 +268,7 @@ class GradReducer:
         try:
             with label("zerocore.finish_backward"):
                 if self.full_grads:
-                    self._rebind_full_grads()
+                    self._rebind_full_grads(add=self._fresh)
                 elif self.on_complete is not None:
                     for k, g in enumerate(self.groups):
                         if len(self._arrived[k]) < len(g.params):
@@ -265,8 +284,11 @@ class GradReducer:
                 self.pool.release()
 
     def abort(self) -> None:
-        """A backward that raised: drop its partial gradients of stages 2/3 and its buckets; what
-        earlier micro-batches reduced into the shards stays."""
+        """A backward that raised: its in-flight reductions drained, its buckets dropped, and the
+        gradients put back as they were before it. Stages 0/1: its fresh gradients dropped (a later
+        micro-batch of a window), or the buffer zeroed (the first). Stages 2/3: slices it made are
+        forgotten; one it added into after earlier micro-batches cannot be taken apart again, so
+        ``window_lost`` says so and the engine refuses that window's step (named, not silent)."""
         while self.inflight:
             k, handle = self.inflight.popleft()
             try:
@@ -274,10 +296,26 @@ class GradReducer:
             finally:
                 self.groups[k].grad_state.value = GradState.HELD if self.groups[k].has_grad else GradState.FILLING
         self.buckets.clear()
-        if not self.full_grads:
+        if self.full_grads:
+            if self._fresh:
+                self._rebind_full_grads(keep=False)
+            else:
+                for g in self.groups:
+                    g.grad_full.zero_()
+                    g.grad_state.value = GradState.EMPTY
+                self._rebind_full_grads(keep=False)
+        else:
             for g in self.groups:
                 for p in g.params:
                     p.grad = None
+            for k in self._added:
+                g = self.groups[k]
+                if self._had_grad[k]:
+                    self.window_lost = (f"a backward raised after group {k}'s reduced gradients were added to the "
+                                        "micro-batches accumulated before it")
+                else:
+                    g.has_grad = False
+                    g.grad_state.value = GradState.EMPTY
         if self.pool is not None:
             self.pool.release()
         self.in_backward = False
@@ -288,6 +326,7 @@ class GradReducer:
             raise RuntimeError("zerocore: zero_grad() during backward")
         for g in self.groups:
             g.clear_grads()
+        self.window_lost = None
 
     def remove_hooks(self) -> None:
         for h in self._hooks:
