@@ -181,8 +181,8 @@ class Engine:
         self._requires_grad.check()  # before anything changes: fix it and call step() again
         if self.reducer.window_lost and (self.micro_steps + 1) % self.gas == 0:
             raise RuntimeError(f"zerocore: {self.reducer.window_lost} (stages 2/3 with gradient accumulation): this "
-                               "window's gradients cannot be restored; call engine.zero_grad() to drop the window's gradients "
-                               "(nothing was updated)")
+                               "window's gradients cannot be restored; call engine.zero_grad() to drop the window's "
+                               "gradients (nothing was updated)")
         if not self._backward_done:
             raise RuntimeError("zerocore: step() without backward(); call engine.backward(loss) first"
                                + (" (zero_grad() after the last backward() discarded its gradients: step() clears "

@@ -297,13 +297,11 @@ class GradReducer:
                 self.groups[k].grad_state.value = GradState.HELD if self.groups[k].has_grad else GradState.FILLING
         self.buckets.clear()
         if self.full_grads:
-            if self._fresh:
-                self._rebind_full_grads(keep=False)
-            else:
+            if not self._fresh:  # the window's first micro-batch accumulated into the buffer itself
                 for g in self.groups:
                     g.grad_full.zero_()
                     g.grad_state.value = GradState.EMPTY
-                self._rebind_full_grads(keep=False)
+            self._rebind_full_grads(keep=False)
         else:
             for g in self.groups:
                 for p in g.params:
