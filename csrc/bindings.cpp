@@ -9,6 +9,7 @@
 
 #include "adam/adam.h"
 #include "binding_dtype.h"
+#include "binding_spans.h"
 #include "bench/stream.h"
 #include "cast/cast.h"
 #include "checksum/crc32c.h"
@@ -99,13 +100,25 @@ void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at
                     "adam_step_multi: param_outs must have one tensor per param");
   std::vector<zc::AdamTensor> ts;
   ts.reserve(n);
+  zc_bind::Spans spans(5 * n);
+  zc::AdamScalars s{};
+  int64_t scalars_step = -1;  // the steps are usually all equal: fold the scalars once per value
   for (size_t i = 0; i < n; ++i) {
-    const zc::AdamScalars s = zc::adam_scalars(lr, beta1, beta2, eps, weight_decay, steps[i], adamw, grad_scale);
+    if (steps[i] != scalars_step) {
+      s = zc::adam_scalars(lr, beta1, beta2, eps, weight_decay, steps[i], adamw, grad_scale);
+      scalars_step = steps[i];
+    }
     std::optional<at::Tensor> out;
     if (param_outs.has_value()) out = (*param_outs)[i];
-    ts.push_back(make_adam_tensor(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], out, s,
-                                  "adam_step_multi", static_cast<int64_t>(i)));
+    const auto k = static_cast<int64_t>(i);
+    ts.push_back(make_adam_tensor(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], out, s, "adam_step_multi", k));
+    spans.add(params[i], "params", 0, k);
+    spans.add(grads[i], "grads", 1, k);
+    spans.add(exp_avgs[i], "exp_avgs", 2, k);
+    spans.add(exp_avg_sqs[i], "exp_avg_sqs", 3, k);
+    if (out.has_value()) spans.add(*out, "param_outs", 4, k);
   }
+  spans.check_disjoint("adam_step_multi");  // before anything is written
   zc::adam_step_multi(ts.data(), static_cast<int64_t>(n), at::get_num_threads());
 }
 
@@ -158,6 +171,34 @@ std::tuple<double, bool> sum_squares(const at::Tensor& t) {
   return {r.sum_sq, r.nonfinite};
 }
 
+// The global gradient norm's pass over many tensors in one call: every tensor checked first,
+// then each summed exactly as sum_squares does, the sums added in list order (the same
+// double additions as a Python loop over sum_squares, so the result is bit-identical).
+std::tuple<double, bool> sum_squares_multi(const std::vector<at::Tensor>& tensors) {
+  const char* op = "sum_squares_multi";
+  std::vector<zc::DType> dts;
+  dts.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    const std::optional<zc::DType> d = zc_bind::kernel_dtype(t);
+    if (!(d && t.device().is_cpu() && t.is_contiguous())) {
+      const std::string arg = "tensors[" + std::to_string(i) + "]";
+      check_cpu_contiguous(t, op, arg);
+      to_zc(t, op, arg);
+    }
+    dts.push_back(*d);
+  }
+  double total = 0.0;
+  bool nonfinite = false;
+  const int threads = at::get_num_threads();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const zc::SumSquares r = zc::sum_squares(tensors[i].data_ptr(), dts[i], tensors[i].numel(), threads);
+    total += r.sum_sq;
+    nonfinite = nonfinite || r.nonfinite;
+  }
+  return {total, nonfinite};
+}
+
 void stream_rw4(at::Tensor& a, const at::Tensor& b, at::Tensor& c, at::Tensor& d, double s) {
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&a, &b, &c, &d}) check_f32(*t, a.numel(), "stream_rw4", "array");
   zc::stream_rw4(a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>(), d.data_ptr<float>(),
@@ -188,6 +229,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("unpack", &unpack, "unpack a flat buffer into tensors");
   m.def("cast", &cast, "dtype conversion, round-to-nearest-even");
   m.def("sum_squares", &sum_squares, "sum of squares (double) and any-Inf/NaN flag",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("sum_squares_multi", &sum_squares_multi, "sum of squares (double) and any-Inf/NaN flag over many tensors",
         py::call_guard<py::gil_scoped_release>());
   m.def("stream_rw4", &stream_rw4, "memory roofline probe: read 4 arrays, write 3");
   m.def("crc32c", &crc32c, "CRC32C of a tensor's bytes");

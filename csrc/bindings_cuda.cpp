@@ -21,6 +21,7 @@
 
 #include "adam/adam.h"
 #include "binding_dtype.h"
+#include "binding_spans.h"
 #include "cuda/api.h"
 
 namespace {
@@ -71,6 +72,7 @@ void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at
   }
   std::vector<zc::AdamTensor> ts;
   ts.reserve(n);
+  zc_bind::Spans spans(5 * n);
   zc::AdamScalars s{};
   int64_t scalars_step = -1;  // steps are usually all equal: fold the scalars once per value
   const bool with_outs = !param_outs.empty();
@@ -124,7 +126,14 @@ void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at
       t.out_dtype = o->scalar_type() == at::kBFloat16 ? zc::DType::BF16 : zc::DType::F16;
     }
     ts.push_back(t);
+    const auto k = static_cast<int64_t>(i);
+    spans.add(p, "params", 0, k);
+    spans.add(g, "grads", 1, k);
+    spans.add(m, "exp_avgs", 2, k);
+    spans.add(v, "exp_avg_sqs", 3, k);
+    if (o != nullptr) spans.add(*o, "param_outs", 4, k);
   }
+  spans.check_disjoint(op);  // before anything is launched
   zcc::adam_step_multi(ts.data(), static_cast<int64_t>(n), dgs, device, as_stream(stream));
 }
 
@@ -212,6 +221,36 @@ std::tuple<at::Tensor, at::Tensor> sum_squares(const at::Tensor& t, uint64_t str
   return {sum, flag};
 }
 
+// Many tensors on one device: a [n, 2] float64 device tensor of (sum of squares, Inf/NaN as
+// 0/1) rows, one launch sequence on one stream and no host sync; every tensor is checked
+// before the first launch. The caller sums the rows on the device (as it summed the stacked
+// per-tensor results before: the same values, the same reduction).
+at::Tensor sum_squares_multi(const std::vector<at::Tensor>& tensors, uint64_t stream) {
+  const char* op = "sum_squares_multi (CUDA)";
+  const int64_t n = static_cast<int64_t>(tensors.size());
+  ZC_CHECK_VALUE(n > 0, op, ": 'tensors' is empty");
+  const int device = check_cuda(tensors[0], op, "tensors[0]");
+  std::vector<zc::DType> dts;
+  dts.reserve(tensors.size());
+  int64_t ws_elems = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string arg = "tensors[" + std::to_string(i) + "]";
+    check_cuda(tensors[i], op, arg, device);
+    dts.push_back(to_zc(tensors[i], op, arg));
+    ws_elems = std::max(ws_elems, zcc::sum_squares_workspace(tensors[i].numel()));
+  }
+  const auto opts = at::TensorOptions().device(tensors[0].device());
+  // Launches on one stream run in order: one workspace serves them all.
+  at::Tensor ws = at::empty({ws_elems}, opts.dtype(at::kDouble));
+  at::Tensor sums = at::empty({n}, opts.dtype(at::kDouble));
+  at::Tensor flags = at::empty({n}, opts.dtype(at::kBool));
+  for (int64_t i = 0; i < n; ++i) {
+    zcc::sum_squares(tensors[i].data_ptr(), dts[i], tensors[i].numel(), ws.data_ptr<double>(),
+                     sums.data_ptr<double>() + i, flags.data_ptr<bool>() + i, device, as_stream(stream));
+  }
+  return at::stack({sums, flags.to(at::kDouble)}, 1);
+}
+
 // ---- pinned memory and copies ----------------------------------------------------------
 // A CPU uint8 tensor of `nbytes` over a pool block; freeing the tensor returns the block.
 at::Tensor pool_tensor(const std::shared_ptr<zcc::PinnedPool>& pool, int64_t nbytes) {
@@ -272,6 +311,8 @@ void register_cuda(pybind11::module_& m) {
         "dtype conversion on the GPU (one side may be pinned host memory)");
   m.def("cuda_sum_squares", &sum_squares, py::arg("tensor"), py::arg("stream"),
         "(sum of squares as a float64 device scalar, any-Inf/NaN as a bool device scalar)");
+  m.def("cuda_sum_squares_multi", &sum_squares_multi, py::arg("tensors"), py::arg("stream"),
+        "[n, 2] float64 device tensor of (sum of squares, any-Inf/NaN) per tensor, no host sync");
   m.def("cuda_memcpy_async", &memcpy_async, py::arg("dst"), py::arg("src"), py::arg("stream"),
         "cudaMemcpyAsync between a CUDA tensor and a pinned CPU tensor (or two CUDA tensors)");
   m.def("cuda_is_pinned", [](const at::Tensor& t) { return t.device().is_cpu() && zcc::is_pinned_host(t.data_ptr()); },

@@ -11,7 +11,8 @@ from .checksum import crc32c
 from .flatten import pack, unpack
 from .fused_adam import FusedAdam
 from .isa import active_isa, force_isa, set_isa, supported_isas
-from .norm import sum_squares
+from .norm import sum_squares, sum_squares_multi
 
-__all__ = ["adam_step", "adam_step_multi", "FusedAdam", "pack", "unpack", "cast", "sum_squares", "crc32c", "active_isa", "force_isa",
+__all__ = ["adam_step", "adam_step_multi", "FusedAdam", "pack", "unpack", "cast", "sum_squares", "sum_squares_multi",
+           "crc32c", "active_isa", "force_isa",
            "set_isa", "supported_isas", "NativeBuildError"]

@@ -270,9 +270,33 @@ def cast_args(op: str, src, dst, dtype, *, cuda: bool):
     return src, dst, None
 
 
-def sum_squares_args(op: str, t, *, cuda: bool) -> None:
-    device = check_home(op, "tensor", t, cuda=cuda)
-    check_tensor(op, "tensor", t, KERNEL_DTYPES, device=device, home="tensor")
+def sum_squares_args(op: str, t, *, cuda: bool, name: str = "tensor", device: torch.device | None = None) -> None:
+    """One tensor of sum_squares (``name``; with ``device``: it must be there, as the first of a list is)."""
+    dev = check_home(op, name, t, cuda=cuda)
+    check_tensor(op, name, t, KERNEL_DTYPES, device=device or dev, home="tensors[0]" if device else name)
+
+
+def sum_squares_multi_args(op: str, tensors, *, cuda: bool) -> None:
+    """sum_squares_multi's list: every tensor as sum_squares takes it, all on the first one's device."""
+    first = None
+    for i, t in enumerate(tensors):
+        sum_squares_args(op, t, cuda=cuda, name=f"tensors[{i}]", device=first)
+        first = first or t.device
+
+
+# Tensor types whose device the C++ bindings see as Python does: the multi-tensor ops let the
+# bindings check these (a subclass may report another device or dtype from Python properties,
+# so its lists take the Python checks).
+PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def steps_plain(steps) -> bool:
+    """Every step count a plain int >= 1 (the native bindings then check the rest), in one loop
+    without a call per entry: the multi-tensor ops' fast path."""
+    for s in steps:
+        if type(s) is not int or s < 1 or s > INT64_MAX:
+            return False
+    return True
 
 
 def _adam_fast(p, g, m, v, out, cuda: bool, spans: list) -> bool:

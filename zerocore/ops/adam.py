@@ -5,7 +5,8 @@ import torch
 
 from . import _loader
 from .cuda import _lib as _cuda
-from ._checks import adam_multi_args, adam_tensor_args, check_adam_hyper, check_list, check_number, check_step
+from ._checks import (adam_multi_args, adam_tensor_args, check_adam_hyper, check_list, check_number, check_step,
+                      PLAIN, steps_plain)
 
 
 def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
@@ -47,6 +48,18 @@ def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, b
         return kernels.adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, steps=steps, lr=lr, betas=betas,
                                        eps=eps, weight_decay=weight_decay, adamw_mode=adamw_mode,
                                        grad_scale=grad_scale, param_outs=param_outs)
+    if params and type(params[0]) in PLAIN and type(steps) in (list, tuple) and type(grad_scale) in (float, int) \
+            and steps_plain(steps):
+        # The usual call: the binding checks every tensor (dtypes, sizes, devices, no shared
+        # memory) in C++ before writing anything, microseconds for hundreds of tensors; if it
+        # refuses, the Python checks below name the problem exactly as they always did.
+        try:
+            hyper = check_adam_hyper(lr, betas, eps, weight_decay)
+            _loader.load("adam").adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, *hyper,
+                                                 bool(adamw_mode), float(grad_scale))
+            return
+        except (TypeError, ValueError):
+            pass
     params, grads, exp_avgs, exp_avg_sqs, outs, steps = adam_multi_args(
         "adam_step_multi", params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, cuda=False)
     lr, beta1, beta2, eps, weight_decay = check_adam_hyper(lr, betas, eps, weight_decay)

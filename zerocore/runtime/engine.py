@@ -21,6 +21,7 @@ from ..offload import OffloadPlan
 from ..sharding import (AdamHyper, GradReducer, OptimizerShard, ParamState, ShardedGroup,
                         policy_for)
 from ..sharding.gatherer import Limits, ParamGatherer
+from ..sharding.optimizer import MultiShardStep, owned_grads
 from .loss_scale import LossScaler
 from .memory import held_bytes
 from .grad_norm import grad_sumsq, reduce_dtype, sum_across
@@ -93,6 +94,7 @@ class Engine:
         self.global_grad_norm: float | None = None
         self._backward_done = False
         self._dropped = False  # zero_grad() between backward() and step() (named by step())
+        self._batches = self._step_batches()
 
     def _group_specs(self, module, trainable, z) -> list[GroupSpec]:
         if z.stage == 3:
@@ -121,6 +123,29 @@ class Engine:
             g.free_full()  # stage 3: only the owned chunk stays
         self.groups.append(g)
         return g
+
+    def _step_batches(self) -> list[tuple[MultiShardStep | None, list[int]]]:
+        """The optimizer step's calls, in order: (a multi-tensor step over device-resident shards,
+        their group indices) or (None, [i]) for a shard with its own step (host/NVMe offload).
+        Stages 1/2 over several ranks all-gather each group after its update: there consecutive
+        groups are batched up to allgather_bucket_size elements, so one batch's all-gathers run
+        while the next batch computes; otherwise every resident shard is in one call."""
+        gather = self.policy.shard_optimizer and self.comm.world > 1
+        cap = self.config.zero_optimization.allgather_bucket_size
+        batches, run, elems = [], [], 0
+        for i, (g, shard) in enumerate(zip(self.groups, self.shards)):
+            if type(shard) is not OptimizerShard:
+                batches.append((None, [i]))
+                continue
+            size = g.layout.padded if gather and not g.partitioned else 0
+            if gather and run and elems + size > cap:
+                batches.append((MultiShardStep([self.shards[k] for k in run], run), run))
+                run, elems = [], 0
+            run.append(i)
+            elems += size
+        if run:
+            batches.append((MultiShardStep([self.shards[k] for k in run], run), run))
+        return batches
 
     def _describe(self, op, index: int) -> str:
         """The name a divergence error gives group ``index``."""
@@ -198,12 +223,13 @@ class Engine:
         # The reduced gradients are sums over ranks of loss-scaled gradients.
         denom = self.comm.world * self.scaler.scale
         across = self.policy.partitions(self.comm.world) > 1
+        grads = owned_grads(self.groups)
         with label("zerocore.grad_norm"):
             if self.offload is not None:  # accumulated on the host as the buckets landed
                 sumsq, bad = sum_across(self.comm, *self.offload.landed_sumsq(self.groups, self.shards),
                                         across_ranks=across)
             else:
-                sumsq, bad = grad_sumsq([g.owned_grad() for g in self.groups], self.comm, across_ranks=across)
+                sumsq, bad = grad_sumsq(grads, self.comm, across_ranks=across)
         if bad or not math.isfinite(sumsq):
             self._skip()
             return
@@ -215,29 +241,37 @@ class Engine:
             coef *= min(1.0, clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s coefficient
         self.optimizer_steps += 1
         with label("zerocore.optimizer_step"):
-            self._update(coef)
+            self._update(coef, grads)
         self.scaler.update(False)
         self.reducer.clear()
 
-    def _update(self, coef: float) -> None:
+    def _update(self, coef: float, grads: list[torch.Tensor]) -> None:
+        """``grads[i]``: group i's owned gradient."""
         gather = self.policy.shard_optimizer and self.comm.world > 1
         cap = self.config.zero_optimization.allgather_bucket_size
         inflight, elems = [], 0
-        for g, shard in zip(self.groups, self.shards):
-            shard.step(g.owned_grad(), self.hyper, step=self.optimizer_steps, grad_scale=coef)
-            if not gather or g.partitioned:  # stage 3 units: the next forward gathers the new chunks
+        for multi, index in self._batches:
+            if multi is not None:
+                multi.step(grads, self.hyper, step=self.optimizer_steps, grad_scale=coef)
+            else:
+                self.shards[index[0]].step(grads[index[0]], self.hyper, step=self.optimizer_steps, grad_scale=coef)
+            if not gather:
                 continue
-            g.param_state.to(ParamState.SHARDED)
-            # The all-gather of this group runs while the next group's Adam step computes;
-            # at most allgather_bucket_size elements are in flight.
-            while inflight and elems + g.layout.padded > cap:
-                h, done = inflight.pop(0)
-                h.wait()
-                done.param_state.to(ParamState.GATHERED)
-                elems -= done.layout.padded
-            g.param_state.to(ParamState.GATHERING)
-            inflight.append((self.comm.all_gather(g.param_flat, async_op=True), g))
-            elems += g.layout.padded
+            for i in index:
+                g = self.groups[i]
+                if g.partitioned:  # stage 3 units: the next forward gathers the new chunks
+                    continue
+                g.param_state.to(ParamState.SHARDED)
+                # This batch's all-gathers run while the next batch's Adam step computes; at
+                # most allgather_bucket_size elements are in flight.
+                while inflight and elems + g.layout.padded > cap:
+                    h, done = inflight.pop(0)
+                    h.wait()
+                    done.param_state.to(ParamState.GATHERED)
+                    elems -= done.layout.padded
+                g.param_state.to(ParamState.GATHERING)
+                inflight.append((self.comm.all_gather(g.param_flat, async_op=True), g))
+                elems += g.layout.padded
         for h, done in inflight:
             h.wait()
             done.param_state.to(ParamState.GATHERED)

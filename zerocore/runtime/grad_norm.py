@@ -1,8 +1,8 @@
 """The step's global gradient norm and overflow flag, read by the host once per step.
 
-Each group's sum of squares and Inf/NaN flag come from one native pass (``ops.sum_squares``);
-on a GPU they stay device tensors (``sync=False``) and are summed there, so the host waits
-once, after the cross-rank sum, instead of twice per group.
+Every group's sum of squares and Inf/NaN flag come from one native call over the list
+(``ops.sum_squares_multi``: a pass per tensor, no Python per group); on a GPU they stay on the
+device (``sync=False``) and are summed there, so the host waits once, after the cross-rank sum.
 """
 from __future__ import annotations
 
@@ -25,18 +25,13 @@ def reduce_dtype(name: str | None, training: torch.dtype) -> torch.dtype | None:
 def grad_sumsq(grads: list[torch.Tensor], comm: Comm, *, across_ranks: bool) -> tuple[float, bool]:
     """(sum of squares of every tensor in ``grads``, summed over ranks when ``across_ranks``;
     whether any element anywhere is Inf/NaN)."""
-    parts = [ops.sum_squares(g, sync=False) for g in grads]
-    if parts and isinstance(parts[0][0], torch.Tensor):  # device results: one stacked read
-        vals = torch.stack([torch.stack([s.double(), b.double()]) for s, b in parts]).sum(0)
+    got = ops.sum_squares_multi(grads, sync=False)
+    if isinstance(got, torch.Tensor):  # device results [sum, tensors with Inf/NaN]: one read
         if across_ranks:
-            comm.all_reduce(vals)
-        sumsq, nbad = vals.tolist()
+            comm.all_reduce(got)
+        sumsq, nbad = got.tolist()
         return sumsq, nbad > 0
-    sumsq, bad = 0.0, False
-    for s, b in parts:  # a loop, not generators: no Python call per group
-        sumsq += s
-        bad = bad or b
-    return sum_across(comm, sumsq, bad, across_ranks=across_ranks)
+    return sum_across(comm, *got, across_ranks=across_ranks)
 
 
 def sum_across(comm: Comm, sumsq: float, bad: bool, *, across_ranks: bool) -> tuple[float, bool]:

@@ -13,6 +13,7 @@ import torch
 
 from .. import ops
 from .group import ShardedGroup
+from .state import GradState
 
 
 @dataclasses.dataclass
@@ -43,13 +44,8 @@ class OptimizerShard:
         self.tile = tile or self.master.numel() or 1
 
     def step(self, grad: torch.Tensor, hp: AdamHyper, *, step: int, grad_scale: float) -> None:
-        n = self.master.numel()
-        for a in range(0, n, self.tile):
-            b = min(n, a + self.tile)
-            ops.adam_step(self.master[a:b], grad[a:b], self.exp_avg[a:b], self.exp_avg_sq[a:b], lr=hp.lr,
-                          betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay, step=step,
-                          adamw_mode=hp.decoupled, grad_scale=grad_scale,
-                          param_out=None if self.param_out is None else self.param_out[a:b])
+        """This shard alone (the engine steps all resident shards together: MultiShardStep)."""
+        MultiShardStep([self], [0]).step([grad], hp, step=step, grad_scale=grad_scale)
 
     def state_tiles(self, max_elems: int, *, write: bool = False
                     ) -> Iterator[tuple[int, int, dict[str, torch.Tensor]]]:
@@ -74,3 +70,73 @@ class OptimizerShard:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"master": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+
+
+def owned_grads(groups: list[ShardedGroup]) -> list[torch.Tensor]:
+    """``g.owned_grad()`` of every group, in one call (the step reads them once for the norm and
+    the update): no Python call per group unless one is not HELD (then it raises, naming it)."""
+    held, out = GradState.HELD, []
+    for g in groups:
+        if g.grad_state.value is not held:
+            g.grad_state.expect(held)
+        out.append(g.grad_full[g.lo:g.hi] if g.grad_full is not None else g.grad_shard)
+    return out
+
+
+class MultiShardStep:
+    """The Adam step of many device-resident shards that share hyper-parameters and the step
+    count, as one multi-tensor native call (one per kind of output: with or without 16-bit
+    ``param_out``) instead of a call per group and tile. Each shard's ``tile`` still caps the
+    elements of one kernel tensor (``sub_group_size``): a shard contributes one tensor per tile.
+
+    The state-tensor lists are built once; ``step`` only slices the gradients, and rebuilds the
+    lists if a shard's state tensors were replaced (they are written in place by checkpoints)."""
+
+    def __init__(self, shards: list[OptimizerShard], index: list[int]):
+        """``index[k]``: where shard k's gradient is in the list ``step`` gets."""
+        self.shards, self.index = shards, index
+        self._tensors: list[torch.Tensor | None] = []
+        self._calls: list[tuple[list, list, list, list | None, list]] = []
+
+    def _plan(self) -> None:
+        self._tensors = [t for s in self.shards for t in (s.master, s.exp_avg, s.exp_avg_sq, s.param_out)]
+        calls = {}
+        for k, s in enumerate(self.shards):
+            out = s.param_out is not None
+            params, ms, vs, outs, cuts = calls.setdefault(out, ([], [], [], [] if out else None, []))
+            n = s.master.numel()
+            for a in range(0, n, s.tile):
+                b = min(n, a + s.tile)
+                params.append(s.master[a:b])
+                ms.append(s.exp_avg[a:b])
+                vs.append(s.exp_avg_sq[a:b])
+                if out:
+                    outs.append(s.param_out[a:b])
+                cuts.append((self.index[k], a, b, a == 0 and b == n))
+        self._calls = list(calls.values())
+
+    def _stale(self) -> bool:
+        if len(self._tensors) != 4 * len(self.shards):
+            return True
+        i = 0
+        for s in self.shards:
+            t = self._tensors
+            if t[i] is not s.master or t[i + 1] is not s.exp_avg or t[i + 2] is not s.exp_avg_sq \
+                    or t[i + 3] is not s.param_out:
+                return True
+            i += 4
+        return False
+
+    def step(self, grads: list[torch.Tensor], hp: AdamHyper, *, step: int, grad_scale: float) -> None:
+        """``grads[index[k]]``: shard k's owned gradient."""
+        if self._stale():
+            self._plan()
+        for params, ms, vs, outs, cuts in self._calls:
+            if not params:
+                continue
+            gs = []
+            for k, a, b, whole in cuts:
+                gs.append(grads[k] if whole else grads[k][a:b])
+            ops.adam_step_multi(params, gs, ms, vs, steps=[step] * len(params), lr=hp.lr, betas=hp.betas,
+                                eps=hp.eps, weight_decay=hp.weight_decay, adamw_mode=hp.decoupled,
+                                grad_scale=grad_scale, param_outs=outs)

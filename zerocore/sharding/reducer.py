@@ -31,7 +31,7 @@ from .. import ops
 from ..profiling import label
 from ..comm import Comm, Handle
 from ..comm.divergence import Op, Phase
-from .group import ShardedGroup
+from .group import ShardedGroup, clear_grads_of
 from .state import GradState
 
 OUTSIDE_BACKWARD = ("zerocore: a gradient arrived outside engine.backward(); call engine.backward(loss) instead of "
@@ -322,8 +322,7 @@ class GradReducer:
         """Forgets all gradients of this optimizer step."""
         if self.in_backward or self.inflight:
             raise RuntimeError("zerocore: zero_grad() during backward")
-        for g in self.groups:
-            g.clear_grads()
+        clear_grads_of(self.groups)
         self.window_lost = None
 
     def remove_hooks(self) -> None:

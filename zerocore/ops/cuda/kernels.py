@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .._checks import (adam_multi_args, adam_tensor_args, cast_args, check_adam_hyper, check_number, check_step, pack_args,
-                       sum_squares_args)
+from .._checks import (PLAIN, adam_multi_args, adam_tensor_args, cast_args, check_adam_hyper, check_number, check_step,
+                       pack_args, steps_plain, sum_squares_args, sum_squares_multi_args)
 from ._lib import lib, stream_handle
 
 
@@ -29,6 +29,18 @@ def adam_step_multi(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor
     computed on the GPU) that the kernel reads itself, so no host sync is needed. Tensors on
     several devices are stepped device by device; each launch covers up to 64 tensors."""
     mod = lib()
+    if type(params) is list and params and type(params[0]) in PLAIN and type(steps) in (list, tuple) \
+            and steps_plain(steps) and params[0].is_cuda:
+        # The usual call (one device): the binding checks every tensor, overlaps included, in C++
+        # before launching; if it refuses, the Python checks below name the problem as always.
+        try:
+            hyper, scale_tensor = _adam_hyper("adam_step_multi", lr, betas, eps, weight_decay, adamw_mode, grad_scale)
+            device = params[0].device
+            mod.cuda_adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, [] if param_outs is None else param_outs,
+                                     steps, *hyper, _scale_on(scale_tensor, device), stream_handle(device))
+            return
+        except (TypeError, ValueError):
+            pass
     params, grads, exp_avgs, exp_avg_sqs, outs, steps = adam_multi_args(
         "adam_step_multi", params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, cuda=True)
     hyper, scale_tensor = _adam_hyper("adam_step_multi", lr, betas, eps, weight_decay, adamw_mode, grad_scale)
@@ -123,3 +135,20 @@ def sum_squares(t: torch.Tensor, *, sync: bool = True):
     if sync:
         return float(total.item()), bool(nonfinite.item())
     return total, nonfinite
+
+
+def sum_squares_multi(tensors: list, *, sync: bool = True):
+    """zerocore.ops.sum_squares_multi for CUDA tensors on one device: one binding call, no host
+    sync with ``sync=False`` (a float64 device tensor [sum of squares, tensors holding Inf/NaN])."""
+    mod = lib()
+    device = tensors[0].device
+    try:  # the binding checks every tensor before the first launch
+        rows = mod.cuda_sum_squares_multi(tensors, stream_handle(device))
+    except (TypeError, ValueError):
+        sum_squares_multi_args("sum_squares_multi", tensors, cuda=True)  # names the bad one
+        raise
+    totals = rows.sum(0)
+    if sync:
+        total, nbad = totals.tolist()
+        return total, nbad > 0
+    return totals
