@@ -9,22 +9,12 @@ import pytest
 import torch
 
 from zerocore import ops
-from zerocore.ops import cuda as zcuda
 from zerocore.sharding.optimizer import AdamHyper, MultiShardStep
 
+from test_cuda import DEV, _why_skip
 from test_kernel_args import CASES
 
-
-def _why_skip() -> str | None:
-    if not torch.cuda.is_available():
-        return "torch sees no CUDA device"
-    if not zcuda.available():
-        return "zerocore built without CUDA kernels: " + zcuda.unavailable_reason()
-    return None
-
-
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_why_skip() is not None, reason=str(_why_skip()))]
-DEV = torch.device("cuda", 0)
 MULTI = [c for c in CASES if c[0].startswith("multi")]
 
 
