@@ -81,7 +81,10 @@ void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at
     const at::Tensor& g = grads[i];
     const at::Tensor& m = exp_avgs[i];
     const at::Tensor& v = exp_avg_sqs[i];
-    const at::Tensor* o = with_outs && param_outs[i].has_value() ? &*param_outs[i] : nullptr;
+    // param_outs is all or nothing, as on the CPU: a None among tensors is refused, not skipped
+    ZC_CHECK_TYPE(!with_outs || param_outs[i].has_value(), op, ": 'param_outs[", i,
+                  "]' must be a torch.Tensor, got NoneType");
+    const at::Tensor* o = with_outs ? &*param_outs[i] : nullptr;
     // Fast path: every check in one expression, messages built only when one fails.
     const int64_t numel = p.numel();
     auto fine_f32 = [&](const at::Tensor& t) {

@@ -409,7 +409,10 @@ def adam_multi_args(op: str, params, grads, exp_avgs, exp_avg_sqs, param_outs, s
         if length != n:
             raise ValueError(f"{op}: 'params' has {n} entries but '{key}' has {length}; they must have the same "
                              "length")
-    if n and all(type(s_) is int and 1 <= s_ <= INT64_MAX for s_ in steps):
+    for i, o in enumerate(outs or ()):  # all or nothing: a None is not "no output for this one"
+        if o is None:
+            raise TypeError(f"{op}: 'param_outs[{i}]' must be a torch.Tensor, got NoneType")
+    if n and steps_plain(steps):
         try:
             fast = _adam_multi_fast(params, grads, exp_avgs, exp_avg_sqs, outs, cuda)
         except (AttributeError, TypeError):  # not tensors: the full checks name it
