@@ -1,13 +1,13 @@
 """Stage 3 at run time: gather a unit's parameters when its module runs, free them after.
 
 Forward: a unit's pre-forward hook gathers its group (waiting for a prefetch already in
-flight) and routes the unit's inputs through the post-backward Function (``post_backward.py``),
-the module runs, its post-forward hook frees the full buffer and registers a pre-backward
+flight) and puts the post-backward signal on the unit's inputs (``post_backward.py``), the
+module runs, its post-forward hook frees the full buffer and registers a pre-backward
 hook on the outputs (a plain tensor hook, as FSDP2 does; only its first call in a backward
 does work). Backward: that hook re-gathers the unit just before its backward runs; when the
-post-backward Function fires the unit's gradients are all in: the unit is freed and the
+post-backward signal fires the unit's gradients are all in: the unit is freed and the
 reducer handed its group, so at most the units whose backward is under way are resident.
-Units the Function does not reach (inputs without gradient, the root, unused outputs) are
+Units the signal does not reach (inputs without gradient, the root, unused outputs) are
 handled by the reducer at the end of backward.
 
 Prefetch: the order units ran in is recorded (the first forward and the first backward); while
@@ -46,7 +46,7 @@ from ..comm.divergence import DivergenceGuard, Op, Phase
 from .access import restore, swap_class
 from .group import ShardedGroup
 from .passes import Pass
-from .post_backward import PostBackward, through_post_backward
+from .post_backward import PostBackward
 from .reducer import OUTSIDE_BACKWARD
 from .state import ParamState, Tracked, param_state
 
@@ -206,13 +206,12 @@ class ParamGatherer:
                 self._prefetch(run, i, Phase.PREFETCH_FORWARD)
             if u.group is not None and args and torch.is_grad_enabled():
                 a = args[0]
-                if len(args) == 1 and isinstance(a, torch.Tensor):  # the usual single input, inline
-                    routed = PostBackward.apply(u.done, a) if a.requires_grad else None
-                else:
-                    routed = through_post_backward(args, u.done)
-                if routed is not None:
-                    u.pending += 1
-                    return routed
+                if len(args) == 1 and isinstance(a, torch.Tensor) and a.grad_fn is not None:
+                    if a.requires_grad:  # the usual single non-leaf input: a tensor hook (post_backward.py)
+                        a.register_hook(u.done)
+                        u.pending += 1
+                    return None
+                return self._post_backward_on(u, args)
             return None
         return hook
 
@@ -223,8 +222,16 @@ class ParamGatherer:
             self.stack.pop()
             if self.running is Running.BACKWARD:
                 return  # a recompute (see the pre-hook)
-            if torch.is_grad_enabled():
-                self._hook_outputs(u, output)
+            if torch.is_grad_enabled():  # a pre-backward hook on each output needing a gradient (FSDP2's
+                # way: a plain tensor hook; the first to fire in a backward gathers the unit)
+                hook_bwd = functools.partial(self._pre_backward_hook, u, [-1])
+                if isinstance(output, torch.Tensor):
+                    if output.requires_grad:
+                        output.register_hook(hook_bwd)
+                else:
+                    for t in tree_flatten(output)[0]:
+                        if isinstance(t, torch.Tensor) and t.requires_grad:
+                            t.register_hook(hook_bwd)
             if u.extern or self.limits.max_reuse > 0:
                 for v in [u, *u.extern]:
                     if v not in self.stack and not (self.limits.max_reuse > 0 and self._keep(v)):
@@ -237,21 +244,6 @@ class ParamGatherer:
             if not self.stack:
                 self._end_forward()
         return hook
-
-    def _hook_outputs(self, u: Unit, output) -> None:
-        """A pre-backward hook on each output that needs a gradient (FSDP2's way: a plain tensor
-        hook; the first to fire in a backward gathers the unit, the others return at once)."""
-        tensors = [output] if isinstance(output, torch.Tensor) else tree_flatten(output)[0]
-        seen = [-1]  # the backward pass this forward call's hook last worked in
-
-        def pre_backward(grad):
-            if seen[0] != self.backwards or self.running is not Running.BACKWARD:
-                self._pre_backward(u)  # raises outside engine.backward()
-                seen[0] = self.backwards
-
-        for t in tensors:
-            if isinstance(t, torch.Tensor) and t.requires_grad:
-                t.register_hook(pre_backward)
 
     def _begin_forward(self) -> None:
         # Full buffers left from an earlier pass (kept for a backward that never came) go first.
@@ -299,9 +291,14 @@ class ParamGatherer:
         self.backwards += 1
         self.bwd = Pass(self.bwd_trace, self.sizes)
 
-    def _pre_backward(self, u: Unit) -> None:
+    def _pre_backward_hook(self, u: Unit, seen: list[int], grad) -> None:
+        """A tensor hook on the outputs of one forward call of ``u``; ``seen``: the backward pass
+        it last worked in (the other outputs' hooks return at once)."""
         if self.running is not Running.BACKWARD:  # a plain loss.backward(): nothing would be reduced
             raise RuntimeError(OUTSIDE_BACKWARD)
+        if seen[0] == self.backwards:
+            return
+        seen[0] = self.backwards
         run = self.bwd
         i = len(run.order)  # run.visit(u.pos), inline
         run.order.append(u.pos)
@@ -314,9 +311,22 @@ class ParamGatherer:
         if run.on_trace and run.cursor < len(run.recorded):
             self._prefetch(run, i, Phase.PREFETCH_BACKWARD)
 
-    def _post_backward(self, u: Unit) -> None:
-        """The post-backward Function of one forward call of ``u`` fired: when it was the last,
-        the unit's gradients are all in: free it and hand its group to the reducer."""
+    def _post_backward_on(self, u: Unit, args: tuple) -> tuple | None:
+        """Arranges ``u``'s post-backward signal on each of its inputs that needs a gradient
+        (post_backward.py); returns the arguments to run the forward with (None: unchanged)."""
+        new, routed = list(args), False
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                if a.grad_fn is not None:
+                    a.register_hook(u.done)
+                else:  # a leaf lives on: a hook on it would stay; the Function's node goes with the graph
+                    new[i], routed = PostBackward.apply(u.done, a)[0], True
+                u.pending += 1
+        return tuple(new) if routed else None
+
+    def _post_backward(self, u: Unit, grad=None) -> None:
+        """The post-backward signal of one input of one forward call of ``u``: when it was the
+        last, the unit's gradients are all in: free it and hand its group to the reducer."""
         u.pending -= 1
         if u.pending > 0 or self.running is not Running.BACKWARD:
             return

@@ -1,12 +1,20 @@
 """Stage 3's "this unit's backward is over" signal, once per unit instead of once per parameter.
 
-The pre-forward hook passes the unit's tensor inputs through :class:`PostBackward`, an identity
-autograd Function (FSDP2's ``RegisterPostBackwardFunction``). Its backward runs when the
-gradients of those inputs are complete, i.e. after every node of the unit's forward; the
+The pre-forward hook registers ``done`` as a tensor hook on each of the unit's inputs that needs
+a gradient. Such a hook runs when the autograd node that produced the input is about to run,
+i.e. once the input's gradient is complete: after every node of the unit's forward. The
 autograd engine runs ``AccumulateGrad`` nodes before any other ready node, so the unit's
-parameter gradients are in ``.grad`` by then. Units whose inputs need no gradient (the first
-block), the root, and units whose outputs went unused never get the signal: the reducer's
-end-of-backward pass handles those.
+parameter gradients are in ``.grad`` by then. (When the input has consumers outside the unit
+the signal comes once those are done too: later, never early.)
+
+FSDP2 routes the inputs through an identity autograd Function instead (its
+``RegisterPostBackwardFunction``); measured here (100 blocks of LayerNorm + Linear, one thread)
+a Python Function's backward costs ~5 us per parameter (~20 us per unit) against ~1.8 for a
+tensor hook, so the Function (:class:`PostBackward`) is kept for leaf inputs only, where a
+tensor hook would stay registered on the tensor after its graph is gone.
+
+Units the signal never reaches (inputs without gradient, the root, outputs that went unused)
+are handled by the reducer's end-of-backward pass.
 """
 from __future__ import annotations
 
@@ -25,16 +33,3 @@ class PostBackward(torch.autograd.Function):
     def backward(ctx, *grads):
         ctx.done()
         return (None, *grads)
-
-
-def through_post_backward(args: tuple, done) -> tuple | None:
-    """``args`` with its gradient-requiring tensors routed through :class:`PostBackward` (None
-    when none requires a gradient: the end-of-backward pass covers the unit)."""
-    idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-    if not idx:
-        return None
-    out = PostBackward.apply(done, *[args[i] for i in idx])
-    new = list(args)
-    for i, t in zip(idx, out):
-        new[i] = t
-    return tuple(new)

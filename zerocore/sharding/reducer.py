@@ -182,9 +182,13 @@ class GradReducer:
         freed it): its gradients are in ``.grad``."""
         if not self.in_backward:
             raise RuntimeError(OUTSIDE_BACKWARD)
-        if not self._done[k]:
-            self._done[k] = True
-            self._launch_ready(k)
+        done = self._done
+        if not done[k]:
+            done[k] = True
+            if self.reducing and k == self.next_launch:  # _launch_ready, inline
+                n = len(self.groups)
+                while self.next_launch < n and done[self.next_launch]:
+                    self._launch(self.next_launch)
 
     def _launch_ready(self, k: int) -> None:
         """Group k is done: launch it and the done groups after it, in index order."""
@@ -194,11 +198,10 @@ class GradReducer:
                 self._launch(self.next_launch)
 
     def _take_bucket(self) -> torch.Tensor:
-        b = self.pool.take()
-        while b is None:  # every bucket is reducing: the oldest must land first
+        pool = self.pool
+        while not pool.free and len(pool.all) >= pool.cap:  # every bucket is reducing: the oldest lands first
             self._finish_oldest()
-            b = self.pool.take()
-        return b
+        return pool.free.pop() if pool.free else pool.take()
 
     def _pack(self, k: int) -> torch.Tensor:
         """Stages 2/3: group k's gradients into a bucket (one call), ``.grad`` dropped; returns the
