@@ -203,33 +203,9 @@ class GradReducer:
             self._finish_oldest()
         return pool.free.pop() if pool.free else pool.take()
 
-    def _pack(self, k: int) -> torch.Tensor:
-        """Stages 2/3: group k's gradients into a bucket (one call), ``.grad`` dropped; returns the
-        padded flat range to reduce."""
-        g = self.groups[k]
-        grads, offs = [], []
-        for slot, p in zip(g.layout.slots, g.params):
-            gr = p.grad
-            if gr is not None:
-                grads.append(gr)
-                offs.append(slot.offset)
-                p.grad = None
-        free = self.pool.free
-        b = free.pop() if free else self._take_bucket()
-        self.buckets[k] = b
-        flat = b[:g.layout.padded]
-        dst = torch.empty(g.layout.padded, dtype=g.layout.dtype, device=b.device) if self._staging else flat
-        try:  # checks every tensor before writing anything
-            ops.pack(grads, offs, dst)  # gaps (padding, parameters without a gradient) zeroed
-        except (TypeError, ValueError, RuntimeError):  # a gradient in another dtype or layout
-            dst.zero_()
-            for t, o in zip(grads, offs):
-                dst[o:o + t.numel()].copy_(t.reshape(-1))
-        if self._staging:
-            flat.copy_(dst)
-        return flat
-
     def _launch(self, k: int) -> None:
+        """Group k's gradients into a bucket (stages 2/3; stages 0/1 reduce the full buffer) and
+        its reduction issued: the whole per-group hot path of a backward, in one frame."""
         g = self.groups[k]
         gs = g.grad_state
         if gs.value is GradState.EMPTY or gs.value is GradState.HELD:  # the legal ways into FILLING, inline
@@ -243,8 +219,29 @@ class GradReducer:
                 self.buckets[k] = b
                 flat = b[:g.layout.padded]
                 flat.copy_(g.grad_full)
-        else:
-            flat = self._pack(k)
+        else:  # stages 2/3: the gradients into a bucket with one call, .grad dropped
+            grads, offs = [], []
+            for slot, p in zip(g.layout.slots, g.params):
+                gr = p.grad
+                if gr is not None:
+                    grads.append(gr)
+                    offs.append(slot.offset)
+                    p.grad = None
+            pool = self.pool
+            while not pool.free and len(pool.all) >= pool.cap:  # every bucket reducing: the oldest lands first
+                self._finish_oldest()
+            b = pool.free.pop() if pool.free else pool.take()
+            self.buckets[k] = b
+            flat = b[:g.layout.padded]
+            dst = torch.empty(g.layout.padded, dtype=g.layout.dtype, device=b.device) if self._staging else flat
+            try:  # checks every tensor before writing anything
+                ops.pack(grads, offs, dst)  # gaps (padding, parameters without a gradient) zeroed
+            except (TypeError, ValueError, RuntimeError):  # a gradient in another dtype or layout
+                dst.zero_()
+                for t, o in zip(grads, offs):
+                    dst[o:o + t.numel()].copy_(t.reshape(-1))
+            if self._staging:
+                flat.copy_(dst)
         if self.guard is not None:
             self.guard.check(Op.REDUCE, k, Phase.BACKWARD)
         gs.value = GradState.REDUCING  # FILLING -> REDUCING, the one legal move (made FILLING above)
