@@ -33,6 +33,11 @@ class Handle:
             self._work = None
 
 
+# The handle of a collective that completed when issued (a world of one): shared, so the hot path
+# makes no object for it and callers may skip ``wait()`` with an identity test.
+DONE = Handle()
+
+
 class Comm:
     """The ranks of one process group. ``Comm()`` is the default group; ``Comm.single()`` a
     world of one, where every collective is the identity and nothing touches torch.distributed.
@@ -75,7 +80,7 @@ class Comm:
         """Sums ``flat`` over ranks; afterwards this rank's chunk of ``flat`` holds its slice of
         the sum (the rest of ``flat`` is unspecified)."""
         if self.world == 1:
-            return Handle()
+            return DONE
         if flat.numel() % self.world:
             raise ValueError(f"reduce_scatter: {flat.numel()} elements do not split over {self.world} ranks")
         if self.reduce_scatter_via_all_reduce:
@@ -87,13 +92,13 @@ class Comm:
     def all_reduce(self, flat: torch.Tensor, async_op: bool = False) -> Handle:
         """Sums ``flat`` over ranks, in place; every rank gets the same bits."""
         if self.world == 1:
-            return Handle()
+            return DONE
         return Handle(dist.all_reduce(flat, group=self.group, async_op=async_op))
 
     def all_gather(self, flat: torch.Tensor, async_op: bool = False) -> Handle:
         """Fills every rank's chunk of ``flat`` from that rank's own chunk, in place."""
         if self.world == 1:
-            return Handle()
+            return DONE
         if flat.numel() % self.world:
             raise ValueError(f"all_gather: {flat.numel()} elements do not split over {self.world} ranks")
         return Handle(_all_gather_flat(flat, self.chunk(flat), group=self.group, async_op=async_op))
@@ -105,7 +110,7 @@ class Comm:
             raise ValueError(f"all_gather_into: {out.numel()} elements out for {mine.numel()} in on {self.world} ranks")
         if self.world == 1:
             out.copy_(mine)
-            return Handle()
+            return DONE
         return Handle(_all_gather_flat(out, mine, group=self.group, async_op=async_op))
 
     def broadcast(self, t: torch.Tensor, src: int = 0) -> None:

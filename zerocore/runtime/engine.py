@@ -82,7 +82,10 @@ class Engine:
                                    device=self.device, guard=self.guard if self.guard.enabled else None,
                                    on_complete=self.gatherer.on_group_complete if self.gatherer else None,
                                    on_reduced=self.offload.on_reduced if self.offload else None,
-                                   reduce_dtype=reduce_dtype(z.reduce_dtype, self.dtype))
+                                   reduce_dtype=reduce_dtype(z.reduce_dtype, self.dtype),
+                                   unit_signals=self.gatherer is not None)
+        if self.gatherer is not None:
+            self.gatherer.on_unit_done = self.reducer.group_done
         self.scaler = LossScaler(config.fp16 if config.fp16.enabled else None)
         p = config.optimizer.params
         self.hyper = AdamHyper(lr=p.lr, betas=tuple(p.betas), eps=p.eps, weight_decay=p.weight_decay,

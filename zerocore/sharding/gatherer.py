@@ -1,11 +1,14 @@
 """Stage 3 at run time: gather a unit's parameters when its module runs, free them after.
 
 Forward: a unit's pre-forward hook gathers its group (waiting for a prefetch already in
-flight), the module runs, its post-forward hook frees the full buffer and registers a
-pre-backward hook on the outputs. Backward: that hook re-gathers the unit just before its
-backward runs; the unit is freed as soon as the last of its parameters' gradients has been
-in (the reducer tells us), so at most the units whose backward is under way
-are resident.
+flight) and puts the post-backward signal on the unit's inputs (``post_backward.py``), the
+module runs, its post-forward hook frees the full buffer and registers a pre-backward
+hook on the outputs (a plain tensor hook, as FSDP2 does; only its first call in a backward
+does work). Backward: that hook re-gathers the unit just before its backward runs; when the
+post-backward signal fires the unit's gradients are all in: the unit is freed and the
+reducer handed its group, so at most the units whose backward is under way are resident.
+Units the signal does not reach (inputs without gradient, the root, unused outputs) are
+handled by the reducer at the end of backward.
 
 Prefetch: the order units ran in is recorded (the first forward and the first backward); while
 unit k computes, the next units of the recorded order are gathered asynchronously, up to
@@ -32,17 +35,19 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 
 import torch
 from torch import nn
-from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_flatten
 
-from ..comm import Comm
+from ..comm import DONE, Comm
 from ..comm.divergence import DivergenceGuard, Op, Phase
 from .access import restore, swap_class
 from .group import ShardedGroup
 from .passes import Pass
+from .post_backward import PostBackward
+from .reducer import OUTSIDE_BACKWARD
 from .state import ParamState, Tracked, param_state
 
 
@@ -62,6 +67,8 @@ class Unit:
     group: ShardedGroup | None  # None: the root when all its parameters are in other units
     handle: object = None  # the in-flight all-gather
     extern: set = dataclasses.field(default_factory=set)  # units whose params this unit's forward read
+    pending: int = 0  # post-backward Functions applied in forward whose backward has not run yet
+    done: object = None  # the post-backward callback (functools.partial: no Python frame of its own)
 
     # Plain attributes, not properties: the hooks read them several times per unit per pass.
     padded: int = 0  # elements of the full (padded) buffer a gather brings in; 0 for an empty root
@@ -110,7 +117,11 @@ class ParamGatherer:
         self.bwd: Pass | None = None
         self.live = 0  # elements gathered or being gathered
         self.peak_live = 0
+        self.backwards = 0  # backward passes begun: a pre-backward hook works once per pass
+        self.on_unit_done = None  # reducer.group_done (set by the engine): a unit's gradients are in
         self._hooks = []
+        for u in self.units:
+            u.done = functools.partial(self._post_backward, u)
         for u in self.units:
             self._hooks.append(u.module.register_forward_pre_hook(self._hook_pre_forward(u)))
             self._hooks.append(u.module.register_forward_hook(self._hook_post_forward(u), always_call=True))
@@ -119,16 +130,18 @@ class ParamGatherer:
     # -- gather / free -------------------------------------------------------------------
     def _gather(self, u: Unit, phase: int, wait: bool = True) -> None:
         state = u.tracked.value
-        if state is ParamState.GATHERING:
-            if wait:
-                self._wait(u)
+        if state is ParamState.SHARDED:
+            if self.guard.enabled:
+                self.guard.check(Op.GATHER, u.group.layout.index, phase)
+            u.handle = u.group.start_gather(self.comm, async_op=True)
+            self.live += u.padded
+            if self.live > self.peak_live:
+                self.peak_live = self.live
+            if u.handle is DONE:  # a world of one: landed (and finished) already
+                u.handle = None
+                return
+        elif state is ParamState.GATHERED:
             return
-        if state is ParamState.GATHERED:
-            return
-        self.guard.check(Op.GATHER, u.group.index, phase)
-        u.handle = u.group.start_gather(self.comm, async_op=True)
-        self.live += u.padded
-        self.peak_live = max(self.peak_live, self.live)
         if wait:
             self._wait(u)
 
@@ -177,14 +190,29 @@ class ParamGatherer:
         def hook(module, args):
             if self.running is Running.BACKWARD:  # activation checkpointing recomputes inside backward:
                 self.stack.append(u)  # the unit's backward follows at once, so it stays gathered
-                self._gather(u, Phase.BACKWARD)  # until its gradients are in (on_group_complete)
-                return
+                self._gather(u, Phase.BACKWARD)  # until its gradients are in (its post-backward)
+                return None
             if not self.stack:
                 self._begin_forward()
             self.stack.append(u)
-            i = self.fwd.visit(u.pos)
-            self._gather(u, Phase.FORWARD)
-            self._prefetch(self.fwd, i, Phase.PREFETCH_FORWARD)
+            run = self.fwd
+            i = len(run.order)  # run.visit(u.pos), inline
+            run.order.append(u.pos)
+            if run.on_trace and (i >= len(run.recorded) or run.recorded[i] != u.pos):
+                run.on_trace = False
+            if u.tracked.value is not ParamState.GATHERED:
+                self._gather(u, Phase.FORWARD)
+            if run.on_trace and run.cursor < len(run.recorded):
+                self._prefetch(run, i, Phase.PREFETCH_FORWARD)
+            if u.group is not None and args and torch.is_grad_enabled():
+                a = args[0]
+                if len(args) == 1 and isinstance(a, torch.Tensor) and a.grad_fn is not None:
+                    if a.requires_grad:  # the usual single non-leaf input: a tensor hook (post_backward.py)
+                        a.register_hook(u.done)
+                        u.pending += 1
+                    return None
+                return self._post_backward_on(u, args)
+            return None
         return hook
 
     def _hook_post_forward(self, u: Unit):
@@ -194,13 +222,25 @@ class ParamGatherer:
             self.stack.pop()
             if self.running is Running.BACKWARD:
                 return  # a recompute (see the pre-hook)
-            if torch.is_grad_enabled():
-                tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
-                if tensors:
-                    register_multi_grad_hook(tensors, lambda grads, u=u: self._pre_backward(u), mode="any")
-            for v in [u, *u.extern]:
-                if v not in self.stack and not (self.limits.max_reuse > 0 and self._keep(v)):
-                    self._free(v)
+            if torch.is_grad_enabled():  # a pre-backward hook on each output needing a gradient (FSDP2's
+                # way: a plain tensor hook; the first to fire in a backward gathers the unit)
+                hook_bwd = functools.partial(self._pre_backward_hook, u, [-1])
+                if isinstance(output, torch.Tensor):
+                    if output.requires_grad:
+                        output.register_hook(hook_bwd)
+                else:
+                    for t in tree_flatten(output)[0]:
+                        if isinstance(t, torch.Tensor) and t.requires_grad:
+                            t.register_hook(hook_bwd)
+            if u.extern or self.limits.max_reuse > 0:
+                for v in [u, *u.extern]:
+                    if v not in self.stack and not (self.limits.max_reuse > 0 and self._keep(v)):
+                        self._free(v)
+            elif u.tracked.value is ParamState.GATHERED and u.group is not None and u not in self.stack:
+                u.group.free_full()
+                self.live -= u.padded
+            else:
+                self._free(u)
             if not self.stack:
                 self._end_forward()
         return hook
@@ -248,16 +288,53 @@ class ParamGatherer:
     # -- backward ------------------------------------------------------------------------
     def begin_backward(self) -> None:
         self.running = Running.BACKWARD
+        self.backwards += 1
         self.bwd = Pass(self.bwd_trace, self.sizes)
 
-    def _pre_backward(self, u: Unit) -> None:
-        if self.running is not Running.BACKWARD:
-            self.begin_backward()  # a backward not started through engine.backward()
-        i = self.bwd.visit(u.pos)
-        self._gather(u, Phase.BACKWARD)
+    def _pre_backward_hook(self, u: Unit, seen: list[int], grad) -> None:
+        """A tensor hook on the outputs of one forward call of ``u``; ``seen``: the backward pass
+        it last worked in (the other outputs' hooks return at once)."""
+        if self.running is not Running.BACKWARD:  # a plain loss.backward(): nothing would be reduced
+            raise RuntimeError(OUTSIDE_BACKWARD)
+        if seen[0] == self.backwards:
+            return
+        seen[0] = self.backwards
+        run = self.bwd
+        i = len(run.order)  # run.visit(u.pos), inline
+        run.order.append(u.pos)
+        if run.on_trace and (i >= len(run.recorded) or run.recorded[i] != u.pos):
+            run.on_trace = False
+        if u.tracked.value is not ParamState.GATHERED:
+            self._gather(u, Phase.BACKWARD)
         for v in u.extern:
             self._gather(v, Phase.BACKWARD)
-        self._prefetch(self.bwd, i, Phase.PREFETCH_BACKWARD)
+        if run.on_trace and run.cursor < len(run.recorded):
+            self._prefetch(run, i, Phase.PREFETCH_BACKWARD)
+
+    def _post_backward_on(self, u: Unit, args: tuple) -> tuple | None:
+        """Arranges ``u``'s post-backward signal on each of its inputs that needs a gradient
+        (post_backward.py); returns the arguments to run the forward with (None: unchanged)."""
+        new, routed = list(args), False
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                if a.grad_fn is not None:
+                    a.register_hook(u.done)
+                else:  # a leaf lives on: a hook on it would stay; the Function's node goes with the graph
+                    new[i], routed = PostBackward.apply(u.done, a)[0], True
+                u.pending += 1
+        return tuple(new) if routed else None
+
+    def _post_backward(self, u: Unit, grad=None) -> None:
+        """The post-backward signal of one input of one forward call of ``u``: when it was the
+        last, the unit's gradients are all in: free it and hand its group to the reducer."""
+        u.pending -= 1
+        if u.pending > 0 or self.running is not Running.BACKWARD:
+            return
+        if u.tracked.value is ParamState.GATHERED and u not in self.stack:
+            u.group.free_full()
+            self.live -= u.padded
+        if self.on_unit_done is not None:
+            self.on_unit_done(u.group.layout.index)
 
     def on_group_complete(self, group_index: int) -> None:
         """The reducer has every gradient of this group for this backward: free the unit."""
@@ -266,6 +343,8 @@ class ParamGatherer:
             self._free(u)
 
     def end_backward(self) -> None:
+        for u in self.units:  # Functions whose backward never ran (unused outputs) are gone with their graph
+            u.pending = 0
         done, self.bwd = self.bwd, None
         if done is not None:
             rec = done.final()
@@ -296,6 +375,19 @@ class ParamGatherer:
                 for name in slot.aliases:
                     owners.add(name.rsplit(".", 1)[0] if "." in name else "")
         self._swapped = [(m, swap_class(m, self)) for path, m in self.root.named_modules() if path in owners]
+        modules = dict(self.root.named_modules())
+        for u in self.units:  # gathered parameters shadow the hook (group.shadows): no call per read
+            g = u.group
+            if g is None:
+                continue
+            g.shadows = []
+            for slot, p in zip(g.layout.slots, g.params):
+                for name in slot.aliases:
+                    path, _, attr = name.rpartition(".")
+                    m = modules[path]
+                    g.shadows.append((m.__dict__, m._parameters, attr, p))
+                    if u.tracked.value is ParamState.GATHERED and m._parameters.get(attr) is p:
+                        m.__dict__[attr] = p
 
     def remove_hooks(self) -> None:
         """Removes the module hooks and gives the modules their own classes back."""
@@ -305,3 +397,8 @@ class ParamGatherer:
         for m, original in self._swapped:
             restore(m, original)
         self._swapped.clear()
+        for u in self.units:
+            if u.group is not None:
+                for d, _, name, _ in u.group.shadows:
+                    d.pop(name, None)
+                u.group.shadows = []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..comm.collectives import DONE
 from .policy import StagePolicy
 from .records import FlatGroup
 from .state import GradState, ParamState, grad_state, param_state
@@ -54,6 +55,11 @@ class ShardedGroup:
         self._staged = None  # the device copy of a host-resident shard while its all-gather runs
         self.defer_gather = False  # set by offload for the first gather after a queued host step
         self.grad_views: list[torch.Tensor] = []  # stages 0/1: each parameter's view of grad_full, made once
+        self.full_bytes = layout.padded * param_flat.element_size()  # a plain attribute: read per gather
+        # Stage 3 (set by the gatherer, access.py): (module __dict__, its _parameters, name, parameter)
+        # of every attribute naming one of these parameters. While gathered the parameter sits in the
+        # module's __dict__ as well, so reading it is a plain attribute lookup with no Python call.
+        self.shadows: list[tuple[dict, dict, str, torch.nn.Parameter]] = []
 
     @property
     def index(self) -> int:
@@ -63,7 +69,7 @@ class ShardedGroup:
         """The owned range of the parameters, holding every update stepped so far."""
         if self.ready is not None:
             self.ready.wait()
-        return self.owned_params_raw()
+        return self.param_shard if self.partitioned else self.param_flat[self.lo:self.hi]
 
     def owned_params_raw(self) -> torch.Tensor:
         """The owned range as it is now (the offload worker writes into it)."""
@@ -77,18 +83,21 @@ class ShardedGroup:
         self.param_shard = host
         self.params_on_host = True
 
-    @property
-    def full_bytes(self) -> int:
-        return self.layout.padded * self.param_flat.element_size()
-
     # -- stage 3: gather / free ------------------------------------------------------------
+    # The hot path of stage 3 (twice per unit per step): the state transitions are tested and
+    # assigned inline; an illegal one still goes through ``Tracked.to``, which raises naming both.
     def start_gather(self, comm, async_op: bool = True):
         """Allocates the full buffer and starts the all-gather of every rank's chunk into it.
         Offloaded: first waits for this group's host step (only this group's), and copies a
-        host-resident shard to the device (on the stream the all-gather follows)."""
+        host-resident shard to the device (on the stream the all-gather follows). The owned
+        chunk is read through ``owned_params()`` (offload hooks in there). A collective that
+        completed at once (a world of one) leaves the group GATHERED and returns ``DONE``."""
         if self.on_gather is not None:
-            self.on_gather(self.index)
-        self.param_state.to(ParamState.GATHERING)
+            self.on_gather(self.layout.index)
+        ps = self.param_state
+        if ps.value is not ParamState.SHARDED:
+            ps.to(ParamState.GATHERING)  # raises: illegal transition
+        ps.value = ParamState.GATHERING
         st = self.param_flat.untyped_storage()
         if st.nbytes() != self.full_bytes:
             st.resize_(self.full_bytes)
@@ -99,7 +108,18 @@ class ShardedGroup:
             # collectives in the same order.
             self.defer_gather = False
             return _DeferredGather(self, comm)
-        return self._issue_gather(comm, async_op)
+        mine = self.owned_params()
+        if mine.device != self.param_flat.device:
+            return self._issue_gather(comm, async_op)  # a host-resident shard: staged first
+        handle = comm.all_gather_into(self.param_flat, mine, async_op=async_op)
+        if handle is DONE:  # landed already: finish_gather, inline (the hot path of a world of one)
+            ps.value = ParamState.GATHERED
+            for p, v in zip(self.params, self._views):
+                p.data = v
+            for d, registered, name, p in self.shadows:
+                if registered.get(name) is p:
+                    d[name] = p
+        return handle
 
     def _issue_gather(self, comm, async_op: bool):
         mine = self.owned_params()
@@ -109,15 +129,28 @@ class ShardedGroup:
         return comm.all_gather_into(self.param_flat, mine, async_op=async_op)
 
     def finish_gather(self) -> None:
-        """The all-gather has landed: the parameters show their full values."""
-        self.param_state.to(ParamState.GATHERED)
+        """The all-gather has landed: the parameters show their full values (idempotent)."""
+        ps = self.param_state
+        if ps.value is ParamState.GATHERED:
+            return
+        if ps.value is not ParamState.GATHERING:
+            ps.to(ParamState.GATHERED)  # raises unless legal
+        ps.value = ParamState.GATHERED
         self._staged = None
         for p, v in zip(self.params, self._views):
             p.data = v
+        for d, registered, name, p in self.shadows:  # plain attribute reads from now on (access.py)
+            if registered.get(name) is p:
+                d[name] = p
 
     def free_full(self) -> None:
         """Back to the owned chunk only: the full buffer's bytes are released."""
-        self.param_state.to(ParamState.SHARDED)
+        ps = self.param_state
+        if ps.value is not ParamState.GATHERED:
+            ps.to(ParamState.SHARDED)  # raises unless legal
+        ps.value = ParamState.SHARDED
+        for d, _, name, _ in self.shadows:  # reads go through the access hook again
+            d.pop(name, None)
         for p in self.params:
             p.data = self._empty
         self.param_flat.untyped_storage().resize_(0)

@@ -5,8 +5,10 @@ autograd accumulates micro-batches in place and the reducer needs no hook at all
 accumulation boundary ``finish_backward`` reduces the groups in index order (a ``.grad`` that
 was replaced behind our back is copied back into its view first).
 
-Stages 2/3 leave ``.grad`` to autograd and count arrivals with one cheap post-accumulate hook
-per parameter (a closure per group: a set insert and a length test, nothing else). When a
+Stages 2/3 leave ``.grad`` to autograd. Stage 2 counts arrivals with one cheap post-accumulate
+hook per parameter (a closure per group: a set insert and a length test, nothing else); at
+stage 3 the gatherer says when a unit's gradients are in (``group_done``, from the unit's
+post-backward Function), with no per-parameter hook. When a
 group has every gradient, or at the end of backward for groups with unused parameters, its
 gradients are packed into a transient bucket with one multi-tensor call (``ops.pack``: gaps
 and missing gradients zeroed), ``.grad`` is dropped, the bucket is reduced with one
@@ -26,10 +28,11 @@ from collections import deque
 from collections.abc import Callable
 
 import torch
+from torch.autograd import _profiler_enabled
 
 from .. import ops
 from ..profiling import label
-from ..comm import Comm, Handle
+from ..comm import DONE, Comm, Handle
 from ..comm.divergence import Op, Phase
 from .group import ShardedGroup, clear_grads_of
 from .state import GradState
@@ -66,12 +69,14 @@ class BucketPool:
 class GradReducer:
     def __init__(self, groups: list[ShardedGroup], comm: Comm, *, overlap: bool, reduce_scatter: bool,
                  device: torch.device, guard=None, on_complete: Callable[[int], None] | None = None,
-                 on_reduced: Callable[[int], None] | None = None, reduce_dtype: torch.dtype | None = None):
+                 on_reduced: Callable[[int], None] | None = None, reduce_dtype: torch.dtype | None = None,
+                 unit_signals: bool = False):
         """``guard``: a DivergenceGuard checked before each reduction (stage 3); ``on_complete(k)``:
         called once per backward when group k has every gradient (stage 3 frees the unit);
         ``on_reduced(k)``: called once per reducing backward when group k's owned reduced slice
         (``group.owned_grad()``) is final (state HELD). ``reduce_dtype``: the dtype collectives
-        sum in (None: the training dtype)."""
+        sum in (None: the training dtype). ``unit_signals`` (stage 3): no per-parameter hook; the
+        gatherer calls ``group_done(k)`` when a unit's gradients are in."""
         self.groups = groups
         self.comm = comm
         self.guard = guard
@@ -95,6 +100,8 @@ class GradReducer:
         self.buckets: dict[int, torch.Tensor] = {}  # group -> its bucket while reducing
         self.inflight: deque[tuple[int, Handle]] = deque()
         self._arrived: list[set[int]] = [set() for _ in groups]
+        self._done = [False] * len(groups)  # group k has every gradient of this backward
+        self.unit_signals = unit_signals
         self.launched = [False] * len(groups)
         self.next_launch = 0
         self.reducing = False  # does this backward reduce (always at stage 2; at the boundary at 0/1)?
@@ -106,6 +113,8 @@ class GradReducer:
         self.window_lost: str | None = None  # why the accumulated gradients of this window are unusable
         if self.full_grads:  # one hook per group, not per parameter: catches a plain loss.backward()
             self._hooks = [g.params[0].register_post_accumulate_grad_hook(self._check_inside) for g in groups]
+        elif unit_signals:
+            self._hooks = []
         else:
             self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(k))
                            for k, g in enumerate(groups) for p in g.params]
@@ -118,8 +127,10 @@ class GradReducer:
             raise RuntimeError("zerocore: backward called again before the previous one finished")
         self.in_backward = True
         self.reducing = boundary or not self.full_grads
-        for s in self._arrived:
-            s.clear()
+        if not self.unit_signals:
+            for s in self._arrived:
+                s.clear()
+        self._done = [False] * len(self.groups)
         self.launched = [False] * len(self.groups)
         self.next_launch = 0
         if self.full_grads:
@@ -160,53 +171,47 @@ class GradReducer:
                 return
             arrived.add(id(p))
             if len(arrived) == n:
-                self._complete(k)
+                self._done[k] = True
+                if self.on_complete is not None:
+                    self.on_complete(k)
+                self._launch_ready(k)
         return hook
 
-    def _complete(self, k: int) -> None:
-        if self.on_complete is not None:
-            self.on_complete(k)
+    def group_done(self, k: int) -> None:
+        """Stage 3: unit k's backward is over (its post-backward Function fired; the gatherer has
+        freed it): its gradients are in ``.grad``."""
+        if not self.in_backward:
+            raise RuntimeError(OUTSIDE_BACKWARD)
+        done = self._done
+        if not done[k]:
+            done[k] = True
+            if self.reducing and k == self.next_launch:  # _launch_ready, inline
+                n = len(self.groups)
+                while self.next_launch < n and done[self.next_launch]:
+                    self._launch(self.next_launch)
+
+    def _launch_ready(self, k: int) -> None:
+        """Group k is done: launch it and the done groups after it, in index order."""
         if self.reducing and k == self.next_launch:
-            while self.next_launch < len(self.groups) and len(self._arrived[self.next_launch]) == \
-                    len(self.groups[self.next_launch].params):
+            done, n = self._done, len(self.groups)
+            while self.next_launch < n and done[self.next_launch]:
                 self._launch(self.next_launch)
 
     def _take_bucket(self) -> torch.Tensor:
-        b = self.pool.take()
-        while b is None:  # every bucket is reducing: the oldest must land first
+        pool = self.pool
+        while not pool.free and len(pool.all) >= pool.cap:  # every bucket is reducing: the oldest lands first
             self._finish_oldest()
-            b = self.pool.take()
-        return b
-
-    def _pack(self, k: int) -> torch.Tensor:
-        """Stages 2/3: group k's gradients into a bucket (one call), ``.grad`` dropped; returns the
-        padded flat range to reduce."""
-        g = self.groups[k]
-        grads, offs = [], []
-        for slot, p in zip(g.layout.slots, g.params):
-            gr = p.grad
-            if gr is not None:
-                grads.append(gr)
-                offs.append(slot.offset)
-                p.grad = None
-        b = self._take_bucket()
-        self.buckets[k] = b
-        flat = b[:g.layout.padded]
-        dst = torch.empty(g.layout.padded, dtype=g.layout.dtype, device=b.device) if self._staging else flat
-        try:  # checks every tensor before writing anything
-            ops.pack(grads, offs, dst)  # gaps (padding, parameters without a gradient) zeroed
-        except (TypeError, ValueError, RuntimeError):  # a gradient in another dtype or layout
-            dst.zero_()
-            for t, o in zip(grads, offs):
-                dst[o:o + t.numel()].copy_(t.reshape(-1))
-        if self._staging:
-            flat.copy_(dst)
-        return flat
+        return pool.free.pop() if pool.free else pool.take()
 
     def _launch(self, k: int) -> None:
+        """Group k's gradients into a bucket (stages 2/3; stages 0/1 reduce the full buffer) and
+        its reduction issued: the whole per-group hot path of a backward, in one frame."""
         g = self.groups[k]
-        if g.grad_state != GradState.FILLING:
-            g.grad_state.to(GradState.FILLING)
+        gs = g.grad_state
+        if gs.value is GradState.EMPTY or gs.value is GradState.HELD:  # the legal ways into FILLING, inline
+            gs.value = GradState.FILLING
+        elif gs.value is not GradState.FILLING:
+            gs.to(GradState.FILLING)  # raises: illegal transition
         if self.full_grads:
             flat = g.grad_full
             if self.pool is not None:  # reduce_dtype wider than the buffer: reduce a converted copy
@@ -214,14 +219,38 @@ class GradReducer:
                 self.buckets[k] = b
                 flat = b[:g.layout.padded]
                 flat.copy_(g.grad_full)
-        else:
-            flat = self._pack(k)
+        else:  # stages 2/3: the gradients into a bucket with one call, .grad dropped
+            grads, offs = [], []
+            for slot, p in zip(g.layout.slots, g.params):
+                gr = p.grad
+                if gr is not None:
+                    grads.append(gr)
+                    offs.append(slot.offset)
+                    p.grad = None
+            pool = self.pool
+            while not pool.free and len(pool.all) >= pool.cap:  # every bucket reducing: the oldest lands first
+                self._finish_oldest()
+            b = pool.free.pop() if pool.free else pool.take()
+            self.buckets[k] = b
+            flat = b[:g.layout.padded]
+            dst = torch.empty(g.layout.padded, dtype=g.layout.dtype, device=b.device) if self._staging else flat
+            try:  # checks every tensor before writing anything
+                ops.pack(grads, offs, dst)  # gaps (padding, parameters without a gradient) zeroed
+            except (TypeError, ValueError, RuntimeError):  # a gradient in another dtype or layout
+                dst.zero_()
+                for t, o in zip(grads, offs):
+                    dst[o:o + t.numel()].copy_(t.reshape(-1))
+            if self._staging:
+                flat.copy_(dst)
         if self.guard is not None:
             self.guard.check(Op.REDUCE, k, Phase.BACKWARD)
-        g.grad_state.to(GradState.REDUCING)
+        gs.value = GradState.REDUCING  # FILLING -> REDUCING, the one legal move (made FILLING above)
         self.launched[k] = True
         self.next_launch = k + 1
-        with label("zerocore.reduce"):
+        if _profiler_enabled():
+            with label("zerocore.reduce"):
+                handle = self._reduce(flat, async_op=self.overlap)
+        else:
             handle = self._reduce(flat, async_op=self.overlap)
         self.inflight.append((k, handle))
         if not self.overlap:
@@ -229,23 +258,27 @@ class GradReducer:
 
     def _finish_oldest(self) -> None:
         k, handle = self.inflight.popleft()
-        handle.wait()
+        if handle is not DONE:
+            handle.wait()
         g = self.groups[k]
         b = self.buckets.pop(k, None)
         if self.full_grads:
             if b is not None:
                 g.grad_full.copy_(b[:g.layout.padded])
-                self.pool.give(b)
+                self.pool.free.append(b)
         else:
             mine = b[g.lo:g.hi]
             if g.has_grad:
                 g.grad_shard.add_(mine)
             else:
                 g.grad_shard.copy_(mine)
-            self.pool.give(b)
+            self.pool.free.append(b)
             self._added.append(k)
         g.has_grad = True
-        g.grad_state.to(GradState.HELD)
+        gs = g.grad_state
+        if gs.value is not GradState.REDUCING:
+            gs.to(GradState.HELD)  # raises: illegal transition
+        gs.value = GradState.HELD
         if self.on_reduced is not None:
             self.on_reduced(k)
 
@@ -270,18 +303,32 @@ class GradReducer:
                 if self.full_grads:
                     self._rebind_full_grads(add=self._fresh)
                 elif self.on_complete is not None:
-                    for k, g in enumerate(self.groups):
-                        if len(self._arrived[k]) < len(g.params):
+                    for k in range(len(self.groups)):
+                        if not self._done[k]:
                             self.on_complete(k)
                 if self.reducing:
                     while self.next_launch < len(self.groups):
                         self._launch(self.next_launch)
                 while self.inflight:
                     self._finish_oldest()
+                if self.unit_signals and self.reducing:
+                    self._reduce_late()
         finally:
             self.in_backward = False
             if self.pool is not None:
                 self.pool.release()
+
+    def _reduce_late(self) -> None:
+        """Stage 3: gradients that arrived after their unit's post-backward (a parameter used on
+        a path that does not lead to the unit's inputs, after them) are reduced once more and
+        added. Every rank runs the same graph, so all relaunch the same groups in the same order."""
+        for k, g in enumerate(self.groups):
+            for p in g.params:  # a plain loop: no Python call per parameter
+                if p.grad is not None:
+                    self._launch(k)
+                    break
+        while self.inflight:
+            self._finish_oldest()
 
     def abort(self) -> None:
         """A backward that raised: its in-flight reductions drained, its buckets dropped, and the
