@@ -68,6 +68,7 @@ class NvmeOptimizerShard(HostOptimizerShard):
         self.sumsq, self.nonfinite = 0.0, False
         self.poison = False
         self.enqueue = None
+        self.param_swap = None  # set by OffloadPlan when the parameter shard rests on NVMe too
         owned = init_fp32 if init_fp32.numel() == n else init_fp32[group.lo:group.hi]
         self._swap_out(owned.detach().to("cpu", torch.float32))
 
@@ -148,7 +149,6 @@ class NvmeOptimizerShard(HostOptimizerShard):
     # -- the step --------------------------------------------------------------------------
     def step(self, grad: torch.Tensor, hp: AdamHyper, *, step: int, grad_scale: float):
         hp = dataclasses.replace(hp)
-        target = self.group.owned_params_raw()
 
         def host_part():
             if self._copy_event is not None:  # last step's copy back still reads the staging buffer
@@ -161,7 +161,8 @@ class NvmeOptimizerShard(HostOptimizerShard):
                 if not self.half:
                     out.copy_(m)
             self.last_step = step
-            return self._copy_back(target, self.staging)  # the step commits: its parameters go in
+            with self._params(step) as target:
+                return self._copy_back(target, self.staging)  # the step commits: its parameters go in
 
         return self._run_host(host_part)
 
@@ -177,6 +178,8 @@ class NvmeOptimizerShard(HostOptimizerShard):
 
     def load_master(self, a: int, b: int, values: torch.Tensor) -> None:
         self.ready.wait()
+        if self.param_swap is not None:  # zerocore.gathered wrote the resident shard first
+            self.param_swap.mark_dirty(self.group.index)
         for lo, hi, rec in self._tiles_io(self.last_step, write=True):
             x, y = max(a, lo), min(b, hi)
             if x < y:
@@ -196,9 +199,10 @@ class NvmeOptimizerShard(HostOptimizerShard):
 
     def refresh_params(self) -> None:
         self.ready.wait()
-        target = self.group.owned_params_raw()
-        for lo, hi, rec in self._tiles_io(self.last_step, write=False):
-            target[lo:hi].copy_(rec.master[:hi - lo])
+        with self._params(self.last_step) as target:
+            for lo, hi, rec in self._tiles_io(self.last_step, write=False):
+                target[lo:hi].copy_(rec.master[:hi - lo])
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {"host_grads": self.grad_h, "host_staging": self.staging, "host_swap": self.store.pool}
+        return {"host_grads": self.grad_h, "host_staging": self.staging, "host_swap": self.store.pool,
+                "host_params": None if self.param_swap is None else self.param_swap.pool}

@@ -70,8 +70,10 @@ def leftover_runs(root: str) -> list[str]:
 
 
 class SwapStore:
-    def __init__(self, nvme_path: str, rank: int, aio: dict, buffer_count: int, run_id: str | None = None):
+    def __init__(self, nvme_path: str, rank: int, aio: dict, buffer_count: int, run_id: str | None = None,
+                 what: str = "optimizer state"):
         self.run = run_id or uuid.uuid4().hex
+        self.what = what  # what the files hold, for error messages
         self.rank = rank
         root = os.path.join(nvme_path, SWAP_DIR)
         stale = leftover_runs(root)
@@ -110,8 +112,8 @@ class SwapStore:
         """The pinned buffers (the host memory the swapped optimizer state occupies)."""
         return self._pool
 
-    def path(self, group: int) -> str:
-        return os.path.join(self.dir, f"group{group}.swap")
+    def path(self, group: int, kind: str = "group") -> str:
+        return os.path.join(self.dir, f"{kind}{group}.swap")
 
     # -- transfers ---------------------------------------------------------------------------
     @property
@@ -172,13 +174,12 @@ class SwapStore:
             except OSError:
                 pass
 
-    @staticmethod
-    def _say(op: str, path: str, offset, step: int, e: OSError) -> str:
+    def _say(self, op: str, path: str, offset, step: int, e: OSError) -> str:
         where = f"{path}" + (f" at byte offset {offset}" if offset is not None else "")
         hint = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",
                 errno.EACCES: "permission denied", errno.EDQUOT: "the disk quota is exceeded"}.get(e.errno, "")
         hint = f" ({hint})" if hint else ""
-        return (f"zerocore nvme: {op} of optimizer state swap {where} failed at step {step}{hint}: {e}. The step "
+        return (f"zerocore nvme: {op} of {self.what} swap {where} failed at step {step}{hint}: {e}. The step "
                 "was not applied")
 
     # -- lifetime ----------------------------------------------------------------------------
