@@ -367,6 +367,7 @@ class ParamSwap:
         """The step was launched: the gathers so far are the next forward's order; the host steps
         run in ``step_order``."""
         with self.cond:
+            self._sweep()  # every unit was freed before the step: no gather holds a pin or a copy
             if self.seq:
                 self.last, self.seq = self.seq, []
             self.step_queue = [gi for gi in step_order if gi in self.groups]
