@@ -319,3 +319,19 @@ def test_checkpoint_round_trip_with_param_shards_on_nvme_goes_on_bit_for_bit(tmp
     got = weights(again)
     for k in want:
         assert torch.equal(want[k], got[k]), k
+
+
+def test_an_edit_under_gathered_reaches_the_swapped_shard_and_the_master(tmp_path):
+    engine = zerocore.initialize(deep(), cfg_for(tmp_path, in_cpu=0, dtype="bf16"))
+    train(engine, 1)
+    w = engine.module[2][0].weight
+    gi, _ = engine.param_index[id(w)]
+    with zerocore.gathered([w], modifier_rank=0):
+        with torch.no_grad():
+            w.fill_(0.5)
+    swap = engine.offload.param_swap
+    swap.flush()  # written back, read again below
+    assert swap.groups[gi].buffer is None
+    n = w.numel()
+    assert torch.equal(engine.groups[gi].owned_params()[:n], torch.full((n,), 0.5, dtype=torch.bfloat16))
+    assert torch.equal(engine.offload.shards[gi].master[:n], torch.full((n,), 0.5))

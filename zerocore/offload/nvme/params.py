@@ -50,6 +50,7 @@ class _Buffer:
     dirty: bool = False  # changed since it was read or written: written back before reuse
     used: int = 0  # when last asked for (least recently used goes first)
     write_commit: int = 0  # the commit number of the write in flight (WRITING)
+    fence: object = None  # CUDA: the device copy of a gather read from it is done when this event is
 
 
 @dataclasses.dataclass
@@ -206,7 +207,16 @@ class ParamSwap:
                 sw.group.param_shard = self._empty(sw.group)
         b.group, b.state, b.dirty = None, FREE, False
 
+    @staticmethod
+    def _fenced(b: _Buffer) -> None:
+        """CUDA: the gather's non-blocking copy of this buffer to the device has run (before the
+        buffer is read into again or a host step writes it)."""
+        if b.fence is not None:
+            b.fence.synchronize()
+            b.fence = None
+
     def _evict(self, b: _Buffer) -> None:
+        self._fenced(b)
         if b.state == LOADING:
             self._finish_reads()
         if b.state == READY and b.dirty:
@@ -275,7 +285,13 @@ class ParamSwap:
             g = self.groups[gi].group
             if g.param_state.value is ParamState.GATHERING:
                 continue
-            self.pins.discard(gi)
+            if gi in self.pins:
+                self.pins.discard(gi)
+                sw = self.groups[gi]
+                if sw.buffer is not None and g.param_flat.device.type == "cuda":  # its copy may be queued
+                    b = self.buffers[sw.buffer]
+                    b.fence = torch.cuda.Event()
+                    b.fence.record(torch.cuda.current_stream(g.param_flat.device))
             if gi in self.copies:
                 self.copies.discard(gi)
                 sw = self.groups[gi]
@@ -331,6 +347,7 @@ class ParamSwap:
             b = self._acquire(sw)
             if b.state == WRITING:  # last step's write still reads the buffer this step writes
                 self._finish_writes(self._lane(b))
+            self._fenced(b)
             b.held = True
             if gi in self.step_queue:
                 at = self.step_queue.index(gi)
