@@ -19,9 +19,9 @@ import pytest
 import torch
 
 import zerocore
-from dist_helpers import case_results, run_case, spawn_cases
+from dist_helpers import case_results, run_case
 from test_offload import CLIP, SIZE, assert_same_bits
-from test_offload_nvme import SWAP, NvmeCase, nvme
+from test_offload_nvme import SWAP, NvmeCase, nvme, spawn_with_twins
 from test_stages import check_against_reference
 from zerocore import ops
 from zerocore.config import ConfigError
@@ -65,16 +65,6 @@ W2 = [
 ]
 W4 = [swapped("p_bf16_acc2_clip_ds", "gpt", dtype="bf16", lr=3e-3, gas=2, clip=0.05, in_cpu=3000,
               zero=dict(SIZE, **SWAP))]
-
-
-def spawn_with_twins(cases, world, tmp_path_factory):
-    swap = tmp_path_factory.mktemp(f"par_swap_w{world}")
-    out = []
-    for c in cases:
-        out += [dataclasses.replace(c, nvme_path=str(swap)),
-                dataclasses.replace(c, name=c.name + "__cpu", cpu_twin=True)]
-    results = spawn_cases(out, world, tmp_path_factory.mktemp(f"par_w{world}"), timeout=300)
-    return out, results, [p for p, _, files in os.walk(swap) if files]
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +256,8 @@ def test_corrupt_param_swap_file_names_file_offset_step_changes_nothing_and_repa
         assert torch.equal(a[k], b[k]), k
 
 
-@pytest.mark.parametrize("code,said", [(errno.ENOSPC, "the disk is full"), (errno.EROFS, "the file system is read-only")])
+@pytest.mark.parametrize("code,said", [(errno.ENOSPC, "the disk is full"),
+                                       (errno.EROFS, "the file system is read-only")])
 def test_param_write_failure_is_a_clear_error_without_hang(tmp_path, code, said):
     engine = zerocore.initialize(deep(), cfg_for(tmp_path))
     train(engine, 1)
