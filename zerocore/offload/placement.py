@@ -110,6 +110,9 @@ class OffloadPlan:
         shard = self.shards.get(k)
         if shard is not None and self.boundary():
             shard.land(shard.group.owned_grad())
+            if self.nvme is not None and self.stepper is None and k == min(self.shards):
+                # stages 1/2 step synchronously, this group first: its first tiles load during backward
+                shard.read_first_tiles(shard.last_step + 1)
 
     def landed_sumsq(self, groups, shards) -> tuple[float, bool]:
         """(sum of squares, any Inf/NaN) of this rank's owned reduced gradients, group by group in

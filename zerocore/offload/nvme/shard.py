@@ -28,7 +28,7 @@ from ...sharding.optimizer import AdamHyper
 from ..host_memory import host_empty, host_zeros
 from ..host_shard import HostOptimizerShard, _adam
 from ..stepper import Ready
-from .records import padded, record_bytes
+from .records import SwapError, padded, record_bytes
 from .store import SwapStore
 
 
@@ -111,8 +111,11 @@ class NvmeOptimizerShard(HostOptimizerShard):
         nbuf, ahead = len(recs), self.opts.pipeline_read and len(recs) >= 2
         cur, new = self.commit, self.commit + 1
         writing: set[int] = set()  # tiles whose write is in flight (their buffers are busy)
+        issued = store.take_ahead(self.path, cur)  # first tiles read during backward (read_first_tiles)
 
         def read(k):
+            if k < issued:
+                return
             if k - nbuf in writing:  # its buffer still holds a record being written: wait for that lane only
                 lane = (k - nbuf) % store.lanes
                 store.wait_writes(step, lane)
@@ -145,6 +148,20 @@ class NvmeOptimizerShard(HostOptimizerShard):
             raise
         if write:
             self.commit = new
+
+    def read_first_tiles(self, step: int) -> None:
+        """Stages 1/2, when this group (the first the step reads) has landed in the boundary backward:
+        its first tiles are read while backward goes on (the step would start with waiting for them)."""
+        recs = self.store.records(self.tile)
+        n = min(len(recs), len(self.tiles)) if self.opts.pipeline_read and len(recs) >= 2 else 1
+        self.store.take_ahead(None, None)  # whatever an earlier read-ahead left is dropped
+        try:
+            for k in range(n):
+                self.store.read(recs[k], self.path, self._offset(k, self.commit), step)
+        except SwapError:  # (a truncated file) said by the step itself, which reads it again
+            self.store.drain()
+            return
+        self.store.ahead = (self.path, self.commit, n)
 
     # -- the step --------------------------------------------------------------------------
     def step(self, grad: torch.Tensor, hp: AdamHyper, *, step: int, grad_scale: float):

@@ -97,6 +97,7 @@ class SwapStore:
         self._pool = None  # one allocation: buffer_count records of the largest tile
         self._pool_tile = 0
         self.fail_writes: int | None = None  # test hook: errno every write raises (ENOSPC: a full disk)
+        self.ahead: tuple[str, int, int] | None = None  # (file, commit, tiles) read into buffers 0.. ahead of use
 
     # -- buffers -----------------------------------------------------------------------------
     def records(self, tile: int) -> list[Record]:
@@ -166,8 +167,23 @@ class SwapStore:
         except OSError as e:
             raise SwapError(self._say("read", self.dir, None, step, e)) from e
 
+    def take_ahead(self, path: str | None, commit: int | None) -> int:
+        """How many first tiles of ``path`` at ``commit`` were already read into the buffers (0: none;
+        reads ahead for anything else are finished and forgotten, their buffers free again)."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is None:
+            return 0
+        if ahead[:2] == (path, commit):
+            return ahead[2]
+        try:
+            self.reader.wait()
+        except OSError:
+            pass  # a read nobody will use
+        return 0
+
     def drain(self) -> None:
         """Waits for everything in flight, errors dropped (after an error: the buffers are reused)."""
+        self.ahead = None
         for h in (self.reader, *self.writers):
             try:
                 h.wait()
