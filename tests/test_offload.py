@@ -292,8 +292,12 @@ def test_fp16_overflow_skips_the_step_and_leaves_the_host_state_alone(stage):
      "zero_optimization.offload_param.max_in_cpu: 100 elements cannot hold"),
     ({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}}, ConfigError,
      "zero_optimization.offload_optimizer.device.*stage 1, 2 or 3"),
-    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp", "max_in_cpu": 100},
-                            **SIZE}}, NotImplementedError, "offload_param.max_in_cpu.*beyond max_in_cpu on NVMe"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp", "max_in_cpu": 100,
+                                                          "buffer_size": 10}, **SIZE}}, ConfigError,
+     "zero_optimization.offload_param.buffer_size: 10 elements is smaller than group"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp", "max_in_cpu": 100,
+                                                          "buffer_count": 1}, **SIZE}}, ConfigError,
+     "zero_optimization.offload_param.buffer_count: 1; parameter shards on NVMe need at least 2"),
 ])
 def test_bad_offload_settings_name_the_key(cfg, error, named):
     with pytest.raises(error, match=named):

@@ -381,3 +381,25 @@ def test_nvme_path_checks_at_initialize(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="offload_optimizer.ratio: 0.5 with device 'nvme'"):
         zerocore.initialize(deep(), cfg_for(tmp_path, offload_optimizer={"device": "nvme", "ratio": 0.5,
                                                                            "nvme_path": str(tmp_path)}))
+
+
+def test_stages_1_2_read_the_first_tiles_during_backward(tmp_path):
+    """The step at stages 1/2 is synchronous and begins with the first group's first tiles: they
+    are read when that group's gradient lands in the boundary backward, and the step does not read
+    them again (its results are the CPU-offload twin's: the world-2 tests above)."""
+    engine = zerocore.initialize(deep(2), cfg_for(tmp_path, buffers=3, tile=1024))
+    train(engine, 1)
+    first = engine.offload.shards[min(engine.offload.shards)]
+    store = engine.offload.nvme.store
+    store.trace = []
+    x, y = torch.randn(2, 256), torch.randn(2, 256)
+    engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+    slot = first.commit % 2
+    early = [off for op, _, off in store.trace if op == "read"]
+    assert early == [(2 * k + slot) * first.rec_bytes for k in range(3)]  # buffer_count tiles, before step()
+    store.trace = []
+    engine.step()
+    reads = [off for op, _, off in store.trace if op == "read"]
+    n = len(first.tiles)
+    assert n > 3 and reads[:n - 3] == [(2 * k + slot) * first.rec_bytes for k in range(3, n)]  # on from tile 3
+    assert first.commit == 2 and engine.optimizer_steps == 2

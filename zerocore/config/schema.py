@@ -105,14 +105,17 @@ class OffloadOptimizerConfig(_Section):
 class OffloadParamConfig(_Section):
     PATH = "zero_optimization.offload_param"
     device: str = option("none", "Where stage-3 parameter shards live between uses: cpu = host memory, copied to "
-                         "the device right before each all-gather; nvme: host memory up to max_in_cpu (shards "
-                         "beyond it on NVMe: not yet, an error says so).", kind=str,
+                         "the device right before each all-gather; nvme: host memory up to max_in_cpu elements, the "
+                         "shards beyond it in swap files under nvme_path, read ahead of their gathers in the recorded "
+                         "order and written back after the step.", kind=str,
                          choices=("none", "cpu", "nvme"))
     nvme_path: str | None = option(None, "Directory for the swap files when device is nvme.", kind=str,
                                    optional=True, **_PAR)
     pin_memory: bool = option(True, "Use page-locked CPU buffers.", kind=bool, **_PAR)
-    buffer_count: int = option(5, "Staging buffers for NVMe parameter swapping.", kind=int, ge=1, **_PAR)
-    buffer_size: int = option(100_000_000, "Elements per staging buffer.", kind=int, ge=1, **_PAR)
+    buffer_count: int = option(5, "Pinned buffers for parameter shards swapped to NVMe (at least 2; each the size of "
+                              "the largest swapped shard): the host memory they occupy.", kind=int, ge=1, **_PAR)
+    buffer_size: int = option(100_000_000, "Largest parameter shard (elements, per rank) a buffer may hold; a "
+                             "larger group's shard is an error naming this key.", kind=int, ge=1, **_PAR)
     max_in_cpu: int = option(1_000_000_000, "Elements of parameter shards kept in CPU memory before the rest "
                              "stays on NVMe.", kind=int, ge=0, **_PAR)
 

@@ -11,6 +11,7 @@ offload), else into a host staging buffer copied to the device on a side stream 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -33,7 +34,7 @@ def _adam(master, grad, m, v, out, hp: AdamHyper, step: int, grad_scale: float, 
 
 class HostOptimizerShard:
     def __init__(self, group: ShardedGroup, init_fp32: torch.Tensor, *, ratio: float, pin: bool,
-                 tile: int | None = None):
+                 tile: int | None = None, params_swapped: bool = False):
         self.group = group
         self.pin = pin
         n = group.hi - group.lo
@@ -44,8 +45,9 @@ class HostOptimizerShard:
         target = group.owned_params()
         h = self.split
         # host part. fp32 training with the parameters already in host memory (stage-3 param offload, or a
-        # CPU training device): the master *is* the parameter, as on the device (no copy back).
-        if not self.half and target.device.type == "cpu":
+        # CPU training device): the master *is* the parameter, as on the device (no copy back); not
+        # when the parameter shard rests on NVMe (its host buffer is reused for other groups).
+        if not self.half and target.device.type == "cpu" and not params_swapped:
             self.master_h = target[:h]
         else:
             self.master_h = host_copy(owned[:h].to("cpu"), pin)
@@ -60,7 +62,7 @@ class HostOptimizerShard:
         tail = owned[h:]
         if h == n:
             self.master_d = torch.empty(0, dtype=torch.float32, device=owned.device)
-        elif not self.half and target.device == tail.device:
+        elif not self.half and target.device == tail.device and not params_swapped:
             self.master_d = target[h:]
         else:
             self.master_d = tail.clone()
@@ -73,6 +75,7 @@ class HostOptimizerShard:
         self.sumsq, self.nonfinite = 0.0, False
         self.poison = False  # test hook: NaN into the device copy before the host step writes it
         self.enqueue = None  # (group index, host step, ready) -> None: set by OffloadPlan at stage 3
+        self.param_swap = None  # set by OffloadPlan when this group's parameter shard rests on NVMe
 
     # -- gradients arrive ------------------------------------------------------------------
     def land(self, grad: torch.Tensor) -> None:
@@ -117,38 +120,51 @@ class HostOptimizerShard:
         return self._copy_stream
 
     # -- the step --------------------------------------------------------------------------
+    def _params(self, step: int):
+        """(a context) The owned parameters a step or a refresh writes: the group's own, or its shard
+        swapped in from NVMe for the block and written back behind it (``ParamSwap.held``)."""
+        if self.param_swap is None:
+            return contextlib.nullcontext(self.group.owned_params_raw())
+        return self.param_swap.held(self.group.index, step)
+
     def step(self, grad: torch.Tensor, hp: AdamHyper, *, step: int, grad_scale: float):
         """Steps the device part now; the host part now too, or (with ``enqueue`` set, stage 3) hands
         it to be queued for the worker. ``grad``: the device's owned gradient (the device part reads it;
         the host part reads its landed copy)."""
         hp = dataclasses.replace(hp)  # the worker must see this step's lr even if the user changes it
         h = self.split
-        target = self.group.owned_params_raw()
         if h < grad.numel():
-            dev_out = target[h:] if self.half else None
-            if dev_out is not None and dev_out.device != self.master_d.device:
-                dev_out = torch.empty_like(self.master_d, dtype=target.dtype)
-            _adam(self.master_d, grad[h:], self.exp_avg_d, self.exp_avg_sq_d, dev_out, hp, step, grad_scale,
-                  self.tile)
-            if not self.half and self.master_d.data_ptr() != target[h:].data_ptr():
-                target[h:].copy_(self.master_d)
-            elif dev_out is not None and dev_out.data_ptr() != target[h:].data_ptr():
-                target[h:].copy_(dev_out)
+            with self._params(step) as target:
+                self._device_part(grad, hp, step, grad_scale, target)
         if h == 0:
             return None
-        if self.poison and self.master_h.data_ptr() != target.data_ptr():  # (never the master itself)
-            target[:h].fill_(float("nan"))
+        target = self.group.owned_params_raw()
+        if self.poison and self.param_swap is None and self.master_h.data_ptr() != target.data_ptr():
+            target[:h].fill_(float("nan"))  # (never the master itself)
 
         def host_part():
             if self._copy_event is not None:  # last step's copy back still reads the buffer we write
                 self._copy_event.synchronize()
                 self._copy_event = None
-            out = target[:h] if self.half and self.out_h is None else self.out_h
-            _adam(self.master_h, self.grad_h, self.exp_avg_h, self.exp_avg_sq_h, out, hp, step, grad_scale,
-                  self.tile)
-            return self._copy_back(target[:h])
+            with self._params(step) as target:
+                out = target[:h] if self.half and self.out_h is None else self.out_h
+                _adam(self.master_h, self.grad_h, self.exp_avg_h, self.exp_avg_sq_h, out, hp, step, grad_scale,
+                      self.tile)
+                return self._copy_back(target[:h])
 
         return self._run_host(host_part)
+
+    def _device_part(self, grad, hp: AdamHyper, step: int, grad_scale: float, target: torch.Tensor) -> None:
+        h = self.split
+        dev_out = target[h:] if self.half else None
+        if dev_out is not None and dev_out.device != self.master_d.device:
+            dev_out = torch.empty_like(self.master_d, dtype=target.dtype)
+        _adam(self.master_d, grad[h:], self.exp_avg_d, self.exp_avg_sq_d, dev_out, hp, step, grad_scale,
+              self.tile)
+        if not self.half and self.master_d.data_ptr() != target[h:].data_ptr():
+            target[h:].copy_(self.master_d)
+        elif dev_out is not None and dev_out.data_ptr() != target[h:].data_ptr():
+            target[h:].copy_(dev_out)
 
     def _run_host(self, host_part):
         """Stage 3: queued for the worker, in the next forward's order; else stepped now (the device
@@ -190,6 +206,8 @@ class HostOptimizerShard:
     def load_master(self, a: int, b: int, values: torch.Tensor) -> None:
         """Writes ``values`` into the master's owned-range elements [a, b)."""
         self.ready.wait()
+        if self.param_swap is not None:  # zerocore.gathered wrote the resident shard first
+            self.param_swap.mark_dirty(self.group.index)
         h = self.split
         if a < h:
             self.master_h[a:min(b, h)].copy_(values[:min(b, h) - a])
@@ -211,13 +229,14 @@ class HostOptimizerShard:
     def refresh_params(self) -> None:
         """Re-derives the owned 16-bit (or fp32) parameters from the master (after a checkpoint load)."""
         self.ready.wait()
-        target = self.group.owned_params_raw()
         h = self.split
-        for m, dst in ((self.master_h, target[:h]), (self.master_d, target[h:])):
-            if m.numel() and m.data_ptr() != dst.data_ptr():
-                dst.copy_(m)
+        with self._params(0) as target:
+            for m, dst in ((self.master_h, target[:h]), (self.master_d, target[h:])):
+                if m.numel() and m.data_ptr() != dst.data_ptr():
+                    dst.copy_(m)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"host_master": self.master_h, "host_exp_avg": self.exp_avg_h, "host_exp_avg_sq": self.exp_avg_sq_h,
                 "host_grads": self.grad_h, "host_staging": self.out_h, "master": self.master_d,
-                "exp_avg": self.exp_avg_d, "exp_avg_sq": self.exp_avg_sq_d}
+                "exp_avg": self.exp_avg_d, "exp_avg_sq": self.exp_avg_sq_d,
+                "host_params": None if self.param_swap is None else self.param_swap.pool}

@@ -2,7 +2,9 @@
 placement decision (``StagePolicy.optimizer_device``), and the hooks that move bytes there.
 
 - ``make_shard``: the group's optimizer shard on the host (``HostOptimizerShard``) and, with
-  parameter offload, its 16-bit shard moved to host memory (``max_in_cpu`` checked).
+  parameter offload, its 16-bit shard moved to host memory while ``max_in_cpu`` elements allow,
+  else (device 'nvme') to its swap file (``nvme.ParamSwap``: read ahead of its gathers in the
+  recorded order, written back behind the host step).
 - ``on_reduced(k)`` (the reducer's callback): in the boundary backward, group k's owned gradient
   is final: it goes to the host and its norm/overflow contribution is accumulated, so the global
   norm is known when backward ends (``landed_sumsq``).
@@ -20,10 +22,9 @@ from ..config.options import ConfigError
 from ..sharding.optimizer import OptimizerShard
 from .host_memory import should_pin
 from .host_shard import HostOptimizerShard
-from .nvme import NvmeSwap, check_param_path
+from .nvme import NvmeSwap, ParamReady, ParamSwap, check_param_path
 from .stepper import HostStepper
 
-NVME_NEXT = "NVMe offload (issue 13: optimizer state and parameter shards on NVMe)"
 
 
 def host_step_threads(device: torch.device) -> int:
@@ -45,6 +46,8 @@ class OffloadPlan:
         self.params_device = par.device
         check_param_path(config)
         self.nvme = NvmeSwap.build(config)  # optimizer state in swap files (zerocore/offload/nvme)
+        self._config = config
+        self.param_swap: ParamSwap | None = None  # stage-3 parameter shards beyond max_in_cpu (made on first need)
         self.ratio = opt.ratio if self.optimizer else 0.0
         self.pin_opt = should_pin(opt.pin_memory, device) if self.optimizer else False
         self.pin_par = should_pin(par.pin_memory, device) if self.params else False
@@ -68,30 +71,34 @@ class OffloadPlan:
 
     # -- construction ------------------------------------------------------------------------
     def make_shard(self, g, init: torch.Tensor, tile: int | None):
+        swapped = False
         if self.params and g.partitioned:
-            self.host_param_elems += g.hi - g.lo
-            if self.host_param_elems > self.max_in_cpu and self.params_device == "nvme":
-                raise NotImplementedError(
-                    f"zero_optimization.offload_param.max_in_cpu: {self.max_in_cpu} elements cannot hold this rank's "
-                    f"parameter shards (at least {self.host_param_elems} elements by group {g.index}), and parameter "
-                    f"shards beyond max_in_cpu on NVMe are not implemented yet ({NVME_NEXT}: only the optimizer "
-                    "state is swapped). Raise max_in_cpu to at least the model's trainable elements divided by the "
-                    "ranks: the shards then stay in host memory")
+            swapped = self.host_param_elems + (g.hi - g.lo) > self.max_in_cpu and self.params_device == "nvme"
+            if not swapped:  # the groups that fit stay in host memory; the rest rest on NVMe
+                self.host_param_elems += g.hi - g.lo
             if self.host_param_elems > self.max_in_cpu:
                 raise ConfigError(
                     f"zero_optimization.offload_param.max_in_cpu: {self.max_in_cpu} elements cannot hold this rank's "
-                    f"parameter shards (at least {self.host_param_elems} elements by group {g.index}); the rest "
-                    f"would go to NVMe ({NVME_NEXT}). Raise max_in_cpu to at least the model's trainable elements "
-                    "divided by the ranks, or use offload_param.device 'none'")
+                    f"parameter shards (at least {self.host_param_elems} elements by group {g.index}) and device 'cpu' "
+                    "keeps every shard in host memory. Raise max_in_cpu to at least the model's trainable elements "
+                    "divided by the ranks, use offload_param.device 'nvme' (the shards beyond max_in_cpu rest on "
+                    "NVMe), or 'none'")
             g.offload_params(self.pin_par)
         if not self.optimizer and not g.params_on_host:
             return OptimizerShard(g, init, tile=tile)
         if self.nvme is not None:
             shard = self.nvme.make_shard(g, init, self.pin_opt)
         else:
-            shard = HostOptimizerShard(g, init, ratio=self.ratio, pin=self.pin_opt, tile=tile)
+            shard = HostOptimizerShard(g, init, ratio=self.ratio, pin=self.pin_opt, tile=tile, params_swapped=swapped)
         shard.poison = self.poison
         g.ready = shard.ready
+        if swapped:
+            if self.param_swap is None:
+                self.param_swap = ParamSwap(self._config)
+            same_drive = self.nvme is not None and self.nvme.path == self.param_swap.path
+            self.param_swap.register(g, also_needed=self.nvme.needed if same_drive else 0)
+            shard.param_swap = self.param_swap
+            g.ready = ParamReady(shard.ready, self.param_swap, g.index)
         if self.stepper is not None and g.partitioned:
             g.on_gather = self._note_gather
             shard.enqueue = self._enqueue
@@ -103,6 +110,9 @@ class OffloadPlan:
         shard = self.shards.get(k)
         if shard is not None and self.boundary():
             shard.land(shard.group.owned_grad())
+            if self.nvme is not None and self.stepper is None and k == min(self.shards):
+                # stages 1/2 step synchronously, this group first: its first tiles load during backward
+                shard.read_first_tiles(shard.last_step + 1)
 
     def landed_sumsq(self, groups, shards) -> tuple[float, bool]:
         """(sum of squares, any Inf/NaN) of this rank's owned reduced gradients, group by group in
@@ -118,6 +128,8 @@ class OffloadPlan:
 
     # -- the step ----------------------------------------------------------------------------
     def _note_gather(self, gi: int) -> None:
+        if self.param_swap is not None:
+            self.param_swap.on_gather(gi)
         if gi not in self._seen:
             self._seen.add(gi)
             self.order.append(gi)
@@ -128,12 +140,14 @@ class OffloadPlan:
 
     def launch(self) -> None:
         """Hands the queued host steps to the worker, first-needed first."""
+        rank = {gi: i for i, gi in enumerate(self.order)}
+        self._queued.sort(key=lambda job: (rank.get(job[0], len(rank)), job[0]))
+        if self.param_swap is not None:
+            self.param_swap.new_pass([job[0] for job in self._queued])
         if not self._queued:
             self.order.clear()
             self._seen.clear()
             return
-        rank = {gi: i for i, gi in enumerate(self.order)}
-        self._queued.sort(key=lambda job: (rank.get(job[0], len(rank)), job[0]))
         for gi, fn, ready in self._queued:
             self.shards[gi].group.defer_gather = True
             self.stepper.submit(gi, fn, ready)

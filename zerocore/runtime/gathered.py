@@ -125,6 +125,6 @@ def _write_back(engine, gi: int, slots: list[int], src: int) -> None:
         if a >= b:
             continue
         if g.partitioned:
-            g.param_shard[a - g.lo:b - g.lo] = g.param_flat[a:b]
+            g.owned_params()[a - g.lo:b - g.lo] = g.param_flat[a:b]  # (offload: made resident first)
         if shard.master.data_ptr() != g.owned_params().data_ptr():  # a separate fp32 master
             shard.load_master(a - g.lo, b - g.lo, g.param_flat[a:b].float())

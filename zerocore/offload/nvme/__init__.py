@@ -6,11 +6,13 @@ store.py    one rank's swap folder for one run, its AsyncIO handles and pinned b
 shard.py    NvmeOptimizerShard: HostOptimizerShard's contract, pipelined and verified swapping
 checks.py   start-up checks of nvme_path (exists, directory, writable, O_DIRECT, free space)
 plan.py     NvmeSwap: what OffloadPlan asks of the NVMe side
+params.py   ParamSwap: stage-3 parameter shards beyond max_in_cpu, read ahead and written behind
 """
+from .params import ParamReady, ParamSwap
 from .plan import NvmeSwap, check_param_path
 from .records import SwapCorruptError, SwapError
 from .shard import NvmeOptimizerShard, SwapOptions
 from .store import SwapStore
 
-__all__ = ["NvmeSwap", "check_param_path", "SwapCorruptError", "SwapError", "NvmeOptimizerShard", "SwapOptions",
+__all__ = ["ParamReady", "ParamSwap", "NvmeSwap", "check_param_path", "SwapCorruptError", "SwapError", "NvmeOptimizerShard", "SwapOptions",
            "SwapStore"]

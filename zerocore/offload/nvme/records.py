@@ -1,5 +1,7 @@
 """One tile of swapped optimizer state on disk: a 4096-byte header, then the tile's fp32 master,
 m and v, each padded to 4096 bytes, so one O_DIRECT transfer moves a whole tile and its proof.
+A stage-3 parameter shard swapped to NVMe is the same header and one padded array of the
+training dtype (``ParamRecord``).
 
 The header names what the record must be (run id, rank, group, tile, commit number, elements)
 and carries a checksum of the header fields and the payload: CRC32C in hardware (the ``crc32c``
@@ -98,3 +100,20 @@ class Record:
         if self.checksum and crc != self._crc(head[:-4], algo):
             raise SwapCorruptError(f"zerocore nvme: {where}: checksum mismatch ({CHECKSUMS[algo][0]} of {self.nbytes} "
                                    "bytes): the data on disk is not what was written. Nothing was changed")
+
+
+def param_record_bytes(n: int, dtype: torch.dtype) -> int:
+    """Bytes of one record of an ``n``-element parameter shard (header + the shard padded to 4096)."""
+    return HEADER + -(-max(n, 1) * torch.empty(0, dtype=dtype).element_size() // HEADER) * HEADER
+
+
+class ParamRecord(Record):
+    """One group's parameter shard (``values``, ``n`` elements of ``dtype``) in an aligned buffer;
+    sealed and verified as Record's (the header's tile field is 0)."""
+
+    def __init__(self, buf: torch.Tensor, n: int, dtype: torch.dtype):
+        self.tile = n
+        self.nbytes = param_record_bytes(n, dtype)
+        self.raw = buf[:self.nbytes]
+        self.values = self.raw[HEADER:].view(dtype)[:n]
+        self._np = self.raw.numpy()

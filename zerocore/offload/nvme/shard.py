@@ -28,7 +28,7 @@ from ...sharding.optimizer import AdamHyper
 from ..host_memory import host_empty, host_zeros
 from ..host_shard import HostOptimizerShard, _adam
 from ..stepper import Ready
-from .records import padded, record_bytes
+from .records import SwapError, padded, record_bytes
 from .store import SwapStore
 
 
@@ -68,6 +68,7 @@ class NvmeOptimizerShard(HostOptimizerShard):
         self.sumsq, self.nonfinite = 0.0, False
         self.poison = False
         self.enqueue = None
+        self.param_swap = None  # set by OffloadPlan when the parameter shard rests on NVMe too
         owned = init_fp32 if init_fp32.numel() == n else init_fp32[group.lo:group.hi]
         self._swap_out(owned.detach().to("cpu", torch.float32))
 
@@ -110,8 +111,11 @@ class NvmeOptimizerShard(HostOptimizerShard):
         nbuf, ahead = len(recs), self.opts.pipeline_read and len(recs) >= 2
         cur, new = self.commit, self.commit + 1
         writing: set[int] = set()  # tiles whose write is in flight (their buffers are busy)
+        issued = store.take_ahead(self.path, cur)  # first tiles read during backward (read_first_tiles)
 
         def read(k):
+            if k < issued:
+                return
             if k - nbuf in writing:  # its buffer still holds a record being written: wait for that lane only
                 lane = (k - nbuf) % store.lanes
                 store.wait_writes(step, lane)
@@ -145,10 +149,23 @@ class NvmeOptimizerShard(HostOptimizerShard):
         if write:
             self.commit = new
 
+    def read_first_tiles(self, step: int) -> None:
+        """Stages 1/2, when this group (the first the step reads) has landed in the boundary backward:
+        its first tiles are read while backward goes on (the step would start with waiting for them)."""
+        recs = self.store.records(self.tile)
+        n = min(len(recs), len(self.tiles)) if self.opts.pipeline_read and len(recs) >= 2 else 1
+        self.store.take_ahead(None, None)  # whatever an earlier read-ahead left is dropped
+        try:
+            for k in range(n):
+                self.store.read(recs[k], self.path, self._offset(k, self.commit), step)
+        except SwapError:  # (a truncated file) said by the step itself, which reads it again
+            self.store.drain()
+            return
+        self.store.ahead = (self.path, self.commit, n)
+
     # -- the step --------------------------------------------------------------------------
     def step(self, grad: torch.Tensor, hp: AdamHyper, *, step: int, grad_scale: float):
         hp = dataclasses.replace(hp)
-        target = self.group.owned_params_raw()
 
         def host_part():
             if self._copy_event is not None:  # last step's copy back still reads the staging buffer
@@ -161,7 +178,8 @@ class NvmeOptimizerShard(HostOptimizerShard):
                 if not self.half:
                     out.copy_(m)
             self.last_step = step
-            return self._copy_back(target, self.staging)  # the step commits: its parameters go in
+            with self._params(step) as target:
+                return self._copy_back(target, self.staging)  # the step commits: its parameters go in
 
         return self._run_host(host_part)
 
@@ -177,6 +195,8 @@ class NvmeOptimizerShard(HostOptimizerShard):
 
     def load_master(self, a: int, b: int, values: torch.Tensor) -> None:
         self.ready.wait()
+        if self.param_swap is not None:  # zerocore.gathered wrote the resident shard first
+            self.param_swap.mark_dirty(self.group.index)
         for lo, hi, rec in self._tiles_io(self.last_step, write=True):
             x, y = max(a, lo), min(b, hi)
             if x < y:
@@ -196,9 +216,10 @@ class NvmeOptimizerShard(HostOptimizerShard):
 
     def refresh_params(self) -> None:
         self.ready.wait()
-        target = self.group.owned_params_raw()
-        for lo, hi, rec in self._tiles_io(self.last_step, write=False):
-            target[lo:hi].copy_(rec.master[:hi - lo])
+        with self._params(self.last_step) as target:
+            for lo, hi, rec in self._tiles_io(self.last_step, write=False):
+                target[lo:hi].copy_(rec.master[:hi - lo])
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {"host_grads": self.grad_h, "host_staging": self.staging, "host_swap": self.store.pool}
+        return {"host_grads": self.grad_h, "host_staging": self.staging, "host_swap": self.store.pool,
+                "host_params": None if self.param_swap is None else self.param_swap.pool}

@@ -70,8 +70,10 @@ def leftover_runs(root: str) -> list[str]:
 
 
 class SwapStore:
-    def __init__(self, nvme_path: str, rank: int, aio: dict, buffer_count: int, run_id: str | None = None):
+    def __init__(self, nvme_path: str, rank: int, aio: dict, buffer_count: int, run_id: str | None = None,
+                 what: str = "optimizer state"):
         self.run = run_id or uuid.uuid4().hex
+        self.what = what  # what the files hold, for error messages
         self.rank = rank
         root = os.path.join(nvme_path, SWAP_DIR)
         stale = leftover_runs(root)
@@ -95,6 +97,7 @@ class SwapStore:
         self._pool = None  # one allocation: buffer_count records of the largest tile
         self._pool_tile = 0
         self.fail_writes: int | None = None  # test hook: errno every write raises (ENOSPC: a full disk)
+        self.ahead: tuple[str, int, int] | None = None  # (file, commit, tiles) read into buffers 0.. ahead of use
 
     # -- buffers -----------------------------------------------------------------------------
     def records(self, tile: int) -> list[Record]:
@@ -110,8 +113,8 @@ class SwapStore:
         """The pinned buffers (the host memory the swapped optimizer state occupies)."""
         return self._pool
 
-    def path(self, group: int) -> str:
-        return os.path.join(self.dir, f"group{group}.swap")
+    def path(self, group: int, kind: str = "group") -> str:
+        return os.path.join(self.dir, f"{kind}{group}.swap")
 
     # -- transfers ---------------------------------------------------------------------------
     @property
@@ -164,21 +167,35 @@ class SwapStore:
         except OSError as e:
             raise SwapError(self._say("read", self.dir, None, step, e)) from e
 
+    def take_ahead(self, path: str | None, commit: int | None) -> int:
+        """How many first tiles of ``path`` at ``commit`` were already read into the buffers (0: none;
+        reads ahead for anything else are finished and forgotten, their buffers free again)."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is None:
+            return 0
+        if ahead[:2] == (path, commit):
+            return ahead[2]
+        try:
+            self.reader.wait()
+        except OSError:
+            pass  # a read nobody will use
+        return 0
+
     def drain(self) -> None:
         """Waits for everything in flight, errors dropped (after an error: the buffers are reused)."""
+        self.ahead = None
         for h in (self.reader, *self.writers):
             try:
                 h.wait()
             except OSError:
                 pass
 
-    @staticmethod
-    def _say(op: str, path: str, offset, step: int, e: OSError) -> str:
+    def _say(self, op: str, path: str, offset, step: int, e: OSError) -> str:
         where = f"{path}" + (f" at byte offset {offset}" if offset is not None else "")
         hint = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",
                 errno.EACCES: "permission denied", errno.EDQUOT: "the disk quota is exceeded"}.get(e.errno, "")
         hint = f" ({hint})" if hint else ""
-        return (f"zerocore nvme: {op} of optimizer state swap {where} failed at step {step}{hint}: {e}. The step "
+        return (f"zerocore nvme: {op} of {self.what} swap {where} failed at step {step}{hint}: {e}. The step "
                 "was not applied")
 
     # -- lifetime ----------------------------------------------------------------------------
