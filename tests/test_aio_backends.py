@@ -162,8 +162,9 @@ W2_BASE = [nv.nvme("s2_fp32_clip", "mlp", 2, bucket=2000, zero=nv.SWAP, steps=3,
 @pytest.fixture(scope="module")
 def world2(tmp_path_factory):
     swap = tmp_path_factory.mktemp("backend_swap_w2")
-    cases = [BackendCase(**{f.name: getattr(c, f.name) for f in dataclasses.fields(nv.NvmeCase)}, backend=b,
-                         name=f"{c.name}__{b}", nvme_path=str(swap)) for c in W2_BASE for b in USABLE]
+    cases = [BackendCase(**dict({f.name: getattr(c, f.name) for f in dataclasses.fields(nv.NvmeCase)},
+                                name=f"{c.name}__{b}", nvme_path=str(swap)), backend=b)
+             for c in W2_BASE for b in USABLE]
     return cases, spawn_cases(cases, 2, tmp_path_factory.mktemp("backend_w2"), timeout=150)
 
 
