@@ -47,6 +47,32 @@ def test_threadpool_is_always_built_and_auto_picks_the_first_usable():
     assert zaio.auto_backend({"libaio": "not built", "io_uring": "disabled", "threadpool": "x"}) is None
 
 
+def test_a_backend_left_out_of_the_build_is_reported_with_the_build_reason(monkeypatch):
+    """What a machine without libaio/liburing headers shows: the build's reason per backend, the
+    thread pool picked by 'auto', and `zerocore env` saying so."""
+    from zerocore import env_report
+    from zerocore.ops import _loader
+
+    class NoKernelAio:  # the binding of such a build: only the thread pool makes a queue
+        WITH_AIO = True
+
+        @staticmethod
+        def aio_backends():
+            return {"libaio": "the libaio backend is not built into this zerocore", "io_uring": "not built",
+                    "threadpool": None}
+
+    monkeypatch.setattr(zaio, "_native", lambda: NoKernelAio)
+    monkeypatch.setattr(_loader, "unavailable_parts", lambda: {
+        "aio.libaio": "not built: libaio.h was not found at build time; install libaio-dev ...",
+        "aio.io_uring": "left out of this build by ZEROCORE_URING=0"})
+    usable = zaio.available_backends()
+    assert "libaio.h was not found" in usable["libaio"] and "ZEROCORE_URING=0" in usable["io_uring"]
+    assert zaio.auto_backend() == "threadpool"
+    env = env_report.aio_backends()
+    assert env["aio_backend"] == "threadpool" and env["aio_backend.threadpool"] == "usable"
+    assert env["aio_backend.libaio"].startswith("unusable: not built: libaio.h")
+
+
 @pytest.mark.parametrize("backend", USABLE)
 @pytest.mark.parametrize("n, offset", [(1, 0), (4097, 1), ((1 << 20) + 3, 12345), (3 << 20, 4096)])
 def test_round_trip_on_every_backend(tmp_path, backend, n, offset):
