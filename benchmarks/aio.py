@@ -1,9 +1,10 @@
 """NVMe I/O throughput: zerocore.ops.AsyncIO beside fio and plain synchronous O_DIRECT.
 
 Sequential write, then read, of one file (default 1 GiB) for a sweep of block size x queue
-depth x threads, for each backend (libaio, io_uring). At every setting fio runs the same
-pattern on the same file in the same run (ioengine libaio and io_uring, direct=1, numjobs =
-threads each covering its own contiguous slice, iodepth = queue depth), interleaved with
+depth x threads, for each backend (libaio, io_uring, threadpool). At every setting fio runs the
+same pattern on the same file in the same run (ioengine libaio and io_uring, direct=1, numjobs =
+threads each covering its own contiguous slice, iodepth = queue depth; for threadpool, ioengine
+psync with threads x queue depth jobs of depth 1: the same number of blocking threads), interleaved with
 zerocore's runs so drift hits both alike; a plain synchronous O_DIRECT pwrite/pread loop
 (one block at a time, Python os.pwrite/os.preadv) runs once per block size. The file is
 written once before timing (so every timed write overwrites allocated blocks, for both), and
@@ -111,9 +112,13 @@ def run_zerocore_ring(ring: torch.Tensor, size: int, path: str, bs: int, qd: int
 
 
 def run_fio(path: str, size: int, bs: int, qd: int, threads: int, engine: str, write: bool) -> float:
-    per_job = size // threads
+    """fio on the same pattern. zerocore's thread pool (queue_depth blocking threads per worker) is
+    matched by fio's psync engine with threads x queue_depth jobs of depth 1, each its own slice."""
+    jobs, depth = (threads * qd, 1) if engine == "threadpool" else (threads, qd)
+    engine = "psync" if engine == "threadpool" else engine
+    per_job = size // jobs // 4096 * 4096
     cmd = ["fio", "--name=zc", f"--filename={path}", f"--rw={'write' if write else 'read'}", f"--bs={bs}",
-           f"--iodepth={qd}", f"--numjobs={threads}", f"--size={per_job}", f"--offset_increment={per_job}",
+           f"--iodepth={depth}", f"--numjobs={jobs}", f"--size={per_job}", f"--offset_increment={per_job}",
            "--direct=1", f"--ioengine={engine}", "--thread", "--group_reporting", "--output-format=json",
            "--invalidate=1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -148,7 +153,8 @@ def main(argv=None) -> int:
     ap.add_argument("--block-sizes", default="256K,1M,4M")
     ap.add_argument("--queue-depths", default="4,8,32")
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--backends", default="libaio,io_uring")
+    ap.add_argument("--backends", default="libaio,io_uring,threadpool",
+                    help="zerocore backends to run (fio runs the same engine; psync jobs for threadpool)")
     ap.add_argument("--repeats", type=int, default=2, help="rounds over the whole sweep (best and median kept)")
     ap.add_argument("--no-fio", action="store_true", help="skip fio")
     ap.add_argument("--final-rounds", type=int, default=3,
@@ -308,13 +314,14 @@ def main(argv=None) -> int:
     pick = max(zc_rows, key=lambda r: math.sqrt(r["write_gbps_best"] * r["read_gbps_best"]))
     summary["recommended"] = _setting(pick)
     block = {"aio": {"block_size": pick["block_size"], "queue_depth": pick["queue_depth"],
-                     "intra_op_parallelism": pick["threads"], "single_submit": False, "overlap_events": True}}
+                     "intra_op_parallelism": pick["threads"], "single_submit": False, "overlap_events": True,
+                     "backend": pick["backend"]}}
     print(f"\nbest zerocore setting for both (geometric mean of read and write: write "
           f"{pick['write_gbps_best']:.3f}, read {pick['read_gbps_best']:.3f} GB/s, backend {pick['backend']}):")
     print(json.dumps(block, indent=2))
-    if pick["backend"] != zaio.AUTO_ORDER[0]:
-        print(f'(backend: pass backend="{pick["backend"]}" to AsyncIO, or "backend": "{pick["backend"]}" in the '
-              "aio section)")
+    auto = zaio.auto_backend(usable)
+    if pick["backend"] != auto:
+        print(f'(backend "auto" would pick {auto} here: keep "backend": "{pick["backend"]}" in the aio section)')
 
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

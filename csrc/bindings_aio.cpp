@@ -26,7 +26,8 @@ namespace {
 Backend parse_backend(const std::string& s) {
   if (s == "libaio") return Backend::LibAio;
   if (s == "io_uring") return Backend::IoUring;
-  throw std::invalid_argument("backend must be 'libaio' or 'io_uring', got '" + s + "'");
+  if (s == "threadpool") return Backend::ThreadPool;
+  throw std::invalid_argument("backend must be 'libaio', 'io_uring' or 'threadpool', got '" + s + "'");
 }
 
 DirectMode parse_direct(const std::string& s) {
@@ -179,7 +180,7 @@ void register_aio(py::module_& m) {
       "aio_backends",
       [] {
         py::dict out;
-        for (Backend b : {Backend::LibAio, Backend::IoUring}) {
+        for (Backend b : zc::aio::kAllBackends) {
           std::string why;
           const bool ok = zc::aio::backend_available(b, &why);
           out[zc::aio::backend_name(b)] = ok ? py::none() : py::object(py::str(why));
@@ -187,6 +188,14 @@ void register_aio(py::module_& m) {
         return out;
       },
       "{backend: None if usable here, else the reason}");
+  m.def(
+      "_aio_threadpool_max_syscall_bytes",
+      [](int64_t n) {
+        ZC_CHECK_VALUE(n >= 0, "_aio_threadpool_max_syscall_bytes: got ", n);
+        zc::aio::testing::threadpool_max_syscall_bytes.store(static_cast<uint64_t>(n));
+      },
+      "tests: cap every pread/pwrite of the thread-pool backend at n bytes (0: no cap), so each op is a "
+      "chain of short transfers");
   m.def("aio_alloc_aligned", &alloc_aligned, py::arg("nbytes"), py::arg("lock") = true,
         "page-aligned, mlock'ed (best effort) uint8 tensor; returns (tensor, locked)");
 }

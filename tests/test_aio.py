@@ -388,7 +388,7 @@ def test_bad_arguments(tmp_path):
 
 def test_explicit_backends_and_auto():
     usable = zaio.available_backends()
-    assert set(usable) == {"libaio", "io_uring"} and usable["libaio"] is None
+    assert set(usable) == {"libaio", "io_uring", "threadpool"} and usable["threadpool"] is None  # always built
     assert zaio.AsyncIO(backend="auto").backend == next(b for b in zaio.AUTO_ORDER if usable[b] is None)
     for b in BACKENDS:
         assert zaio.AsyncIO(backend=b).backend == b
@@ -479,10 +479,19 @@ def test_build_spec_reports_why_aio_is_missing(monkeypatch):
     monkeypatch.delenv("ZEROCORE_AIO")
     real = os.path.exists
     monkeypatch.setattr(os.path, "exists", lambda p: False if "libaio" in str(p) else real(p))
-    cfg = build_spec.aio_config(build_spec.repo_root())
-    assert cfg["sources"] == [] and "libaio-dev" in cfg["unavailable"]
+    cfg = build_spec.aio_config(build_spec.repo_root())  # a machine without libaio's headers
+    assert cfg["unavailable"] is None and "csrc/aio/threadpool_context.cpp" in cfg["sources"]
+    assert "csrc/aio/libaio_context.cpp" not in cfg["sources"] and not any("libaio" in a for a in cfg["extra_link_args"])
+    assert "libaio-dev" in cfg["backends_unavailable"]["libaio"]
     full = build_spec.extension_config(build_spec.repo_root())
-    assert "aio" in full["unavailable"] and not any("aio" in s for s in full["sources"])
+    assert "libaio-dev" in full["unavailable"]["aio.libaio"] and "aio" not in full["unavailable"]
+    monkeypatch.setattr(os.path, "exists", real)
+    monkeypatch.setenv("ZEROCORE_LIBAIO", "0")
+    monkeypatch.setenv("ZEROCORE_URING", "0")
+    cfg = build_spec.aio_config(build_spec.repo_root())
+    assert cfg["extra_link_args"] == [] and ("ZEROCORE_WITH_AIO", None) in cfg["define_macros"]
+    assert cfg["backends_unavailable"] == {"libaio": "left out of this build by ZEROCORE_LIBAIO=0",
+                                           "io_uring": "left out of this build by ZEROCORE_URING=0"}
 
 
 def test_extension_needs_no_system_libaio():

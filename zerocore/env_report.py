@@ -47,8 +47,27 @@ def collect() -> dict:
         info["cuda_build"] = build_info()
     except Exception as exc:  # never let a report crash
         info["cuda_build"] = f"unknown: {exc}"
+    info.update(aio_backends())
     info["libaio_headers"] = os.path.exists("/usr/include/libaio.h")
+    info["liburing_headers"] = os.path.exists("/usr/include/liburing.h")
     return info
+
+
+def aio_backends() -> dict:
+    """Which I/O backend the NVMe engine's ``backend='auto'`` (the config's default) uses here,
+    and each backend's status: 'usable' or why not."""
+    try:
+        from .ops import aio
+
+        if aio.aio_unavailable() is not None:
+            return {"aio_backend": "none: " + aio.aio_unavailable()}
+        usable = aio.available_backends()
+        picked = aio.auto_backend(usable)
+        out = {"aio_backend": picked or "none usable here"}
+        out.update({f"aio_backend.{b}": "usable" if why is None else f"unusable: {why}" for b, why in usable.items()})
+        return out
+    except Exception as exc:  # never let a report crash
+        return {"aio_backend": f"unknown: {exc}"}
 
 
 def render(info: dict) -> str:

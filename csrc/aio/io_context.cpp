@@ -6,16 +6,35 @@
 
 namespace zc::aio {
 
-const char* backend_name(Backend b) { return b == Backend::IoUring ? "io_uring" : "libaio"; }
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::LibAio: return "libaio";
+    case Backend::IoUring: return "io_uring";
+    case Backend::ThreadPool: return "threadpool";
+  }
+  return "unknown";
+}
 
 std::unique_ptr<IoContext> make_context(Backend b, int depth) {
-  if (b == Backend::LibAio) return make_libaio_context(depth);
-#ifdef ZEROCORE_WITH_URING
-  return make_uring_context(depth);
+  switch (b) {
+    case Backend::LibAio:
+#ifdef ZEROCORE_WITH_LIBAIO
+      return make_libaio_context(depth);
 #else
-  throw IoError(0, "", "the io_uring backend is not built into this zerocore (liburing was not found at build "
-                       "time; install liburing-dev and rebuild)");
+      throw IoError(0, "", "the libaio backend is not built into this zerocore (libaio.h or libaio.a was not "
+                           "found at build time; install libaio-dev and rebuild)");
 #endif
+    case Backend::IoUring:
+#ifdef ZEROCORE_WITH_URING
+      return make_uring_context(depth);
+#else
+      throw IoError(0, "", "the io_uring backend is not built into this zerocore (liburing was not found at build "
+                           "time; install liburing-dev and rebuild)");
+#endif
+    case Backend::ThreadPool:
+      return make_threadpool_context(depth);
+  }
+  throw IoError(0, "", "unknown I/O backend");
 }
 
 bool backend_available(Backend b, std::string* why) {

@@ -1,7 +1,9 @@
-// One kernel submission/completion queue used by one worker thread: libaio (io_setup /
-// io_submit / io_getevents) or io_uring, behind the same three calls.
+// One submission/completion queue used by one worker thread: libaio (io_setup / io_submit /
+// io_getevents), io_uring, or a pool of threads doing blocking pread/pwrite (built everywhere:
+// the fallback where neither kernel interface was built or is allowed), behind the same calls.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -9,7 +11,10 @@
 
 namespace zc::aio {
 
-enum class Backend { LibAio, IoUring };
+enum class Backend { LibAio, IoUring, ThreadPool };
+
+// Every backend, in the order reported to users.
+inline constexpr Backend kAllBackends[] = {Backend::LibAio, Backend::IoUring, Backend::ThreadPool};
 
 const char* backend_name(Backend b);
 
@@ -45,9 +50,18 @@ std::unique_ptr<IoContext> make_context(Backend b, int depth);
 // Whether the backend is compiled in and the kernel accepts it here; when not, *why says so.
 bool backend_available(Backend b, std::string* why);
 
+#ifdef ZEROCORE_WITH_LIBAIO
 std::unique_ptr<IoContext> make_libaio_context(int depth);
+#endif
+std::unique_ptr<IoContext> make_threadpool_context(int depth);
 #ifdef ZEROCORE_WITH_URING
 std::unique_ptr<IoContext> make_uring_context(int depth);
 #endif
+
+namespace testing {
+// Tests: when non-zero, the thread-pool backend moves at most this many bytes per pread/pwrite
+// call, so every op is a chain of short transfers that must be continued to completion.
+extern std::atomic<uint64_t> threadpool_max_syscall_bytes;
+}  // namespace testing
 
 }  // namespace zc::aio

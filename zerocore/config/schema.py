@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .aio import BACKENDS as AIO_BACKENDS
 from .options import ConfigError, coerce, is_section, option, section, spec_of
 
 OFFLOAD = "CPU/NVMe offload (offload issue)"
@@ -288,6 +289,10 @@ class AioConfig(_Section):
                                  applies_if=_uses_nvme, applies="NVMe offload")
     overlap_events: bool = option(True, "Overlap submission and completion handling.", kind=bool,
                                   applies_if=_uses_nvme, applies="NVMe offload")
+    backend: str = option("auto", "How the NVMe engine issues its I/O: libaio, io_uring, or threadpool (blocking "
+                          "pread/pwrite on queue_depth threads per worker: needs no kernel AIO, slower); auto: the "
+                          "first of those usable here (`zerocore env` names it).", kind=str, choices=AIO_BACKENDS,
+                          applies_if=_uses_nvme, applies="NVMe offload")
 
 
 @dataclasses.dataclass

@@ -11,7 +11,8 @@ offload.
     h.sync_pread(buf, "/nvme/swap/shard0.bin")
 
 Each request is cut into ``block_size`` blocks spread over ``threads`` workers, each keeping
-up to ``queue_depth`` blocks in flight on an O_DIRECT file descriptor (libaio or io_uring).
+up to ``queue_depth`` blocks in flight on an O_DIRECT file descriptor (libaio, io_uring, or a
+pool of threads doing pread/pwrite where neither is built or allowed).
 Any size at any offset works: memory that is not 4096-byte aligned goes through the engine's
 aligned bounce buffers (an extra copy, logged once at debug level), and an unaligned head or
 tail of the file range goes through the page cache, so a file ends exactly where its data
@@ -31,27 +32,25 @@ from __future__ import annotations
 import logging
 import math
 import os
-import warnings
 from collections.abc import Mapping
 
 import torch
 
+from ..config.aio import BACKENDS, CONFIG_DEFAULTS, bool_arg, config_to_kwargs, int_arg
 from . import _loader
 from ._checks import INT64_MAX, check_int
 
 log = logging.getLogger("zerocore.ops")
 
 ALIGNMENT = 4096
-BACKENDS = ("auto", "libaio", "io_uring")
-# What backend="auto" tries, in order: the first one the kernel accepts here. libaio first: on
-# this project's measurements (benchmarks/results/aio_*.json) the two were within noise of each
-# other, libaio is what DeepSpeed users run, and io_uring is often disabled by container policy.
-AUTO_ORDER = ("libaio", "io_uring")
-
-# DeepSpeed's `aio` config section (defaults from its code) -> AsyncIO arguments.
-CONFIG_DEFAULTS = {"block_size": 1 << 20, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
-                   "overlap_events": True}
-_CONFIG_KEYS = set(CONFIG_DEFAULTS) | {"thread_count", "backend", "direct"}
+# What backend="auto" tries, in order: the first one usable here. libaio first: on this
+# project's measurements (benchmarks/results/aio_*.json) libaio and io_uring were within noise of
+# each other, libaio is what DeepSpeed users run, and io_uring is often disabled by container
+# policy. The thread pool (blocking pread/pwrite, always built) last: it serves where neither
+# kernel interface was built (no headers at build time) or is allowed.
+AUTO_ORDER = ("libaio", "io_uring", "threadpool")
+__all__ = ["AsyncIO", "aligned_pinned_empty", "available_backends", "auto_backend", "aio_unavailable", "BACKENDS",
+           "AUTO_ORDER", "CONFIG_DEFAULTS", "config_to_kwargs"]
 
 
 def aio_unavailable() -> str | None:
@@ -66,8 +65,21 @@ def aio_unavailable() -> str | None:
 
 
 def available_backends() -> dict:
-    """{'libaio': None | reason, 'io_uring': None | reason}: None where usable here."""
-    return dict(_native().aio_backends())
+    """{backend: None where usable here, else why not}, for every backend of this build
+    (libaio, io_uring, threadpool). A backend left out of the build is reported with the build's
+    reason (which header was missing, or the env var that left it out)."""
+    usable = dict(_native().aio_backends())
+    built_without = _loader.unavailable_parts()
+    for backend, why in usable.items():
+        if why is not None and built_without.get(f"aio.{backend}"):
+            usable[backend] = built_without[f"aio.{backend}"]
+    return usable
+
+
+def auto_backend(usable: Mapping | None = None) -> str | None:
+    """The backend ``backend='auto'`` picks here (None: none is usable)."""
+    usable = available_backends() if usable is None else usable
+    return next((b for b in AUTO_ORDER if usable.get(b) is None), None)
 
 
 def _native():
@@ -76,23 +88,6 @@ def _native():
         reason = _loader.unavailable_parts().get("aio", "the extension was built without NVMe I/O")
         raise _loader.NativeBuildError(f"zerocore's NVMe I/O (AsyncIO) is not in this build: {reason}")
     return lib
-
-
-def _int_arg(name: str, value, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
-    return value
-
-
-def _bool_arg(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be true or false, got {type(value).__name__} {value!r}")
-    return value
 
 
 def _shape(shape) -> tuple[int, ...]:
@@ -132,8 +127,9 @@ class AsyncIO:
 
     ``block_size``: bytes per I/O (a multiple of 4096). ``queue_depth``: I/Os in flight per
     worker. ``threads``: workers, each with its own kernel queue; one request is split between
-    them. ``backend``: 'libaio', 'io_uring' or 'auto' (the first of :data:`AUTO_ORDER` the
-    kernel accepts). ``single_submit``: submit one I/O per system call instead of a batch.
+    them. ``backend``: 'libaio', 'io_uring', 'threadpool' (``queue_depth`` threads per worker
+    doing blocking pread/pwrite: no kernel AIO needed, slower) or 'auto' (the first of
+    :data:`AUTO_ORDER` usable here; see :func:`available_backends`). ``single_submit``: submit one I/O per system call instead of a batch.
     ``overlap_events``: refill the queue as each I/O completes (False: wait for the whole batch).
     ``direct``: 'auto' (O_DIRECT; where a file system refuses it, the page cache, with a
     warning), 'require' / True (refusal is an error), 'off' / False (always the page cache).
@@ -142,13 +138,13 @@ class AsyncIO:
     def __init__(self, block_size: int = 1 << 20, queue_depth: int = 8, threads: int = 1, *,
                  backend: str = "auto", single_submit: bool = False, overlap_events: bool = True,
                  direct="auto"):
-        block_size = _int_arg("block_size", block_size, ALIGNMENT, 1 << 30)
+        block_size = int_arg("block_size", block_size, ALIGNMENT, 1 << 30)
         if block_size % ALIGNMENT:
             raise ValueError(f"block_size must be a multiple of {ALIGNMENT} (O_DIRECT alignment), got {block_size}")
-        queue_depth = _int_arg("queue_depth", queue_depth, 1, 4096)
-        threads = _int_arg("threads", threads, 1, 1024)
-        single_submit = _bool_arg("single_submit", single_submit)
-        overlap_events = _bool_arg("overlap_events", overlap_events)
+        queue_depth = int_arg("queue_depth", queue_depth, 1, 4096)
+        threads = int_arg("threads", threads, 1, 1024)
+        single_submit = bool_arg("single_submit", single_submit)
+        overlap_events = bool_arg("overlap_events", overlap_events)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if direct is True or direct is False:
@@ -157,10 +153,10 @@ class AsyncIO:
             raise ValueError(f"direct must be 'auto', 'require', 'off', True or False, got {direct!r}")
         lib = _native()
         if backend == "auto":
-            usable = lib.aio_backends()
-            backend = next((b for b in AUTO_ORDER if usable.get(b) is None), None)
+            usable = available_backends()
+            backend = auto_backend(usable)
             if backend is None:
-                raise OSError(f"no asynchronous I/O backend is usable here: {dict(usable)}")
+                raise OSError(f"no asynchronous I/O backend is usable here: {usable}")
         self._engine = lib.AioEngine(block_size, queue_depth, threads, backend, single_submit, overlap_events, direct)
         self.block_size, self.queue_depth, self.threads = block_size, queue_depth, threads
         self.backend, self.single_submit, self.overlap_events, self.direct = (backend, single_submit, overlap_events,
@@ -297,41 +293,3 @@ class AsyncIO:
         self._note(self._engine.run(write, tensor, path, offset), path)
         return tensor.numel() * tensor.element_size()
 
-
-def config_to_kwargs(config: Mapping | None = None, **overrides) -> dict:
-    """DeepSpeed ``aio`` section -> :class:`AsyncIO` keyword arguments (see from_config)."""
-    if config is None:
-        config = {}
-    if not isinstance(config, Mapping):
-        raise TypeError(f"aio config must be a mapping, got {type(config).__name__}")
-    if isinstance(config.get("aio"), Mapping):  # a whole DeepSpeed config
-        config = config["aio"]
-    section = {**config, **overrides}
-    unknown = sorted(set(section) - _CONFIG_KEYS)
-    if unknown:
-        warnings.warn(f"aio config: unknown key(s) {', '.join(unknown)} ignored "
-                      f"(known: {', '.join(sorted(_CONFIG_KEYS))})", stacklevel=3)
-    threads = section.get("intra_op_parallelism")
-    alias = section.get("thread_count")
-    if threads is not None and alias is not None and threads != alias:
-        raise ValueError(f"aio config: intra_op_parallelism={threads!r} and its alias thread_count={alias!r} disagree")
-    threads = threads if threads is not None else alias if alias is not None else CONFIG_DEFAULTS["intra_op_parallelism"]
-    out = {"block_size": section.get("block_size", CONFIG_DEFAULTS["block_size"]),
-           "queue_depth": section.get("queue_depth", CONFIG_DEFAULTS["queue_depth"]),
-           "threads": threads,
-           "single_submit": section.get("single_submit", CONFIG_DEFAULTS["single_submit"]),
-           "overlap_events": section.get("overlap_events", CONFIG_DEFAULTS["overlap_events"])}
-    for key in ("backend", "direct"):
-        if key in section:
-            out[key] = section[key]
-    # Errors name the config key, not the argument.
-    names = {"threads": "intra_op_parallelism" if section.get("intra_op_parallelism") is not None else "thread_count"}
-    for key, value in out.items():
-        try:
-            if key in ("block_size", "queue_depth", "threads"):
-                _int_arg(names.get(key, key), value, 1, 1 << 30)
-            elif key in ("single_submit", "overlap_events"):
-                _bool_arg(key, value)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"aio config: {exc}") from None
-    return out

@@ -47,10 +47,13 @@ LINK_FLAGS = ["-fopenmp"]
 
 
 def aio_config(root: str) -> dict:
-    """NVMe I/O (csrc/aio): libaio, plus the io_uring backend where liburing is installed. Both
-    are linked statically (the full path of the .a, symbols kept out of the extension's
-    exports), so the built extension needs neither library at run time. ZEROCORE_AIO=0 leaves
-    the part out; ZEROCORE_URING=0 leaves out io_uring only."""
+    """NVMe I/O (csrc/aio): the engine and its thread-pool backend (POSIX only, always built),
+    plus libaio and io_uring where their headers and static libraries are installed. Those are
+    linked statically (the full path of the .a, symbols kept out of the extension's exports),
+    so the built extension needs neither library at run time. ZEROCORE_AIO=0 leaves the part
+    out; ZEROCORE_LIBAIO=0 / ZEROCORE_URING=0 leave out one backend, as if its headers were
+    missing (how the build of a machine without them is tested here). ``backends_unavailable``
+    says why each left-out backend is, for ``aio_backends()`` and ``zerocore env``."""
     import sysconfig
 
     def off(var: str) -> bool:
@@ -66,29 +69,38 @@ def aio_config(root: str) -> dict:
         return inc, lib
 
     none = dict(sources=[], define_macros=[], extra_compile_args=[], extra_link_args=[], libraries=[],
-                library_dirs=[], include_dirs=[])
+                library_dirs=[], include_dirs=[], backends_unavailable={})
     if off("ZEROCORE_AIO"):
         return dict(none, unavailable="left out of this build by ZEROCORE_AIO=0")
-    aio_inc, aio_lib = find("libaio.h", "libaio.a")
-    if aio_inc is None or aio_lib is None:
-        missing = "libaio.h" if aio_inc is None else "the static library libaio.a"
-        return dict(none, unavailable=f"{missing} was not found at build time; install libaio-dev "
-                                      "(Debian/Ubuntu: `apt-get install libaio-dev`; Fedora: libaio-devel) "
-                                      "and rebuild (`pip install --no-build-isolation .`)")
     sources = ["csrc/aio/io_error.cpp", "csrc/aio/aligned_buffer.cpp", "csrc/aio/file.cpp",
-               "csrc/aio/io_context.cpp", "csrc/aio/libaio_context.cpp", "csrc/aio/worker.cpp",
-               "csrc/aio/io_engine.cpp", "csrc/bindings_aio.cpp"]
+               "csrc/aio/io_context.cpp", "csrc/aio/threadpool_context.cpp", "csrc/aio/worker.cpp",
+               "csrc/aio/io_engine.cpp"]
     macros = [("ZEROCORE_WITH_AIO", None)]
-    archives = [aio_lib]
-    uring_inc, uring_lib = find("liburing.h", "liburing.a")
-    if not off("ZEROCORE_URING") and uring_inc is not None and uring_lib is not None:
-        sources.insert(-1, "csrc/aio/uring_context.cpp")
-        macros.append(("ZEROCORE_WITH_URING", None))
-        archives.append(uring_lib)
-    excluded = ":".join(os.path.basename(a) for a in archives)
-    incs = sorted({d for d in (aio_inc, uring_inc if len(archives) > 1 else None) if d and d != "/usr/include"})
-    return dict(none, sources=sources, define_macros=macros, include_dirs=incs,
-                extra_link_args=[f"-Wl,--exclude-libs,{excluded}"] + archives, unavailable=None)
+    archives, incs, why_not = [], [], {}
+    for backend, var, header, archive, source, macro, package in (
+            ("libaio", "ZEROCORE_LIBAIO", "libaio.h", "libaio.a", "libaio_context.cpp", "ZEROCORE_WITH_LIBAIO",
+             "libaio-dev (Fedora: libaio-devel)"),
+            ("io_uring", "ZEROCORE_URING", "liburing.h", "liburing.a", "uring_context.cpp", "ZEROCORE_WITH_URING",
+             "liburing-dev (Fedora: liburing-devel)")):
+        inc, lib = find(header, archive)
+        if off(var):
+            why_not[backend] = f"left out of this build by {var}=0"
+        elif inc is None or lib is None:
+            missing = header if inc is None else f"the static library {archive}"
+            why_not[backend] = (f"not built: {missing} was not found at build time; install {package} and rebuild "
+                                "(`pip install --no-build-isolation .`)")
+        else:
+            sources.append(f"csrc/aio/{source}")
+            macros.append((macro, None))
+            archives.append(lib)
+            if inc != "/usr/include":
+                incs.append(inc)
+    out = dict(none, sources=sources + ["csrc/bindings_aio.cpp"], define_macros=macros,
+               include_dirs=sorted(set(incs)), backends_unavailable=why_not, unavailable=None)
+    if archives:
+        excluded = ":".join(os.path.basename(a) for a in archives)
+        out["extra_link_args"] = [f"-Wl,--exclude-libs,{excluded}"] + archives
+    return out
 
 
 def cuda_config(root: str, torch_has_cuda: bool) -> dict:
@@ -150,6 +162,8 @@ def extension_config(root: str | None = None, torch_has_cuda: bool = False) -> d
         if part["unavailable"]:
             cfg["unavailable"][name] = part["unavailable"]
             continue
+        for backend, why in part.get("backends_unavailable", {}).items():  # "aio.libaio": why
+            cfg["unavailable"][f"{name}.{backend}"] = why
         cfg["sources"] += [os.path.join(root, p) for p in part["sources"]]
         cfg["include_dirs"] += part["include_dirs"]
         cfg["define_macros"] += part["define_macros"]

@@ -8,6 +8,7 @@ import logging
 import torch
 import torch.distributed as dist
 
+from ...config.aio import aio_settings
 from ...config.options import ConfigError
 from ...config.schema import ZeroOptimizationConfig
 from .checks import check_free_space, check_nvme_path, free_bytes
@@ -38,8 +39,7 @@ class NvmeSwap:
                      "buffers)", tile, record_bytes(tile) >> 20, opt.buffer_count)
         self.opts = SwapOptions(tile=tile, fast_init=opt.fast_init, pipeline_read=opt.pipeline_read,
                                 pipeline_write=opt.pipeline_write)
-        self.aio = {k: getattr(config.aio, k) for k in ("block_size", "queue_depth", "intra_op_parallelism",
-                                                        "single_submit", "overlap_events")}
+        self.aio = aio_settings(config.aio)  # the backend included: aio.backend picks it
         self.buffer_count = opt.buffer_count
         self.free = free_bytes(self.path)
         self.needed = 0
