@@ -143,6 +143,8 @@ def worker(rank: int, world: int, init: str, args, out: str) -> None:
                     losses[v].append(loss.item())
     extra = {}
     if not cuda:
+        if rank == 0 and disk:
+            os.remove(os.path.join(args.nvme_dir, swap_probe.PROBE_FILE))
         extra = {"not_built": agreed, "disk": disk, "swap": _gather(probe.snapshot(), world)}
     if rank == 0:
         with open(out, "w") as f:

@@ -23,6 +23,9 @@ from collections import defaultdict
 import torch
 
 
+PROBE_FILE = "disk_probe.bin"
+
+
 class SwapProbe:
     def __init__(self):
         self.tag = None  # the variant being built: stores made now belong to it
@@ -48,13 +51,15 @@ class SwapProbe:
             init(self, *a, **k)
             probe.store_tag[id(self)] = probe.tag
 
-        def p_read(self, rec, *a, **k):
-            read(self, rec, *a, **k)
-            _stat(self)["read_bytes"] += rec.nbytes
+        def p_read(self, rec, path, offset, step, *a, **k):
+            read(self, rec, path, offset, step, *a, **k)
+            if step > 0:  # the initial swap-out (step 0) is start-up, not a step
+                _stat(self)["read_bytes"] += rec.nbytes
 
-        def p_write(self, rec, *a, **k):
-            write(self, rec, *a, **k)
-            _stat(self)["write_bytes"] += rec.nbytes
+        def p_write(self, rec, path, offset, step, *a, **k):
+            write(self, rec, path, offset, step, *a, **k)
+            if step > 0:
+                _stat(self)["write_bytes"] += rec.nbytes
 
         def timed_wait(fn):
             def run(self, *a, **k):
@@ -69,7 +74,7 @@ class SwapProbe:
             s = _stat(self.store)
             t0 = time.perf_counter()
             yield from tiles_io(self, step, write)
-            if step > 0:  # the initial swap-out (step 0) is start-up, not a step
+            if step > 0:
                 s["pass_s"] += time.perf_counter() - t0
                 s["passes"] += 1
                 s["groups"].add(self.group.index)
@@ -101,7 +106,7 @@ def fio_gbps(path: str, nbytes: int, aio: dict, write: bool) -> float | None:
     """fio's GB/s for the same pattern (one file, direct, libaio, the same block size, queue depth and jobs)."""
     if shutil.which("fio") is None:
         return None
-    jobs = aio["intra_op_parallelism"]
+    jobs = aio.get("intra_op_parallelism", aio.get("thread_count", 1))
     cmd = ["fio", "--name=probe", f"--filename={path}", "--ioengine=libaio", "--direct=1",
            f"--rw={'write' if write else 'read'}", f"--bs={aio['block_size']}", f"--iodepth={aio['queue_depth']}",
            f"--numjobs={jobs}", f"--size={nbytes // jobs}", "--offset_increment=" + str(nbytes // jobs),
@@ -127,7 +132,7 @@ def disk_probe(directory: str, nbytes: int, aio: dict, buf: torch.Tensor | None 
     allocated first, as the swap files are) and fio's same pattern: GB/s."""
     from zerocore import ops
 
-    path = os.path.join(directory, "disk_probe.bin")
+    path = os.path.join(directory, PROBE_FILE)
     if buf is None:
         buf = ops.aligned_pinned_empty(nbytes, dtype=torch.uint8).fill_(1)
     h = ops.AsyncIO(**ops.aio.config_to_kwargs(aio))
