@@ -9,6 +9,9 @@ Rows, each the median of ``--repeats`` runs, interleaved so drift hits all alike
 - swap in+out: the step's I/O without Adam (read, verify, seal, write to the other slot).
 - host step on NVMe: the whole NvmeOptimizerShard.step (I/O + Adam + parameters).
 - host step in RAM: the same Adam kernel on state held in memory (CPU offload's step), the floor.
+- fio write / fio read (when fio is installed): fio's own GB/s for the same bytes on the same file
+  with the same settings (libaio, direct, block size, queue depth, jobs = threads), in the same
+  rounds: the disk's best by a tool outside the project.
 - each swap row again with the checksum switched off (its cost = the difference), and the checksum
   (CRC32C in hardware, else zlib CRC32) alone over the bytes of a step (CPU seconds), as a share of the NVMe step.
 
@@ -32,8 +35,10 @@ import torch
 
 try:  # run as a script from the repo root or from benchmarks/
     from _common import machine_info
+    from swap_probe import fio_gbps
 except ImportError:  # pragma: no cover
     from benchmarks._common import machine_info
+    from benchmarks.swap_probe import fio_gbps
 
 from zerocore import ops
 from zerocore.offload.nvme import NvmeOptimizerShard, SwapOptions, SwapStore
@@ -146,7 +151,13 @@ def main() -> None:
                 "checksum of a step's bytes": (plain_crc, 2 * slot)}
         wall = {k: [] for k in rows}
         cpu = {k: [] for k in rows}
+        fio = {"fio write": [], "fio read": []}
+        fio_aio = {"block_size": a.block_size, "queue_depth": a.queue_depth, "intra_op_parallelism": a.threads}
         for _ in range(a.repeats):
+            for name in fio:
+                gbs = fio_gbps(raw_path, slot, fio_aio, write=name == "fio write")
+                if gbs is not None:
+                    fio[name].append(gbs)
             for name, (fn, _) in rows.items():
                 w, c = _time(fn)
                 wall[name].append(w)
@@ -174,6 +185,18 @@ def main() -> None:
             "checksum_step_overhead": r["host step on NVMe"]["median_s"] / r["host step on NVMe (no checksum)"][
                 "median_s"] - 1,
             "nvme_step_vs_ram_step": r["host step on NVMe"]["median_s"] / r["host step in RAM"]["median_s"]}
+        for name, vals in fio.items():  # fio's own rate (its start-up is not in it): time = bytes / rate
+            if vals:
+                med = slot / statistics.median(vals) / 1e9
+                out["rows"][name] = {"GBps_runs": vals, "median_s": med, "bytes": slot, "GBps": statistics.median(vals)}
+                print(f"{name:34s} {med:9.4f} {statistics.median(vals):7.2f} {'-':>7s}")
+        if fio["fio write"] and fio["fio read"]:
+            fio_pair = r["fio write"]["median_s"] + r["fio read"]["median_s"]
+            out["summary"].update(raw_vs_fio_write=r["raw write"]["GBps"] / r["fio write"]["GBps"],
+                                  raw_vs_fio_read=r["raw read"]["GBps"] / r["fio read"]["GBps"],
+                                  swap_inout_vs_fio=fio_pair / r["swap in+out"]["median_s"])
+        else:
+            print("fio: not installed (apt-get install fio), its rows are left out")
         for k, v in out["summary"].items():
             print(f"{k}: {v:.3f}")
         if a.out:

@@ -35,8 +35,10 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -46,6 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import machine_info, summary, spawn_ranks  # noqa: E402
 
 import step_variants as sv  # noqa: E402
+import swap_probe  # noqa: E402
 
 VARIANTS = list(sv.REGISTRY)
 
@@ -100,13 +103,34 @@ def worker(rank: int, world: int, init: str, args, out: str) -> None:
             torch.cuda.empty_cache()
             dist.barrier()
     else:  # all built, then interleaved rounds against the VM's drift
-        steps = {v: build(v, args, vocab, ctx) for v in args.variants}
-        for v in args.variants:  # warm-up
+        probe = swap_probe.SwapProbe()
+        nvme = [v for v in args.variants if "_nvme" in v]
+        if nvme:
+            probe.install()
+        steps, not_built = {}, {}
+        for v in args.variants:
+            probe.tag = v
+            try:
+                steps[v] = build(v, args, vocab, ctx)
+            except NotImplementedError as e:  # a configuration zerocore refuses until it lands: say so, go on
+                not_built[v] = f"NotImplementedError: {e}"
+        agreed = {}  # every rank skips the same variants (one rank's refusal alone would hang the others)
+        for d in _gather(not_built, world):
+            agreed.update(d)
+        steps = {v: f for v, f in steps.items() if v not in agreed}
+        times = {v: times[v] for v in steps}
+        losses = {v: losses[v] for v in steps}
+        disk = []
+        for v in steps:  # warm-up
             for i in range(args.warmup):
                 b = batches[i % len(batches)]
                 steps[v](b[:, :-1], b[:, 1:])
         for r in range(args.rounds):
-            order = list(args.variants)
+            if nvme and args.disk_probe_mb:  # what the disk allows, between the rounds of the same run
+                if rank == 0:
+                    disk.append(swap_probe.disk_probe(args.nvme_dir, args.disk_probe_mb << 20, sv.aio_section(args)))
+                dist.barrier()
+            order = list(steps)
             random.Random(r).shuffle(order)  # a fresh order each round, the same on every rank
             for v in order:
                 dist.barrier()
@@ -117,10 +141,21 @@ def worker(rank: int, world: int, init: str, args, out: str) -> None:
                     loss = steps[v](b[:, :-1], b[:, 1:])
                     times[v][-1].append(time.perf_counter() - t0)
                     losses[v].append(loss.item())
+    extra = {}
+    if not cuda:
+        if rank == 0 and disk:
+            os.remove(os.path.join(args.nvme_dir, swap_probe.PROBE_FILE))
+        extra = {"not_built": agreed, "disk": disk, "swap": _gather(probe.snapshot(), world)}
     if rank == 0:
         with open(out, "w") as f:
-            json.dump({"times": times, "losses": losses, "memory": memory, "n_params": n_params}, f)
+            json.dump({"times": times, "losses": losses, "memory": memory, "n_params": n_params, **extra}, f)
     dist.destroy_process_group()
+
+
+def _gather(obj, world: int) -> list:
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def parse_args(argv=None):
@@ -145,6 +180,22 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", nargs="+", default=None, choices=VARIANTS,
                     help="default: every variant that runs on the device and whose package is installed")
+    ap.add_argument("--preset", choices=sorted(sv.PRESETS), default=None,
+                    help="a named list of variants instead of --variants (offload: issue 12, nvme: issue 13)")
+    nv = ap.add_argument_group("NVMe variants (*_nvme*): the same settings for zerocore and DeepSpeed")
+    nv.add_argument("--nvme-dir", default=None,
+                    help="where the swap files go (default: a fresh folder under the temp dir; removed at the end)")
+    nv.add_argument("--sub-group", type=float, default=1e6, help="sub_group_size (elements per swap tile)")
+    nv.add_argument("--buffer-count", type=int, default=4, help="offload_optimizer.buffer_count")
+    nv.add_argument("--max-in-cpu", type=float, default=1e6,
+                    help="offload_param.max_in_cpu (elements of parameter shards kept in host memory)")
+    nv.add_argument("--param-buffer", type=float, default=1e6, help="offload_param.buffer_size (DeepSpeed)")
+    nv.add_argument("--aio-block-size", type=int, default=1 << 20)
+    nv.add_argument("--aio-queue-depth", type=int, default=8)
+    nv.add_argument("--aio-threads", type=int, default=1)
+    nv.add_argument("--disk-probe-mb", type=int, default=256,
+                    help="MB the raw engine (and fio) write and read before every round, with the same aio "
+                         "settings (0: skip)")
     ap.add_argument("--out", help="JSON file for the results")
     args = ap.parse_args(argv)
     if args.ranks is None:
@@ -164,6 +215,10 @@ def parse_args(argv=None):
         ap.error(f"--ranks {args.ranks} needs {args.ranks} GPUs; torch sees {torch.cuda.device_count()}")
     if args.vocab is None:
         args.vocab = 32768 if args.device == "cuda" else 65
+    if args.preset:
+        if args.variants:
+            ap.error("--preset and --variants: give one")
+        args.variants = sv.PRESETS[args.preset]
     wanted = args.variants or (sv.CUDA_DEFAULT if args.device == "cuda" else sv.CPU_DEFAULT)
     args.skipped = {v: why for v in wanted if (why := sv.unavailable(v, args.device))}
     if args.variants and args.skipped:
@@ -172,9 +227,58 @@ def parse_args(argv=None):
     return args
 
 
+def _without_offload(name: str) -> str:
+    return name.split("_offload")[0].split("_nvme")[0]
+
+
+def nvme_report(res: dict, args, med: dict) -> dict:
+    """The NVMe variants' swap per step against what the disk allowed in the same run: the raw
+    engine's write and read GB/s (median of the probes between rounds) give the time the disk needs
+    at best for the step's bytes (reads then writes); ``io_vs_disk`` = that time / the swap passes'
+    time per step (1.0: the swap moves at the disk's best rate)."""
+    disk = res.get("disk") or []
+    out = {"nvme_dir": args.nvme_dir, "filesystem": swap_probe.fs_of(args.nvme_dir), "aio": sv.aio_section(args),
+           "disk_probes": disk, "variants": {}}
+    for key in ("engine_write_GBps", "engine_read_GBps", "fio_write_GBps", "fio_read_GBps"):
+        vals = [d[key] for d in disk if d.get(key)]
+        out[key] = statistics.median(vals) if vals else None
+    print(f"\nNVMe ({out['filesystem']}, aio {out['aio']}): disk probes of {args.disk_probe_mb} MB before each round, "
+          "medians: " + ", ".join(f"{k[:-5].replace('_', ' ')} {out[k]:.2f} GB/s" for k in
+                                  ("engine_write_GBps", "engine_read_GBps", "fio_write_GBps", "fio_read_GBps")
+                                  if out[k]))
+    print(f"{'variant (zerocore swap, all ranks)':<36}{'read MB':>9}{'write MB':>9}{'io pass ms':>11}{'blocked ms':>11}"
+          f"{'disk ms':>9}{'io/disk':>8}{'io/step':>8}")
+    for v in args.variants:
+        if "_nvme" not in v:
+            continue
+        row = swap_probe.per_step(res.get("swap", []), v)
+        if row is None:  # DeepSpeed's swapper is not instrumented
+            continue
+        if out["engine_write_GBps"] and out["engine_read_GBps"]:
+            row["disk_s"] = row["read_bytes"] / out["engine_read_GBps"] / 1e9 + \
+                row["write_bytes"] / out["engine_write_GBps"] / 1e9
+            row["io_vs_disk"] = row["disk_s"] / row["io_pass_s"]
+        row["io_pass_share_of_step"] = row["io_pass_s"] / med[v]
+        out["variants"][v] = row
+        f = lambda k, scale=1e3: f"{row[k] * scale:.1f}" if k in row else "-"  # noqa: E731
+        print(f"{v:<36}{row['read_bytes'] / 1e6:>9.1f}{row['write_bytes'] / 1e6:>9.1f}{f('io_pass_s'):>11}"
+              f"{f('blocked_s'):>11}{f('disk_s'):>9}{f('io_vs_disk', 1):>8}{row['io_pass_share_of_step']:>8.2f}")
+    return out
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    res = spawn_ranks(worker, args.ranks, args)
+    made_dir = args.nvme_dir is None
+    if made_dir:
+        args.nvme_dir = tempfile.mkdtemp(prefix="zc_step_nvme_")
+    try:
+        res = spawn_ranks(worker, args.ranks, args)
+    finally:
+        if made_dir:
+            shutil.rmtree(args.nvme_dir, ignore_errors=True)
+    for v, why in res.get("not_built", {}).items():
+        args.skipped[v] = why
+    args.variants = [v for v in args.variants if v not in args.skipped]
     flat = {v: [t for rnd in res["times"][v] for t in rnd] for v in args.variants}
     med = {v: statistics.median(flat[v]) for v in args.variants}
     rows = {}
@@ -207,9 +311,9 @@ def main(argv=None) -> dict:
     bases = ("torch_amp", "ddp_torch_adamw", "ddp_fused_adam", "fsdp2")
     pairs = [(a, b) for a in args.variants for b in bases
              if a != b and b in args.variants and a not in bases[:3]]
-    # offload: against the same stage without offload, and against DeepSpeed's same configuration
-    pairs += [(a, b) for a in args.variants if a.endswith("_offload")
-              for b in (a[:-len("_offload")], a.replace("zerocore", "deepspeed"))
+    # offload (CPU or NVMe): against the same stage without offload, and DeepSpeed's same configuration
+    pairs += [(a, b) for a in args.variants if a.startswith("zerocore") and ("_offload" in a or "_nvme" in a)
+              for b in (_without_offload(a), a.replace("zerocore", "deepspeed"))
               if a != b and b in args.variants]
     if "zerocore_stage3" in args.variants and "zerocore_stage3_nocheck" in args.variants:
         pairs.append(("zerocore_stage3", "zerocore_stage3_nocheck"))
@@ -222,15 +326,13 @@ def main(argv=None) -> dict:
         ratios[f"{a}/{b}"] = r
         print(f"{a + ' / ' + b:<52}{r['overall']:>8.3f}x{r['round_min']:>14.3f}x{r['round_median']:>7.3f}x"
               f"{r['round_max']:>7.3f}x")
-    # offload: against the same stage without offload, and against DeepSpeed's same configuration
-    pairs += [(a, b) for a in args.variants if a.endswith("_offload")
-              for b in (a[:-len("_offload")], a.replace("zerocore", "deepspeed"))
-              if a != b and b in args.variants]
     if "zerocore_stage3" in args.variants and "zerocore_stage3_nocheck" in args.variants:
         d = med["zerocore_stage3"] - med["zerocore_stage3_nocheck"]
         print(f"divergence guard: {d * 1e3:+.1f} ms per step (difference of medians)")
     report = {"machine": machine_info(), "device": args.device, "gpu": torch.cuda.get_device_name(0) if cuda else None,
               "world": args.ranks, "args": vars(args), "n_params": res["n_params"], "results": rows, "ratios": ratios}
+    if res.get("disk") or any("_nvme" in v for v in args.variants):
+        report["nvme"] = nvme_report(res, args, med)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)

@@ -185,7 +185,36 @@ def _offload_keys(stage: int) -> dict:
     return z
 
 
-def _zerocore(stage: int, check: bool = True, offload: bool = False):
+def nvme_dir(a, name: str) -> str:
+    """A fresh folder for one variant's swap files under ``--nvme-dir`` (step.py removes it)."""
+    import os
+
+    path = os.path.join(a.nvme_dir, name)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def aio_section(a) -> dict:
+    """The ``aio`` section both libraries get (DeepSpeed's key names; zerocore reads them too)."""
+    return {"block_size": a.aio_block_size, "queue_depth": a.aio_queue_depth, "thread_count": a.aio_threads,
+            "single_submit": False, "overlap_events": True}
+
+
+def _nvme_keys(a, name: str, params: bool) -> dict:
+    """Issue 13: the optimizer state (and with ``params`` the stage-3 parameter shards beyond
+    ``max_in_cpu``) in swap files under the variant's folder; the DeepSpeed form, for both."""
+    z = {"sub_group_size": int(a.sub_group),
+         "offload_optimizer": {"device": "nvme", "nvme_path": nvme_dir(a, name), "pin_memory": True,
+                               "buffer_count": a.buffer_count, "pipeline_read": True, "pipeline_write": True,
+                               "fast_init": True}}
+    if params:
+        z["offload_param"] = {"device": "nvme", "nvme_path": nvme_dir(a, name), "pin_memory": True,
+                              "buffer_count": 5, "buffer_size": int(a.param_buffer), "max_in_cpu": int(a.max_in_cpu)}
+    return z
+
+
+def _zerocore(stage: int, check: bool = True, offload: bool = False, nvme: str | None = None):
+    """``nvme``: None, "opt" (optimizer state on NVMe) or "param" (and the parameter shards)."""
     def build(model, ctx):
         import zerocore
 
@@ -197,6 +226,9 @@ def _zerocore(stage: int, check: bool = True, offload: bool = False):
             z.update(_offload_keys(stage))
         cfg = {"gradient_clipping": 0.0, "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}},
                "zero_optimization": z}
+        if nvme:
+            z.update(_nvme_keys(a, f"zerocore_stage{stage}_nvme_{nvme}", nvme == "param"))
+            cfg["aio"] = aio_section(a)
         if ctx.cuda:
             cfg["bf16"] = {"enabled": True}
         engine = zerocore.initialize(model, cfg)
@@ -209,9 +241,11 @@ for _s in range(4):
 variant("zerocore_stage3_nocheck")(_zerocore(3, check=False))
 variant("zerocore_stage2_offload")(_zerocore(2, offload=True))
 variant("zerocore_stage3_offload")(_zerocore(3, offload=True))
+variant("zerocore_stage3_nvme")(_zerocore(3, nvme="opt"))
+variant("zerocore_stage3_nvme_param")(_zerocore(3, nvme="param"))
 
 
-def _deepspeed(stage: int, offload: bool = False):
+def _deepspeed(stage: int, offload: bool = False, nvme: str | None = None):
     def build(model, ctx):
         import os
 
@@ -230,9 +264,13 @@ def _deepspeed(stage: int, offload: bool = False):
                                                                a.persist)["stage3_prefetch_bucket_size"])
         if offload:
             z.update(_offload_keys(stage))
+        if nvme:
+            z.update(_nvme_keys(a, f"deepspeed_stage{stage}_nvme_{nvme}", nvme == "param"))
         cfg = {"train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
                "zero_optimization": z, "steps_per_print": 10 ** 9, "wall_clock_breakdown": False,
                "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}}}
+        if nvme:
+            cfg["aio"] = aio_section(a)
         if ctx.cuda:
             cfg["bf16"] = {"enabled": True}
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg,
@@ -245,6 +283,8 @@ for _s in (1, 2, 3):
     variant(f"deepspeed_stage{_s}", needs="deepspeed")(_deepspeed(_s))
 variant("deepspeed_stage2_offload", needs="deepspeed")(_deepspeed(2, offload=True))
 variant("deepspeed_stage3_offload", needs="deepspeed")(_deepspeed(3, offload=True))
+variant("deepspeed_stage3_nvme", needs="deepspeed")(_deepspeed(3, nvme="opt"))
+variant("deepspeed_stage3_nvme_param", needs="deepspeed")(_deepspeed(3, nvme="param"))
 
 CPU_DEFAULT = ["ddp_torch_adamw", "ddp_fused_adam", "fsdp2", "zerocore_stage0", "zerocore_stage1", "zerocore_stage2",
                "zerocore_stage3", "zerocore_stage3_nocheck"]
@@ -253,3 +293,8 @@ CUDA_DEFAULT = ["torch_amp", "fsdp2", "deepspeed_stage1", "deepspeed_stage2", "d
 # issue 12: zerocore's CPU offload beside the same stage without it and DeepSpeed's same configuration
 OFFLOAD = ["zerocore_stage2", "zerocore_stage2_offload", "deepspeed_stage2", "deepspeed_stage2_offload",
            "zerocore_stage3", "zerocore_stage3_offload", "deepspeed_stage3_offload"]
+# issue 13: stage 3 with the optimizer state (and the parameter shards) on NVMe beside DeepSpeed's same
+# configuration, with stage 3 in memory and DDP for scale
+NVME = ["ddp_torch_adamw", "zerocore_stage3", "zerocore_stage3_nvme", "deepspeed_stage3_nvme",
+        "zerocore_stage3_nvme_param", "deepspeed_stage3_nvme_param"]
+PRESETS = {"offload": OFFLOAD, "nvme": NVME}
