@@ -173,7 +173,7 @@ def test_host_param_bytes_are_bounded_by_max_in_cpu_and_the_buffers(tmp_path, dt
     assert mem["host_master"] == mem["master"] == mem["params"] == 0
     assert 4 * GROUP * size > 1.5 * swap.pool.numel()  # the swapped shards do not fit in the buffers
     reads = [gi for op, gi in swap.trace if op == "read"]
-    assert len(reads) >= 3 * 4  # every step reads swapped shards back (the buffers cycle)
+    assert len(reads) >= 3  # the buffers cycle: swapped shards are read back
     for gi, sw in swap.groups.items():  # two slots per swapped group
         assert os.path.getsize(sw.path) == 2 * slot
     engine.destroy()
@@ -184,21 +184,30 @@ def test_host_param_bytes_are_bounded_by_max_in_cpu_and_the_buffers(tmp_path, dt
         assert torch.equal(cpu_w[k], nv_w[k]), k
 
 
-def test_reads_run_ahead_of_the_gathers_in_the_recorded_order(tmp_path):
-    engine = zerocore.initialize(deep(), cfg_for(tmp_path, in_cpu=0, buffers=3))
+@pytest.mark.parametrize("buffers", [3, 5])
+def test_a_step_reads_only_what_the_buffers_cannot_keep_and_reads_it_ahead(tmp_path, buffers):
+    """5 swapped groups. The host step writes each shard without reading it and leaves it in its
+    buffer for the next forward: with a buffer per group nothing is read in a steady step; with 3,
+    a few shards are, some of them ahead of their gathers (the order recorded in the last step)."""
+    engine = zerocore.initialize(deep(), cfg_for(tmp_path, in_cpu=0, buffers=buffers))
     swap = engine.offload.param_swap
+    assert len(swap.groups) == 5
     train(engine, 2)
+    engine.offload.wait_all()  # the last step's host steps (and their writes) are done
     swap.trace = []
     trace_gathers(swap)
     train(engine, 1, seed=7)
-    gathers = [i for i, (op, _) in enumerate(swap.trace) if op == "gather"]
-    ahead = 0
-    for i in gathers:
-        gi = swap.trace[i][1]
-        reads = [j for j, e in enumerate(swap.trace[:i]) if e == ("read", gi)]
-        last = max((j for j, e in enumerate(swap.trace[:i]) if e[0] == "gather" and e[1] == gi), default=-1)
-        ahead += any(j > last for j in reads)  # read since its last gather, before this one asked
-    assert ahead >= 3, swap.trace
+    engine.offload.wait_all()
+    reads = [i for i, (op, _) in enumerate(swap.trace) if op == "read"]
+    assert sorted(gi for op, gi in swap.trace if op == "write") == sorted(swap.groups)
+    if buffers == 5:
+        assert reads == [], swap.trace
+        return
+    gathers = sum(op == "gather" for op, _ in swap.trace)
+    assert gathers == 10 and 0 < len(reads) < gathers, swap.trace  # fewer than one per gather (how few: timing)
+    ahead = [i for i in reads if ("gather", swap.trace[i][1]) in swap.trace[i + 1:]
+             and swap.trace[i - 1] != ("gather", swap.trace[i][1])]
+    assert ahead, swap.trace
 
 
 def trace_gathers(swap):
@@ -326,3 +335,26 @@ def test_an_edit_under_gathered_reaches_the_swapped_shard_and_the_master(tmp_pat
     n = w.numel()
     assert torch.equal(engine.groups[gi].owned_params()[:n], torch.full((n,), 0.5, dtype=torch.bfloat16))
     assert torch.equal(engine.offload.shards[gi].master[:n], torch.full((n,), 0.5))
+
+
+@pytest.mark.parametrize("opt", ["cpu", "nvme"])
+def test_the_host_step_writes_swapped_shards_without_reading_them(tmp_path, opt):
+    """The step writes every element of a shard (its 16-bit values come from the master): a shard
+    not resident is not read for it, only written back."""
+    engine = zerocore.initialize(deep(), cfg_for(tmp_path, in_cpu=0, opt=opt, dtype="bf16"))
+    train(engine, 1)
+    swap = engine.offload.param_swap
+    x = torch.randn(2, D).bfloat16()
+    engine.backward(engine(x).float().pow(2).mean())
+    swap.flush()
+    swap.trace = []
+    engine.step()
+    engine.offload.wait_all()
+    assert sorted(swap.trace) == [("write", gi) for gi in sorted(swap.groups)]
+    clean = zerocore.initialize(deep(), cfg_for(tmp_path, params="cpu", opt=opt, dtype="bf16"))
+    train(clean, 1)
+    clean.backward(clean(x).float().pow(2).mean())
+    clean.step()
+    a, b = weights(engine), weights(clean)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k

@@ -120,12 +120,13 @@ class HostOptimizerShard:
         return self._copy_stream
 
     # -- the step --------------------------------------------------------------------------
-    def _params(self, step: int):
+    def _params(self, step: int, *, whole: bool = True):
         """(a context) The owned parameters a step or a refresh writes: the group's own, or its shard
-        swapped in from NVMe for the block and written back behind it (``ParamSwap.held``)."""
+        swapped in from NVMe for the block and written back behind it (``ParamSwap.held``; ``whole``:
+        the block writes every element, so the old values need not be read)."""
         if self.param_swap is None:
             return contextlib.nullcontext(self.group.owned_params_raw())
-        return self.param_swap.held(self.group.index, step)
+        return self.param_swap.held(self.group.index, step, overwrite=whole)
 
     def step(self, grad: torch.Tensor, hp: AdamHyper, *, step: int, grad_scale: float):
         """Steps the device part now; the host part now too, or (with ``enqueue`` set, stage 3) hands
@@ -134,7 +135,7 @@ class HostOptimizerShard:
         hp = dataclasses.replace(hp)  # the worker must see this step's lr even if the user changes it
         h = self.split
         if h < grad.numel():
-            with self._params(step) as target:
+            with self._params(step, whole=h == 0) as target:
                 self._device_part(grad, hp, step, grad_scale, target)
         if h == 0:
             return None
@@ -142,11 +143,13 @@ class HostOptimizerShard:
         if self.poison and self.param_swap is None and self.master_h.data_ptr() != target.data_ptr():
             target[:h].fill_(float("nan"))  # (never the master itself)
 
+        whole = h == grad.numel()  # the host part writes every element of the owned range
+
         def host_part():
             if self._copy_event is not None:  # last step's copy back still reads the buffer we write
                 self._copy_event.synchronize()
                 self._copy_event = None
-            with self._params(step) as target:
+            with self._params(step, whole=whole) as target:
                 out = target[:h] if self.half and self.out_h is None else self.out_h
                 _adam(self.master_h, self.grad_h, self.exp_avg_h, self.exp_avg_sq_h, out, hp, step, grad_scale,
                       self.tile)

@@ -14,5 +14,6 @@ from .records import SwapCorruptError, SwapError
 from .shard import NvmeOptimizerShard, SwapOptions
 from .store import SwapStore
 
-__all__ = ["ParamReady", "ParamSwap", "NvmeSwap", "check_param_path", "SwapCorruptError", "SwapError", "NvmeOptimizerShard", "SwapOptions",
+__all__ = ["ParamReady", "ParamSwap", "NvmeSwap", "check_param_path", "SwapCorruptError", "SwapError",
+           "NvmeOptimizerShard", "SwapOptions",
            "SwapStore"]

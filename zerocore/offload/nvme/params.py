@@ -17,7 +17,8 @@ Who needs a shard, and for how long:
   and pinned until the training thread's next request;
 - the host step (``held``, usually on the worker thread): the buffer is held while the step
   writes the updated shard, then written back behind it (write-behind: the buffer is reused once
-  that write completed) while the next groups' reads run ahead in the step's order.
+  that write completed). A step writes every element of the shard (the 16-bit values come from
+  the fp32 master), so a shard not resident is not read for it.
 Pins never hold more than ``buffer_count - 1`` buffers, so the worker always finds one and never
 waits for the training thread (no deadlock); a gather beyond that reads from a transient copy.
 """
@@ -232,25 +233,29 @@ class ParamSwap:
 
     def _take(self, *, ahead: bool = False) -> _Buffer | None:
         """A buffer for another group: a free one, else the least recently used one nobody holds or
-        pins (a read-ahead takes only free or clean ones not needed soon)."""
+        pins (a read-ahead takes only free ones, or ones not needed soon and clean once their write
+        behind completed)."""
         soon = self._soon()
         cands = [b for b in self.buffers if not b.held and b.group not in self.pins]
         if ahead:
-            cands = [b for b in cands if b.state == FREE or (b.state == READY and not b.dirty and b.group not in soon)]
+            cands = [b for b in cands if b.state == FREE or (b.group not in soon and (
+                b.state == WRITING or b.state == READY and not b.dirty))]  # (a write behind is finished first)
         if not cands:
             return None
         b = min(cands, key=lambda b: (b.state != FREE, b.group in soon, b.state != READY or b.dirty, b.used))
         self._evict(b)
         return b
 
-    def _acquire(self, sw: _Swapped) -> _Buffer:
+    def _acquire(self, sw: _Swapped, *, read: bool = True, wait: bool = True) -> _Buffer:
+        """Group ``sw`` resident (``read`` false: in a buffer, its old values not read: the caller
+        writes every element; ``wait`` false: its read may still be in flight)."""
         while True:
             if sw.error is not None:
                 e, sw.error = sw.error, None  # asked again later, the shard is read again
                 raise e
             if sw.buffer is not None:
                 b = self.buffers[sw.buffer]
-                if b.state == LOADING:
+                if b.state == LOADING and wait:
                     self._finish_reads()
                     continue
                 break
@@ -258,11 +263,16 @@ class ParamSwap:
             if b is None:  # the training thread, while the worker holds the one buffer not pinned
                 self.cond.wait()
                 continue
+            if not read:
+                b.group, b.state, b.dirty = sw.group.index, READY, False
+                sw.buffer = b.index
+                break
             self._read(sw, b)
-            self._finish_reads()
+            if wait:
+                self._finish_reads()
         self.tick += 1
         b.used = self.tick
-        if sw.group.index not in self.copies:
+        if b.state != LOADING and sw.group.index not in self.copies:
             sw.group.param_shard = self._record(b, sw).values
         return b
 
@@ -299,15 +309,15 @@ class ParamSwap:
                     else self._empty(g)
         self.cond.notify_all()
 
-    def _pin(self, sw: _Swapped, *, copy_if_full: bool) -> None:
+    def _pin(self, sw: _Swapped, *, copy_if_full: bool, wait: bool = True) -> None:
         gi = sw.group.index
         if gi in self.pins:
-            self._acquire(sw)
+            self._acquire(sw, wait=wait)
             return
         if len(self.pins) < self.buffer_count - 1:
             self.pins.add(gi)
             try:
-                self._acquire(sw)
+                self._acquire(sw, wait=wait)
             except BaseException:
                 self.pins.discard(gi)
                 raise
@@ -324,7 +334,9 @@ class ParamSwap:
             self._sweep()
             sw = self.groups.get(gi)
             if sw is not None:
-                self._pin(sw, copy_if_full=False)  # the host step may still be to run: no copy yet
+                # its read runs while earlier units compute (verified at ready.wait); the host step
+                # may still be to run: no copy yet
+                self._pin(sw, copy_if_full=False, wait=False)
             at = len(self.seq)
             self._read_ahead(self.last[at:at + self.buffer_count])
 
@@ -336,23 +348,22 @@ class ParamSwap:
             self._pin(self.groups[gi], copy_if_full=True)
 
     @contextlib.contextmanager
-    def held(self, gi: int, step: int):
+    def held(self, gi: int, step: int, *, overwrite: bool = False):
         """The host step's view of group ``gi``'s shard; written back (behind) when the block ends
-        normally, read again from the file if it raised (it may have written part of an update)."""
+        normally, read again from the file if it raised (it may have written part of an update).
+        ``overwrite``: the block writes every element, so a shard not resident is not read first."""
         sw = self.groups[gi]
         with self.cond:
             self.step = max(self.step, step)
             if threading.get_ident() == self.train_thread:
                 self._sweep()
-            b = self._acquire(sw)
+            b = self._acquire(sw, read=not overwrite)
             if b.state == WRITING:  # last step's write still reads the buffer this step writes
                 self._finish_writes(self._lane(b))
             self._fenced(b)
             b.held = True
             if gi in self.step_queue:
-                at = self.step_queue.index(gi)
-                self._read_ahead(self.step_queue[at + 1:at + 2])
-                del self.step_queue[:at + 1]
+                del self.step_queue[:self.step_queue.index(gi) + 1]
         ok = False
         try:
             yield self._record(b, sw).values
@@ -387,9 +398,7 @@ class ParamSwap:
             self._sweep()  # every unit was freed before the step: no gather holds a pin or a copy
             if self.seq:
                 self.last, self.seq = self.seq, []
-            self.step_queue = [gi for gi in step_order if gi in self.groups]
-            if self.step_queue:
-                self._read_ahead(self.step_queue[:1])
+            self.step_queue = [gi for gi in step_order if gi in self.groups]  # (kept resident if they are)
 
     def flush(self) -> None:
         """Every buffer nobody pins written back and freed (tests: the next use reads the file)."""
