@@ -82,8 +82,14 @@ def gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9
 
 
+# CPU seconds per GB (all threads of this process) of the last run_zerocore: on a disk-bound
+# machine the backends' throughputs tie, and what tells them apart is the CPU they burn doing it.
+last_cpu_s_per_gb = [0.0]
+
+
 def run_zerocore(buf: torch.Tensor, path: str, bs: int, qd: int, threads: int, backend: str, write: bool) -> float:
     h = zaio.AsyncIO(bs, qd, threads, backend=backend, direct="require")
+    c0 = time.process_time()
     t0 = time.perf_counter()
     if write:
         h.async_pwrite(buf, path)
@@ -91,6 +97,7 @@ def run_zerocore(buf: torch.Tensor, path: str, bs: int, qd: int, threads: int, b
         h.async_pread(buf, path)
     h.wait()
     dt = time.perf_counter() - t0
+    last_cpu_s_per_gb[0] = (time.process_time() - c0) / (buf.numel() / 1e9)
     h.close()
     return gbps(buf.numel(), dt)
 
@@ -206,8 +213,11 @@ def main(argv=None) -> int:
 
     def record(kind: str, backend: str, bs: int, qd: int, t: int, op: str, value: float) -> None:
         key = (kind, backend, bs, qd, t)
-        rows.setdefault(key, {"kind": kind, "backend": backend, "block_size": bs, "queue_depth": qd,
-                              "threads": t, "write": [], "read": []})[op].append(value)
+        row = rows.setdefault(key, {"kind": kind, "backend": backend, "block_size": bs, "queue_depth": qd,
+                                    "threads": t, "write": [], "read": [], "write_cpu": [], "read_cpu": []})
+        row[op].append(value)
+        if kind == "zerocore":
+            row[op + "_cpu"].append(last_cpu_s_per_gb[0])
 
     t_start = time.perf_counter()
     try:
@@ -275,14 +285,19 @@ def main(argv=None) -> int:
             r[f"{op}_gbps_best"] = max(v)
             r[f"{op}_gbps_median"] = statistics.median(v)
             r[f"{op}_gbps_all"] = v
+            cpu = r.pop(f"{op}_cpu")
+            r[f"{op}_cpu_s_per_gb_median"] = statistics.median(cpu) if cpu else None
         results.append(r)
 
     # Table.
     print()
-    print(f"{'kind':<9} {'backend':<13} {'bs':>5} {'qd':>3} {'thr':>3}  {'write GB/s':>10} {'read GB/s':>10}")
+    print(f"{'kind':<9} {'backend':<13} {'bs':>5} {'qd':>3} {'thr':>3}  {'write GB/s':>10} {'read GB/s':>10}"
+          f"  {'CPU s/GB w':>10} {'CPU s/GB r':>10}")
     for r in sorted(results, key=lambda r: (r["block_size"], r["queue_depth"], r["threads"], r["kind"], r["backend"])):
+        cpu = "".join(f"  {r[f'{op}_cpu_s_per_gb_median']:>10.3f}" if r[f"{op}_cpu_s_per_gb_median"] is not None
+                      else f"  {'':>10}" for op in ("write", "read"))
         print(f"{r['kind']:<9} {r['backend']:<13} {human(r['block_size']):>5} {r['queue_depth']:>3} "
-              f"{r['threads']:>3}  {r['write_gbps_best']:>10.3f} {r['read_gbps_best']:>10.3f}")
+              f"{r['threads']:>3}  {r['write_gbps_best']:>10.3f} {r['read_gbps_best']:>10.3f}{cpu}")
 
     def best(kind: str, op: str, backend: str | None = None):
         c = [r for r in results if r["kind"] == kind and (backend is None or r["backend"] == backend)]

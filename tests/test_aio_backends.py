@@ -135,6 +135,32 @@ def test_config_backend_key_reaches_the_swap_store(tmp_path):
         zerocore.initialize(nv.deep(n=1), cfg)
 
 
+def test_checkpoint_io_on_the_threadpool_backend(tmp_path, monkeypatch):
+    """The checkpoint writer/reader build their handle from the same aio section: with
+    ``aio.backend: threadpool`` a save and a load go through the thread pool and round-trip."""
+    from zerocore.checkpoint import save as save_mod
+
+    made = []
+    orig = zaio.AsyncIO.from_config.__func__
+    monkeypatch.setattr(zaio.AsyncIO, "from_config",
+                        classmethod(lambda cls, *a, **kw: made.append(orig(cls, *a, **kw)) or made[-1]))
+    cfg = nv.cfg_for(tmp_path, device="cpu")
+    del cfg["zero_optimization"]["sub_group_size"]  # no effect at stage 2 without NVMe (a warning)
+    cfg["aio"] = {"backend": "threadpool"}  # used by the checkpoint files even without NVMe offload: no warning
+    engine = zerocore.initialize(nv.deep(n=2), cfg)
+    nv.train(engine, 2)
+    want = nv.weights(engine)
+    engine.save_checkpoint(str(tmp_path / "ck"))
+    assert made and all(h.backend == "threadpool" for h in made)
+    assert save_mod.aio_handle({"backend": "threadpool"}).backend == "threadpool"
+    engine.destroy()
+    again = zerocore.initialize(nv.deep(n=2), cfg)
+    again.load_checkpoint(str(tmp_path / "ck"))
+    got = nv.weights(again)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    again.destroy()
+
+
 def test_config_translation_lives_in_config():
     from zerocore.config import aio as config_aio
 

@@ -278,21 +278,17 @@ class OptimizerConfig(_Section):
 
 @dataclasses.dataclass
 class AioConfig(_Section):
+    """Used by NVMe offload and by checkpoint save/load (its O_DIRECT files): no key is ever without effect."""
+
     PATH = "aio"
-    block_size: int = option(1_048_576, "Bytes per NVMe read/write request.", kind=int, ge=4096,
-                             applies_if=_uses_nvme, applies="NVMe offload")
-    queue_depth: int = option(8, "Requests in flight per worker.", kind=int, ge=1, applies_if=_uses_nvme,
-                              applies="NVMe offload")
-    intra_op_parallelism: int = option(1, "I/O worker threads.", kind=int, ge=1, aliases=("thread_count",),
-                                       applies_if=_uses_nvme, applies="NVMe offload")
-    single_submit: bool = option(False, "Submit requests one at a time instead of in batches.", kind=bool,
-                                 applies_if=_uses_nvme, applies="NVMe offload")
-    overlap_events: bool = option(True, "Overlap submission and completion handling.", kind=bool,
-                                  applies_if=_uses_nvme, applies="NVMe offload")
+    block_size: int = option(1_048_576, "Bytes per NVMe read/write request.", kind=int, ge=4096)
+    queue_depth: int = option(8, "Requests in flight per worker.", kind=int, ge=1)
+    intra_op_parallelism: int = option(1, "I/O worker threads.", kind=int, ge=1, aliases=("thread_count",))
+    single_submit: bool = option(False, "Submit requests one at a time instead of in batches.", kind=bool)
+    overlap_events: bool = option(True, "Overlap submission and completion handling.", kind=bool)
     backend: str = option("auto", "How the NVMe engine issues its I/O: libaio, io_uring, or threadpool (blocking "
                           "pread/pwrite on queue_depth threads per worker: needs no kernel AIO, slower); auto: the "
-                          "first of those usable here (`zerocore env` names it).", kind=str, choices=AIO_BACKENDS,
-                          applies_if=_uses_nvme, applies="NVMe offload")
+                          "first of those usable here (`zerocore env` names it).", kind=str, choices=AIO_BACKENDS)
 
 
 @dataclasses.dataclass
@@ -314,7 +310,7 @@ class ZeroConfig(_Section):
     bf16: BF16Config = section(BF16Config, "bf16 mixed precision.", aliases=("bfloat16",))
     zero_optimization: ZeroOptimizationConfig = section(ZeroOptimizationConfig, "ZeRO sharding.",
                                                         aliases=("zero",))
-    aio: AioConfig = section(AioConfig, "NVMe I/O (used by NVMe offload).")
+    aio: AioConfig = section(AioConfig, "NVMe I/O engine settings (NVMe offload and checkpoint files).")
 
     def check(self):
         if self.fp16.enabled and self.bf16.enabled:
