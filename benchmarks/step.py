@@ -112,8 +112,8 @@ def worker(rank: int, world: int, init: str, args, out: str) -> None:
             probe.tag = v
             try:
                 steps[v] = build(v, args, vocab, ctx)
-            except NotImplementedError as e:  # a configuration zerocore refuses until it lands: say so, go on
-                not_built[v] = f"NotImplementedError: {e}"
+            except Exception as e:  # noqa: BLE001 - a configuration a library refuses or fails here: say why, go on
+                not_built[v] = f"failed to build: {type(e).__name__}: {e}"
         agreed = {}  # every rank skips the same variants (one rank's refusal alone would hang the others)
         for d in _gather(not_built, world):
             agreed.update(d)
@@ -186,10 +186,15 @@ def parse_args(argv=None):
     nv.add_argument("--nvme-dir", default=None,
                     help="where the swap files go (default: a fresh folder under the temp dir; removed at the end)")
     nv.add_argument("--sub-group", type=float, default=1e6, help="sub_group_size (elements per swap tile)")
-    nv.add_argument("--buffer-count", type=int, default=4, help="offload_optimizer.buffer_count")
+    nv.add_argument("--buffer-count", type=int, default=4,
+                    help="offload_optimizer.buffer_count of zerocore (a buffer = one tile's master, m and v)")
+    nv.add_argument("--ds-buffer-count", type=int, default=16,
+                    help="offload_optimizer.buffer_count of DeepSpeed (a buffer = one tensor of a sub-group; "
+                         "4 and 8 run out of buffers here with pipelining on)")
     nv.add_argument("--max-in-cpu", type=float, default=1e6,
                     help="offload_param.max_in_cpu (elements of parameter shards kept in host memory)")
-    nv.add_argument("--param-buffer", type=float, default=1e6, help="offload_param.buffer_size (DeepSpeed)")
+    nv.add_argument("--param-buffer", type=float, default=4e6,
+                    help="offload_param.buffer_size (DeepSpeed: at least the largest sub-group)")
     nv.add_argument("--aio-block-size", type=int, default=1 << 20)
     nv.add_argument("--aio-queue-depth", type=int, default=8)
     nv.add_argument("--aio-threads", type=int, default=1)
