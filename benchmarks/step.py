@@ -26,7 +26,18 @@ stay whole on every rank, the matrices are partitioned; ``stage3_prefetch_bucket
 block's partitioned elements (prefetch one block ahead). ``zerocore_stage3_nocheck`` is the same
 with ``stage3_check_divergence: false``: the difference is the divergence guard's cost.
 
+NVMe offload (issue 13, ``--preset nvme``): zerocore and DeepSpeed stage 3 with the optimizer
+state (``*_nvme``) and also the parameter shards beyond ``--max-in-cpu`` (``*_nvme_param``) in swap
+files under ``--nvme-dir``, the same ``sub_group_size`` and ``aio`` section for both, beside stage 3
+in memory and DDP. A variant a library refuses or fails to build is reported as skipped with its
+error, the others run. Before every round rank 0 measures what the disk allows with the same aio
+settings (the raw engine and fio writing and reading ``--disk-probe-mb``); swap_probe.py counts
+zerocore's swap bytes and pass times per step from the benchmark side, and the table sets them
+against the disk: ``io/disk`` = the time the disk needs for the step's bytes at the probed rates /
+the swap passes' time (DeepSpeed's swapper is not instrumented: its rows have step times only).
+
     python benchmarks/step.py --ranks 2 --out benchmarks/results/step_gloo_w2.json
+    python benchmarks/step.py --preset nvme --aio-block-size 262144 --aio-queue-depth 32 --aio-threads 2
     python benchmarks/step.py --device cuda --ranks all --model hf-llama --dim 1024 --layers 16 --ctx 512 --batch 4
 """
 from __future__ import annotations
