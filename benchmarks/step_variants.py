@@ -200,12 +200,15 @@ def aio_section(a) -> dict:
             "single_submit": False, "overlap_events": True}
 
 
-def _nvme_keys(a, name: str, params: bool) -> dict:
+def _nvme_keys(a, name: str, params: bool, buffers: int) -> dict:
     """Issue 13: the optimizer state (and with ``params`` the stage-3 parameter shards beyond
-    ``max_in_cpu``) in swap files under the variant's folder; the DeepSpeed form, for both."""
+    ``max_in_cpu``) in swap files under the variant's folder; the DeepSpeed form, for both.
+    ``buffers``: a zerocore buffer holds a whole tile (master, m and v: 12 bytes per element), a
+    DeepSpeed buffer one tensor of a sub-group (4 bytes per element; fp32, m, v and the gradient
+    of a sub-group in flight, twice with pipelining), hence the separate counts."""
     z = {"sub_group_size": int(a.sub_group),
          "offload_optimizer": {"device": "nvme", "nvme_path": nvme_dir(a, name), "pin_memory": True,
-                               "buffer_count": a.buffer_count, "pipeline_read": True, "pipeline_write": True,
+                               "buffer_count": buffers, "pipeline_read": True, "pipeline_write": True,
                                "fast_init": True}}
     if params:
         z["offload_param"] = {"device": "nvme", "nvme_path": nvme_dir(a, name), "pin_memory": True,
@@ -227,7 +230,7 @@ def _zerocore(stage: int, check: bool = True, offload: bool = False, nvme: str |
         cfg = {"gradient_clipping": 0.0, "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}},
                "zero_optimization": z}
         if nvme:
-            z.update(_nvme_keys(a, f"zerocore_stage{stage}_nvme_{nvme}", nvme == "param"))
+            z.update(_nvme_keys(a, f"zerocore_stage{stage}_nvme_{nvme}", nvme == "param", a.buffer_count))
             cfg["aio"] = aio_section(a)
         if ctx.cuda:
             cfg["bf16"] = {"enabled": True}
@@ -265,7 +268,7 @@ def _deepspeed(stage: int, offload: bool = False, nvme: str | None = None):
         if offload:
             z.update(_offload_keys(stage))
         if nvme:
-            z.update(_nvme_keys(a, f"deepspeed_stage{stage}_nvme_{nvme}", nvme == "param"))
+            z.update(_nvme_keys(a, f"deepspeed_stage{stage}_nvme_{nvme}", nvme == "param", a.ds_buffer_count))
         cfg = {"train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
                "zero_optimization": z, "steps_per_print": 10 ** 9, "wall_clock_breakdown": False,
                "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}}}
