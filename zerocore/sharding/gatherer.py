@@ -167,8 +167,10 @@ class ParamGatherer:
         self.live -= u.padded
 
     def free_all(self) -> None:
-        """Every unit back to its owned chunk (before the optimizer step changes the chunks)."""
+        """Every unit back to its owned chunk (before the optimizer step changes the chunks). After a
+        backward (also one that raised): signals that never fired (unused outputs) are forgotten."""
         for u in self.units:
+            u.pending = 0
             if u.tracked.value is not ParamState.SHARDED:  # the test inline: most units are sharded
                 self._free(u)
         self.stack.clear()
@@ -343,8 +345,6 @@ class ParamGatherer:
             self._free(u)
 
     def end_backward(self) -> None:
-        for u in self.units:  # Functions whose backward never ran (unused outputs) are gone with their graph
-            u.pending = 0
         done, self.bwd = self.bwd, None
         if done is not None:
             rec = done.final()
