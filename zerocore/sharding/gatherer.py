@@ -176,6 +176,18 @@ class ParamGatherer:
         self.stack.clear()
         self.running = Running.IDLE
 
+    def _arrive(self, u: Unit, run: Pass, phase: Phase, prefetch: Phase) -> None:
+        """``u``'s forward or backward is about to run: recorded in the pass, gathered (or its
+        prefetch waited for), and the next units of the recorded order prefetched."""
+        i = len(run.order)  # run.visit(u.pos), inline: this runs twice per unit per step
+        run.order.append(u.pos)
+        if run.on_trace and (i >= len(run.recorded) or run.recorded[i] != u.pos):
+            run.on_trace = False
+        if u.tracked.value is not ParamState.GATHERED:
+            self._gather(u, phase)
+        if run.on_trace and run.cursor < len(run.recorded):
+            self._prefetch(run, i, prefetch)
+
     def _prefetch(self, run: Pass, i: int, phase: Phase) -> None:
         """Starts the gathers of the units after visit ``i`` of the recorded order, up to
         ``stage3_prefetch_bucket_size`` elements ahead and ``stage3_max_live_parameters`` resident."""
@@ -197,15 +209,7 @@ class ParamGatherer:
             if not self.stack:
                 self._begin_forward()
             self.stack.append(u)
-            run = self.fwd
-            i = len(run.order)  # run.visit(u.pos), inline
-            run.order.append(u.pos)
-            if run.on_trace and (i >= len(run.recorded) or run.recorded[i] != u.pos):
-                run.on_trace = False
-            if u.tracked.value is not ParamState.GATHERED:
-                self._gather(u, Phase.FORWARD)
-            if run.on_trace and run.cursor < len(run.recorded):
-                self._prefetch(run, i, Phase.PREFETCH_FORWARD)
+            self._arrive(u, self.fwd, Phase.FORWARD, Phase.PREFETCH_FORWARD)
             if u.group is not None and args and torch.is_grad_enabled():
                 a = args[0]
                 if len(args) == 1 and isinstance(a, torch.Tensor) and a.grad_fn is not None:
@@ -301,17 +305,9 @@ class ParamGatherer:
         if seen[0] == self.backwards:
             return
         seen[0] = self.backwards
-        run = self.bwd
-        i = len(run.order)  # run.visit(u.pos), inline
-        run.order.append(u.pos)
-        if run.on_trace and (i >= len(run.recorded) or run.recorded[i] != u.pos):
-            run.on_trace = False
-        if u.tracked.value is not ParamState.GATHERED:
-            self._gather(u, Phase.BACKWARD)
         for v in u.extern:
             self._gather(v, Phase.BACKWARD)
-        if run.on_trace and run.cursor < len(run.recorded):
-            self._prefetch(run, i, Phase.PREFETCH_BACKWARD)
+        self._arrive(u, self.bwd, Phase.BACKWARD, Phase.PREFETCH_BACKWARD)
 
     def _post_backward_on(self, u: Unit, args: tuple) -> tuple | None:
         """Arranges ``u``'s post-backward signal on each of its inputs that needs a gradient
