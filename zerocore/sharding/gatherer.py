@@ -212,7 +212,7 @@ class ParamGatherer:
             self._arrive(u, self.fwd, Phase.FORWARD, Phase.PREFETCH_FORWARD)
             if u.group is not None and args and torch.is_grad_enabled():
                 a = args[0]
-                if len(args) == 1 and isinstance(a, torch.Tensor) and a.grad_fn is not None:
+                if len(args) == 1 and isinstance(a, torch.Tensor) and (a.grad_fn is not None or not a.requires_grad):
                     if a.requires_grad:  # the usual single non-leaf input: a tensor hook (post_backward.py)
                         a.register_hook(u.done)
                         u.pending += 1
@@ -245,7 +245,7 @@ class ParamGatherer:
             elif u.tracked.value is ParamState.GATHERED and u.group is not None and u not in self.stack:
                 u.group.free_full()
                 self.live -= u.padded
-            else:
+            elif u.group is not None:
                 self._free(u)
             if not self.stack:
                 self._end_forward()
@@ -269,7 +269,8 @@ class ParamGatherer:
                 self._free(v)
         self.running = Running.IDLE
         # a skipped module may not show in the collectives (prefetched anyway): compare the orders
-        self.guard.check_order(Phase.FORWARD, self.fwd.order, self._label)
+        if self.guard.enabled:
+            self.guard.check_order(Phase.FORWARD, self.fwd.order, self._label)
 
     def _keep(self, u: Unit, after_forward: bool = False) -> bool:
         """Keep ``u`` gathered because it is used again soon (stage3_max_reuse_distance)?"""
@@ -348,7 +349,8 @@ class ParamGatherer:
                 self.bwd_trace = rec
         self.free_all()
         if done is not None:
-            self.guard.check_order(Phase.BACKWARD, done.order, self._label)
+            if self.guard.enabled:
+                self.guard.check_order(Phase.BACKWARD, done.order, self._label)
 
     def _label(self, pos: int) -> str:
         return self.units[pos].label
