@@ -171,7 +171,7 @@ class ParamGatherer:
         backward (also one that raised): signals that never fired (unused outputs) are forgotten."""
         for u in self.units:
             u.pending = 0
-            if u.tracked.value is not ParamState.SHARDED:  # the test inline: most units are sharded
+            if u.tracked.value is not ParamState.SHARDED and u.group is not None:  # inline: most are sharded
                 self._free(u)
         self.stack.clear()
         self.running = Running.IDLE
@@ -228,8 +228,9 @@ class ParamGatherer:
             self.stack.pop()
             if self.running is Running.BACKWARD:
                 return  # a recompute (see the pre-hook)
-            if torch.is_grad_enabled():  # a pre-backward hook on each output needing a gradient (FSDP2's
-                # way: a plain tensor hook; the first to fire in a backward gathers the unit)
+            if torch.is_grad_enabled() and (u.group is not None or u.extern):  # a pre-backward hook on each
+                # output needing a gradient (FSDP2's way: a plain tensor hook; the first to fire in a
+                # backward gathers the unit). An empty root gathers nothing (unless it read another's).
                 hook_bwd = functools.partial(self._pre_backward_hook, u, [-1])
                 if isinstance(output, torch.Tensor):
                     if output.requires_grad:
@@ -254,7 +255,7 @@ class ParamGatherer:
     def _begin_forward(self) -> None:
         # Full buffers left from an earlier pass (kept for a backward that never came) go first.
         for v in self.units:
-            if v.tracked.value is not ParamState.SHARDED:
+            if v.tracked.value is not ParamState.SHARDED and v.group is not None:
                 self._free(v)
         self.running = Running.FORWARD
         self.fwd = Pass(self.fwd_trace, self.sizes)
@@ -264,7 +265,7 @@ class ParamGatherer:
         if rec is not None:
             self.fwd_trace = rec
         for v in self.units:  # prefetched but never used, or kept for a reuse that is not coming
-            if v.tracked.value is not ParamState.SHARDED and not (
+            if v.tracked.value is not ParamState.SHARDED and v.group is not None and not (
                     self.limits.max_reuse > 0 and self._keep(v, after_forward=True)):
                 self._free(v)
         self.running = Running.IDLE
