@@ -167,12 +167,26 @@ class ParamGatherer:
         self.live -= u.padded
 
     def free_all(self) -> None:
-        """Every unit back to its owned chunk (before the optimizer step changes the chunks)."""
+        """Every unit back to its owned chunk (before the optimizer step changes the chunks). After a
+        backward (also one that raised): signals that never fired (unused outputs) are forgotten."""
         for u in self.units:
-            if u.tracked.value is not ParamState.SHARDED:  # the test inline: most units are sharded
+            u.pending = 0
+            if u.tracked.value is not ParamState.SHARDED and u.group is not None:  # inline: most are sharded
                 self._free(u)
         self.stack.clear()
         self.running = Running.IDLE
+
+    def _arrive(self, u: Unit, run: Pass, phase: Phase, prefetch: Phase) -> None:
+        """``u``'s forward or backward is about to run: recorded in the pass, gathered (or its
+        prefetch waited for), and the next units of the recorded order prefetched."""
+        i = len(run.order)  # run.visit(u.pos), inline: this runs twice per unit per step
+        run.order.append(u.pos)
+        if run.on_trace and (i >= len(run.recorded) or run.recorded[i] != u.pos):
+            run.on_trace = False
+        if u.tracked.value is not ParamState.GATHERED:
+            self._gather(u, phase)
+        if run.on_trace and run.cursor < len(run.recorded):
+            self._prefetch(run, i, prefetch)
 
     def _prefetch(self, run: Pass, i: int, phase: Phase) -> None:
         """Starts the gathers of the units after visit ``i`` of the recorded order, up to
@@ -195,18 +209,10 @@ class ParamGatherer:
             if not self.stack:
                 self._begin_forward()
             self.stack.append(u)
-            run = self.fwd
-            i = len(run.order)  # run.visit(u.pos), inline
-            run.order.append(u.pos)
-            if run.on_trace and (i >= len(run.recorded) or run.recorded[i] != u.pos):
-                run.on_trace = False
-            if u.tracked.value is not ParamState.GATHERED:
-                self._gather(u, Phase.FORWARD)
-            if run.on_trace and run.cursor < len(run.recorded):
-                self._prefetch(run, i, Phase.PREFETCH_FORWARD)
+            self._arrive(u, self.fwd, Phase.FORWARD, Phase.PREFETCH_FORWARD)
             if u.group is not None and args and torch.is_grad_enabled():
                 a = args[0]
-                if len(args) == 1 and isinstance(a, torch.Tensor) and a.grad_fn is not None:
+                if len(args) == 1 and isinstance(a, torch.Tensor) and (a.grad_fn is not None or not a.requires_grad):
                     if a.requires_grad:  # the usual single non-leaf input: a tensor hook (post_backward.py)
                         a.register_hook(u.done)
                         u.pending += 1
@@ -222,8 +228,9 @@ class ParamGatherer:
             self.stack.pop()
             if self.running is Running.BACKWARD:
                 return  # a recompute (see the pre-hook)
-            if torch.is_grad_enabled():  # a pre-backward hook on each output needing a gradient (FSDP2's
-                # way: a plain tensor hook; the first to fire in a backward gathers the unit)
+            if torch.is_grad_enabled() and (u.group is not None or u.extern):  # a pre-backward hook on each
+                # output needing a gradient (FSDP2's way: a plain tensor hook; the first to fire in a
+                # backward gathers the unit). An empty root gathers nothing (unless it read another's).
                 hook_bwd = functools.partial(self._pre_backward_hook, u, [-1])
                 if isinstance(output, torch.Tensor):
                     if output.requires_grad:
@@ -239,7 +246,7 @@ class ParamGatherer:
             elif u.tracked.value is ParamState.GATHERED and u.group is not None and u not in self.stack:
                 u.group.free_full()
                 self.live -= u.padded
-            else:
+            elif u.group is not None:
                 self._free(u)
             if not self.stack:
                 self._end_forward()
@@ -248,7 +255,7 @@ class ParamGatherer:
     def _begin_forward(self) -> None:
         # Full buffers left from an earlier pass (kept for a backward that never came) go first.
         for v in self.units:
-            if v.tracked.value is not ParamState.SHARDED:
+            if v.tracked.value is not ParamState.SHARDED and v.group is not None:
                 self._free(v)
         self.running = Running.FORWARD
         self.fwd = Pass(self.fwd_trace, self.sizes)
@@ -258,12 +265,13 @@ class ParamGatherer:
         if rec is not None:
             self.fwd_trace = rec
         for v in self.units:  # prefetched but never used, or kept for a reuse that is not coming
-            if v.tracked.value is not ParamState.SHARDED and not (
+            if v.tracked.value is not ParamState.SHARDED and v.group is not None and not (
                     self.limits.max_reuse > 0 and self._keep(v, after_forward=True)):
                 self._free(v)
         self.running = Running.IDLE
         # a skipped module may not show in the collectives (prefetched anyway): compare the orders
-        self.guard.check_order(Phase.FORWARD, self.fwd.order, self._label)
+        if self.guard.enabled:
+            self.guard.check_order(Phase.FORWARD, self.fwd.order, self._label)
 
     def _keep(self, u: Unit, after_forward: bool = False) -> bool:
         """Keep ``u`` gathered because it is used again soon (stage3_max_reuse_distance)?"""
@@ -299,17 +307,9 @@ class ParamGatherer:
         if seen[0] == self.backwards:
             return
         seen[0] = self.backwards
-        run = self.bwd
-        i = len(run.order)  # run.visit(u.pos), inline
-        run.order.append(u.pos)
-        if run.on_trace and (i >= len(run.recorded) or run.recorded[i] != u.pos):
-            run.on_trace = False
-        if u.tracked.value is not ParamState.GATHERED:
-            self._gather(u, Phase.BACKWARD)
         for v in u.extern:
             self._gather(v, Phase.BACKWARD)
-        if run.on_trace and run.cursor < len(run.recorded):
-            self._prefetch(run, i, Phase.PREFETCH_BACKWARD)
+        self._arrive(u, self.bwd, Phase.BACKWARD, Phase.PREFETCH_BACKWARD)
 
     def _post_backward_on(self, u: Unit, args: tuple) -> tuple | None:
         """Arranges ``u``'s post-backward signal on each of its inputs that needs a gradient
@@ -343,8 +343,6 @@ class ParamGatherer:
             self._free(u)
 
     def end_backward(self) -> None:
-        for u in self.units:  # Functions whose backward never ran (unused outputs) are gone with their graph
-            u.pending = 0
         done, self.bwd = self.bwd, None
         if done is not None:
             rec = done.final()
@@ -352,7 +350,8 @@ class ParamGatherer:
                 self.bwd_trace = rec
         self.free_all()
         if done is not None:
-            self.guard.check_order(Phase.BACKWARD, done.order, self._label)
+            if self.guard.enabled:
+                self.guard.check_order(Phase.BACKWARD, done.order, self._label)
 
     def _label(self, pos: int) -> str:
         return self.units[pos].label

@@ -108,9 +108,11 @@ class ShardedGroup:
             # collectives in the same order.
             self.defer_gather = False
             return _DeferredGather(self, comm)
-        mine = self.owned_params()
-        if mine.device != self.param_flat.device:
-            return self._issue_gather(comm, async_op)  # a host-resident shard: staged first
+        # owned_params(), inline where it has nothing to wait for (the hot path of every gather)
+        mine = self.param_shard if self.ready is None and self.partitioned else self.owned_params()
+        if mine.device != self.param_flat.device:  # a host-resident shard: to the device first
+            self._staged = mine.to(self.param_flat.device, non_blocking=True)
+            mine = self._staged
         handle = comm.all_gather_into(self.param_flat, mine, async_op=async_op)
         if handle is DONE:  # landed already: finish_gather, inline (the hot path of a world of one)
             ps.value = ParamState.GATHERED

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from operator import attrgetter
 
 import torch
 from torch.autograd import _profiler_enabled
@@ -37,6 +38,7 @@ from ..comm.divergence import Op, Phase
 from .group import ShardedGroup, clear_grads_of
 from .state import GradState
 
+_HAS_GRAD = attrgetter("has_grad")
 OUTSIDE_BACKWARD = ("zerocore: a gradient arrived outside engine.backward(); call engine.backward(loss) instead of "
                     "loss.backward() so loss scaling and gradient reduction happen")
 
@@ -147,7 +149,7 @@ class GradReducer:
                     for p in g.params:  # a plain loop: no Python call per parameter
                         p.grad = None
         else:
-            self._had_grad = [g.has_grad for g in self.groups]
+            self._had_grad = list(map(_HAS_GRAD, self.groups))
             self._added = []
 
     def _check_inside(self, p: torch.nn.Parameter) -> None:
