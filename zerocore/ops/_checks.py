@@ -182,9 +182,16 @@ def _pack_fast(tensors, offsets, flat, cuda: bool):
     reads per tensor; None when anything is unusual (the full checks then decide)."""
     if type(tensors) not in (list, tuple) or type(offsets) not in (list, tuple) or len(tensors) != len(offsets):
         return None
-    index = _home_index(flat, cuda)
-    if index is None:
+    if not isinstance(flat, torch.Tensor) or not flat.is_contiguous():  # _home_index inline: a call less
         return None
+    if cuda:
+        index = flat.get_device() if flat.is_cuda else -1
+        if index < 0:
+            return None
+    elif not flat.is_cpu:
+        return None
+    else:
+        index = -1
     dtype, total, esize = flat.dtype, flat.numel(), flat.element_size()
     lo = flat.data_ptr()
     hi = lo + total * esize

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import torch
 
 from . import _loader
-from ._checks import pack_args
+from ._checks import _pack_fast, pack_args
 from .cuda import _lib as _cuda
 
 
@@ -14,12 +14,16 @@ def pack(tensors: Sequence[torch.Tensor], offsets: Sequence[int], flat: torch.Te
     """Copies ``tensors[i]`` to ``flat[offsets[i]:offsets[i]+numel]``; every element of ``flat``
     not covered is set to zero. Offsets are in elements of ``flat``'s dtype, which every tensor
     must share; ranges may not overlap, nor may a tensor share memory with ``flat``. Returns ``flat``."""
-    if _cuda.routes(flat):  # a CUDA bucket: one launch on the GPU (zerocore.ops.cuda)
+    # The reducer packs each group with one call: the usual case costs two Python calls (this and
+    # the fast checks), so the CUDA routing test and the loaded module are read inline.
+    tensor = isinstance(flat, torch.Tensor)
+    if (not tensor or flat.is_cuda) and _cuda.routes(flat):  # a CUDA bucket: one launch on the GPU
         from .cuda import kernels
 
         return kernels.pack(tensors, offsets, flat)
-    tensors, offs = pack_args("pack", tensors, offsets, flat, cuda=False)
-    _loader.load("flatten").pack(tensors, offs, flat)
+    args = _pack_fast(tensors, offsets, flat, False) if tensor else None
+    tensors, offs = args if args is not None else pack_args("pack", tensors, offsets, flat, cuda=False)
+    (_loader._module or _loader.load("flatten")).pack(tensors, offs, flat)
     return flat
 
 
