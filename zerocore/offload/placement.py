@@ -148,6 +148,11 @@ class OffloadPlan:
             self.order.clear()
             self._seen.clear()
             return
+        if self.nvme is not None:  # each swapped shard's pass reads the next one's first tile (NvmeOptimizerShard)
+            steps = [self.shards[job[0]] for job in self._queued]
+            for shard, then in zip(steps, steps[1:] + [None]):
+                if hasattr(shard, "then"):
+                    shard.then = then if hasattr(then, "then") else None
         for gi, fn, ready in self._queued:
             self.shards[gi].group.defer_gather = True
             self.stepper.submit(gi, fn, ready)
