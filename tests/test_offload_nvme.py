@@ -405,13 +405,15 @@ def test_stages_1_2_read_the_first_tiles_during_backward(tmp_path):
     assert first.commit == 2 and engine.optimizer_steps == 2
 
 
-def test_stage3_reads_the_next_group_while_this_one_is_stepped(tmp_path, monkeypatch):
-    """Stage 3, one tile per group: the worker's pass over group k issues the read of the next
-    group's (in the worker's order) first tile before group k's Adam completes, and that pass does
-    not read it again; the results are the unpipelined run's (the world-2/4 bit-for-bit tests)."""
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_next_group_is_read_while_this_one_is_stepped(tmp_path, monkeypatch, stage):
+    """One tile per group: the pass over group k issues the read of the next group's first tile
+    (stage 3: next in the worker's order; stages 1/2: in index order) before group k's Adam
+    completes, and that pass does not read it again; the results are the unpipelined run's (the
+    world-2/4 bit-for-bit tests)."""
     from zerocore.offload.nvme import shard as shard_mod
 
-    engine = zerocore.initialize(deep(4), cfg_for(tmp_path, stage=3, buffers=3, tile=1 << 20))
+    engine = zerocore.initialize(deep(4), cfg_for(tmp_path, stage=stage, buffers=3, tile=1 << 20))
     train(engine, 1)
     engine.offload.wait_all()
     store = engine.offload.nvme.store

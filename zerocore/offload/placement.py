@@ -102,6 +102,10 @@ class OffloadPlan:
         if self.stepper is not None and g.partitioned:
             g.on_gather = self._note_gather
             shard.enqueue = self._enqueue
+        if self.stepper is None and hasattr(shard, "then"):  # stages 1/2 step in index order: read the next ahead
+            last = max((i for i in self.shards if hasattr(self.shards[i], "then")), default=None)
+            if last is not None:
+                self.shards[last].then = shard
         self.shards[g.index] = shard
         return shard
 
