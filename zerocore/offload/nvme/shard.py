@@ -5,7 +5,11 @@ HostOptimizerShard's contract (``land``, ``landed_sumsq``, ``step``, ``master``,
 The host step goes tile by tile (``sub_group_size`` elements, rounded up to 1024): while tile k
 is stepped in a pinned buffer, tile k+1 is read (``pipeline_read``) and tile k-1 written
 (``pipeline_write``), through the store's ``buffer_count`` buffers, so host memory for the state
-is the buffers whatever the model size.
+is the buffers whatever the model size. Across groups too: the pass over a group reads the first
+tile of the group stepped next (``then``: the worker's order at stage 3, index order at stages
+1/2) while its own last tile is stepped and written, so the disk always has a read in flight
+while Adam runs. (A group's writes are still waited for at the end of its own pass: its
+parameters go back to the model only once its state is committed.)
 
 A step never changes anything until every tile was read back verified and written: each tile
 has two slots in the file and updated records go to the slot not holding the current state;
