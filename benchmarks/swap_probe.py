@@ -70,10 +70,10 @@ class SwapProbe:
                     _stat(self)["wait_s"] += time.perf_counter() - t0
             return run
 
-        def p_tiles_io(self, step, write):
+        def p_tiles_io(self, step, write, *a, **k):
             s = _stat(self.store)
             t0 = time.perf_counter()
-            yield from tiles_io(self, step, write)
+            yield from tiles_io(self, step, write, *a, **k)
             if step > 0:
                 s["pass_s"] += time.perf_counter() - t0
                 s["passes"] += 1

@@ -259,7 +259,7 @@ def test_the_swap_pipeline_reads_ahead_and_writes_behind(tmp_path):
         assert at[("read", k)] < uses[k - 1], f"tile {k} was not read ahead"
         # between tile k-1's write and tile k's use, nobody waits for tile k-1's lane
         w = next(i for i, (op, _, off) in enumerate(trace) if op == "write" and off // (2 * shard.rec_bytes) == k - 1)
-        lane = (k - 1) % store.lanes
+        lane = trace[w][1]  # (the lane follows the store's running tile sequence)
         assert not [e for e in trace[w:uses[k]] if e[0] == "wait_write" and e[1] in (lane, None)], k
     assert shard.commit == 2  # the pass committed (one step + this write-back)
 
@@ -403,3 +403,43 @@ def test_stages_1_2_read_the_first_tiles_during_backward(tmp_path):
     n = len(first.tiles)
     assert n > 3 and reads[:n - 3] == [(2 * k + slot) * first.rec_bytes for k in range(3, n)]  # on from tile 3
     assert first.commit == 2 and engine.optimizer_steps == 2
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_next_group_is_read_while_this_one_is_stepped(tmp_path, monkeypatch, stage):
+    """One tile per group: the pass over group k issues the read of the next group's first tile
+    (stage 3: next in the worker's order; stages 1/2: in index order) before group k's Adam
+    completes, and that pass does not read it again; the results are the unpipelined run's (the
+    world-2/4 bit-for-bit tests)."""
+    from zerocore.offload.nvme import shard as shard_mod
+
+    engine = zerocore.initialize(deep(4), cfg_for(tmp_path, stage=stage, buffers=3, tile=1 << 20))
+    train(engine, 1)
+    engine.offload.wait_all()
+    store = engine.offload.nvme.store
+    paths = {s.path: gi for gi, s in engine.offload.shards.items()}
+    assert len(paths) >= 3 and all(len(s.tiles) == 1 for s in engine.offload.shards.values())
+    trace = store.trace = []
+    real_read, real_adam = store.read, shard_mod._adam
+
+    def read(rec, path, offset, step):
+        trace.append(("issue", paths[path], offset))
+        real_read(rec, path, offset, step)
+
+    def adam(*a, **kw):
+        real_adam(*a, **kw)
+        trace.append(("adam_done", None, None))
+
+    monkeypatch.setattr(store, "read", read)
+    monkeypatch.setattr(shard_mod, "_adam", adam)
+    train(engine, 1, seed=1)
+    engine.offload.wait_all()
+    store.trace = None
+    events = [e for e in trace if e[0] in ("issue", "adam_done")]
+    reads = [gi for op, gi, _ in events if op == "issue"]
+    assert sorted(reads) == sorted(paths.values()), events  # each group's tile read once
+    done = [i for i, e in enumerate(events) if e[0] == "adam_done"]
+    assert len(done) == len(paths)
+    for k, i in enumerate(done[:-1]):  # before group k's Adam completed, group k+1's read was issued
+        assert sum(e[0] == "issue" for e in events[:i]) == k + 2, events
+    assert all(s.commit == 2 for s in engine.offload.shards.values())

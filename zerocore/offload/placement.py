@@ -102,6 +102,10 @@ class OffloadPlan:
         if self.stepper is not None and g.partitioned:
             g.on_gather = self._note_gather
             shard.enqueue = self._enqueue
+        if self.stepper is None and hasattr(shard, "then"):  # stages 1/2 step in index order: read the next ahead
+            last = max((i for i in self.shards if hasattr(self.shards[i], "then")), default=None)
+            if last is not None:
+                self.shards[last].then = shard
         self.shards[g.index] = shard
         return shard
 
@@ -148,6 +152,11 @@ class OffloadPlan:
             self.order.clear()
             self._seen.clear()
             return
+        if self.nvme is not None:  # each swapped shard's pass reads the next one's first tile (NvmeOptimizerShard)
+            steps = [self.shards[job[0]] for job in self._queued]
+            for shard, then in zip(steps, steps[1:] + [None]):
+                if hasattr(shard, "then"):
+                    shard.then = then if hasattr(then, "then") else None
         for gi, fn, ready in self._queued:
             self.shards[gi].group.defer_gather = True
             self.stepper.submit(gi, fn, ready)

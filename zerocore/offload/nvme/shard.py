@@ -5,7 +5,11 @@ HostOptimizerShard's contract (``land``, ``landed_sumsq``, ``step``, ``master``,
 The host step goes tile by tile (``sub_group_size`` elements, rounded up to 1024): while tile k
 is stepped in a pinned buffer, tile k+1 is read (``pipeline_read``) and tile k-1 written
 (``pipeline_write``), through the store's ``buffer_count`` buffers, so host memory for the state
-is the buffers whatever the model size.
+is the buffers whatever the model size. Across groups too: the pass over a group reads the first
+tile of the group stepped next (``then``: the worker's order at stage 3, index order at stages
+1/2) while its own last tile is stepped and written, so the disk always has a read in flight
+while Adam runs. (A group's writes are still waited for at the end of its own pass: its
+parameters go back to the model only once its state is committed.)
 
 A step never changes anything until every tile was read back verified and written: each tile
 has two slots in the file and updated records go to the slot not holding the current state;
@@ -69,6 +73,7 @@ class NvmeOptimizerShard(HostOptimizerShard):
         self.poison = False
         self.enqueue = None
         self.param_swap = None  # set by OffloadPlan when the parameter shard rests on NVMe too
+        self.then: NvmeOptimizerShard | None = None  # the shard the worker steps next (OffloadPlan.launch)
         owned = init_fp32 if init_fp32.numel() == n else init_fp32[group.lo:group.hi]
         self._swap_out(owned.detach().to("cpu", torch.float32))
 
@@ -82,10 +87,11 @@ class NvmeOptimizerShard(HostOptimizerShard):
     def _offset(self, k: int, commit: int) -> int:
         return (2 * k + commit % 2) * self.rec_bytes
 
-    def _seal_and_write(self, rec, k: int, commit: int, step: int) -> None:
+    def _seal_and_write(self, rec, k: int, commit: int, step: int, lane: int | None = None) -> None:
         lo, hi = self.tiles[k]
         rec.seal(self.store.run, self.store.rank, self.group.index, k, commit, hi - lo)
-        self.store.write(rec, self.path, self._offset(k, commit), step, lane=k % self.store.lanes)
+        lane = k % self.store.lanes if lane is None else lane
+        self.store.write(rec, self.path, self._offset(k, commit), step, lane=lane)
 
     def _swap_out(self, master: torch.Tensor) -> None:
         """The initial state (master, zero moments) to slot 0; with ``fast_init`` in batches of
@@ -103,65 +109,88 @@ class NvmeOptimizerShard(HostOptimizerShard):
                 self.store.wait_writes(0)
         self.store.wait_writes(0)
 
-    def _tiles_io(self, step: int, write: bool):
+    def _tiles_io(self, step: int, write: bool, then: "NvmeOptimizerShard | None" = None):
         """Yields (lo, hi, record) for every tile, read back and verified; with ``write`` each record
         (as the consumer left it) is written to the other slot and the shard commits at the end. An
-        error or an early close leaves the current state as it was."""
-        store, recs = self.store, self.store.records(self.tile)
-        nbuf, ahead = len(recs), self.opts.pipeline_read and len(recs) >= 2
+        error or an early close leaves the current state as it was.
+
+        Tiles pass through the store's buffers in the store's running sequence (tile k of this pass
+        is sequence ``seq0 + k``: buffer ``seq % buffer_count``, write lane ``seq % lanes``), so a pass
+        continues where the last one left the buffers. ``then``: the shard the worker steps next;
+        its first tile is read while this pass's last tile is stepped and written (the next pass
+        finds it with ``take_ahead``), so the disk is not idle between groups."""
+        store, nbuf = self.store, self.store.buffer_count
+        ahead = self.opts.pipeline_read and nbuf >= 2
         cur, new = self.commit, self.commit + 1
-        writing: set[int] = set()  # tiles whose write is in flight (their buffers are busy)
-        issued = store.take_ahead(self.path, cur)  # first tiles read during backward (read_first_tiles)
+        writing: set[int] = set()  # sequence numbers whose write is in flight (their buffers are busy)
+        issued, seq0 = store.take_ahead(self.path, cur)  # first tiles read earlier (read_first_tiles, a last pass)
+        recs = store.records(self.tile)
+        n_tiles = len(self.tiles)
+
+        def free(s):  # buffer s % nbuf may be read into: wait for the write of the record it still holds
+            if s - nbuf in writing:  # its lane only: the newer writes are on the other lanes
+                lane = (s - nbuf) % store.lanes
+                store.wait_writes(step, lane)
+                writing.difference_update({j for j in writing if j % store.lanes == lane})
 
         def read(k):
             if k < issued:
                 return
-            if k - nbuf in writing:  # its buffer still holds a record being written: wait for that lane only
-                lane = (k - nbuf) % store.lanes
-                store.wait_writes(step, lane)
-                writing.difference_update({j for j in writing if j % store.lanes == lane})
-            store.read(recs[k % nbuf], self.path, self._offset(k, cur), step)
+            free(seq0 + k)
+            store.read(recs[(seq0 + k) % nbuf], self.path, self._offset(k, cur), step)
+
+        def read_next():  # the next group's first tile, into the buffer after this pass's last
+            if not (write and ahead and then is not None and then.tile <= store.pool_tile and then is not self):
+                return
+            free(seq0 + n_tiles)
+            rec = store.records(then.tile)[(seq0 + n_tiles) % nbuf]
+            store.read_ahead(rec, then.path, then.commit, then._offset(0, then.commit), step, seq0 + n_tiles)
 
         expect = {"run": store.run, "rank": store.rank, "group": self.group.index, "commit": cur,
                   "payload bytes": self.rec_bytes - 4096}
         try:
             read(0)
             for k, (lo, hi) in enumerate(self.tiles):
+                s = seq0 + k
                 store.wait_reads(step)
-                rec = recs[k % nbuf]
+                rec = recs[s % nbuf]
                 rec.verify(dict(expect, tile=k, elements=hi - lo),
                            f"{self.path} at byte offset {self._offset(k, cur)} (step {step})")
-                if ahead and k + 1 < len(self.tiles):
+                if ahead and k + 1 < n_tiles:
                     read(k + 1)
+                elif k + 1 == n_tiles:
+                    read_next()
                 yield lo, hi, rec
                 if write:
-                    self._seal_and_write(rec, k, new, step)
-                    writing.add(k)
+                    self._seal_and_write(rec, k, new, step, lane=s % store.lanes)
+                    writing.add(s)
                     if not self.opts.pipeline_write:
                         store.wait_writes(step)
                         writing.clear()
-                if not ahead and k + 1 < len(self.tiles):
+                if not ahead and k + 1 < n_tiles:
                     read(k + 1)
             store.wait_writes(step)
         except BaseException:
             store.drain()  # nothing may still be moving into or out of the buffers
             raise
+        store.seq = max(store.seq, seq0 + n_tiles)
         if write:
             self.commit = new
 
     def read_first_tiles(self, step: int) -> None:
         """Stages 1/2, when this group (the first the step reads) has landed in the boundary backward:
         its first tiles are read while backward goes on (the step would start with waiting for them)."""
-        recs = self.store.records(self.tile)
-        n = min(len(recs), len(self.tiles)) if self.opts.pipeline_read and len(recs) >= 2 else 1
+        nbuf = self.store.buffer_count
+        n = min(nbuf, len(self.tiles)) if self.opts.pipeline_read and nbuf >= 2 else 1
         self.store.take_ahead(None, None)  # whatever an earlier read-ahead left is dropped
+        recs, seq0 = self.store.records(self.tile), self.store.seq
         try:
             for k in range(n):
-                self.store.read(recs[k], self.path, self._offset(k, self.commit), step)
+                self.store.read(recs[(seq0 + k) % nbuf], self.path, self._offset(k, self.commit), step)
         except SwapError:  # (a truncated file) said by the step itself, which reads it again
             self.store.drain()
             return
-        self.store.ahead = (self.path, self.commit, n)
+        self.store.ahead = (self.path, self.commit, n, seq0)
 
     # -- the step --------------------------------------------------------------------------
     def step(self, grad: torch.Tensor, hp: AdamHyper, *, step: int, grad_scale: float):
@@ -171,7 +200,7 @@ class NvmeOptimizerShard(HostOptimizerShard):
             if self._copy_event is not None:  # last step's copy back still reads the staging buffer
                 self._copy_event.synchronize()
                 self._copy_event = None
-            for lo, hi, rec in self._tiles_io(step, write=True):
+            for lo, hi, rec in self._tiles_io(step, write=True, then=self.then):
                 m, a, v = rec.arrays(hi - lo)
                 out = self.staging[lo:hi]
                 _adam(m, self.grad_h[lo:hi], a, v, out if self.half else None, hp, step, grad_scale, hi - lo)

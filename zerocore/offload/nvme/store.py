@@ -97,7 +97,9 @@ class SwapStore:
         self._pool = None  # one allocation: buffer_count records of the largest tile
         self._pool_tile = 0
         self.fail_writes: int | None = None  # test hook: errno every write raises (ENOSPC: a full disk)
-        self.ahead: tuple[str, int, int] | None = None  # (file, commit, tiles) read into buffers 0.. ahead of use
+        # (file, commit, tiles, first sequence number): first tiles read into the buffers ahead of their pass
+        self.ahead: tuple[str, int, int, int] | None = None
+        self.seq = 0  # the running tile sequence: tile sequence s passes through buffer s % buffer_count
 
     # -- buffers -----------------------------------------------------------------------------
     def records(self, tile: int) -> list[Record]:
@@ -107,6 +109,11 @@ class SwapStore:
             self._pool_tile = tile
         size = record_bytes(self._pool_tile)  # a multiple of 4096: every record stays aligned
         return [Record(self._pool[i * size:(i + 1) * size], tile) for i in range(self.buffer_count)]
+
+    @property
+    def pool_tile(self) -> int:
+        """Elements of the largest tile a buffer holds."""
+        return self._pool_tile
 
     @property
     def pool(self) -> torch.Tensor | None:
@@ -167,19 +174,28 @@ class SwapStore:
         except OSError as e:
             raise SwapError(self._say("read", self.dir, None, step, e)) from e
 
-    def take_ahead(self, path: str | None, commit: int | None) -> int:
-        """How many first tiles of ``path`` at ``commit`` were already read into the buffers (0: none;
-        reads ahead for anything else are finished and forgotten, their buffers free again)."""
+    def take_ahead(self, path: str | None, commit: int | None) -> tuple[int, int]:
+        """(tiles, first sequence number): how many first tiles of ``path`` at ``commit`` were already
+        read into the buffers, from which sequence number on ((0, the running sequence): none; reads
+        ahead for anything else are finished and forgotten, their buffers free again)."""
         ahead, self.ahead = self.ahead, None
-        if ahead is None:
-            return 0
-        if ahead[:2] == (path, commit):
-            return ahead[2]
+        if ahead is not None and ahead[:2] == (path, commit):
+            return ahead[2], ahead[3]
+        if ahead is not None:
+            try:
+                self.reader.wait()
+            except OSError:
+                pass  # a read nobody will use
+        return 0, self.seq
+
+    def read_ahead(self, rec: Record, path: str, commit: int, offset: int, step: int, seq: int) -> None:
+        """The first tile of the pass the worker runs next, read now into ``rec`` (buffer ``seq``);
+        that pass takes it (``take_ahead``). A file that cannot be read is left for that pass to say."""
         try:
-            self.reader.wait()
-        except OSError:
-            pass  # a read nobody will use
-        return 0
+            self.read(rec, path, offset, step)
+        except SwapError:
+            return
+        self.ahead = (path, commit, 1, seq)
 
     def drain(self) -> None:
         """Waits for everything in flight, errors dropped (after an error: the buffers are reused)."""
