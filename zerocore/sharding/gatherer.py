@@ -243,11 +243,12 @@ class ParamGatherer:
                 for v in [u, *u.extern]:
                     if v not in self.stack and not (self.limits.max_reuse > 0 and self._keep(v)):
                         self._free(v)
-            elif u.tracked.value is ParamState.GATHERED and u.group is not None and u not in self.stack:
-                u.group.free_full()
-                self.live -= u.padded
-            elif u.group is not None:
-                self._free(u)
+            elif u.group is not None and u not in self.stack:
+                if u.tracked.value is ParamState.GATHERED:  # _free's usual case, inline
+                    u.group.free_full()
+                    self.live -= u.padded
+                else:
+                    self._free(u)
             if not self.stack:
                 self._end_forward()
         return hook

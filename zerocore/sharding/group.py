@@ -116,6 +116,7 @@ class ShardedGroup:
         handle = comm.all_gather_into(self.param_flat, mine, async_op=async_op)
         if handle is DONE:  # landed already: finish_gather, inline (the hot path of a world of one)
             ps.value = ParamState.GATHERED
+            self._staged = None  # the device copy of a host-resident shard is done with
             for p, v in zip(self.params, self._views):
                 p.data = v
             for d, registered, name, p in self.shadows:
