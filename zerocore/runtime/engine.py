@@ -35,6 +35,8 @@ from .misuse import (RequiresGradWatch, check_loss, checked_lr, explain_dtype_er
                      own_module_zero_grad, reports_stalls)
 from .preflight import check_config, check_model
 from .release import release
+from .shutdown import close_engine
+from ..comm.lifetime import engine_started
 
 
 class Engine:
@@ -98,6 +100,7 @@ class Engine:
         self._backward_done = False
         self._dropped = False  # zero_grad() between backward() and step() (named by step())
         self._batches = self._step_batches()
+        engine_started(self)  # the process groups zerocore created live while an engine does
 
     def _group_specs(self, module, trainable, z) -> list[GroupSpec]:
         if z.stage == 3:
@@ -321,11 +324,16 @@ class Engine:
     def destroy(self, collective: bool = True) -> None:
         """Gives the model back: hooks removed, every parameter its own tensor with its full current
         value (stage 3 gathers: a collective; ``collective=False`` skips that and leaves stage-3
-        parameters empty). The engine cannot be used afterwards."""
+        parameters empty). Then stops the engine's workers, closes its NVMe swap stores and, once
+        no engine is left, destroys the process groups zerocore created (the default group only if
+        zerocore initialized it). The engine cannot be used afterwards."""
         if self.module is None:
             return
-        release(self, collective)
-        self.module = None
+        try:
+            release(self, collective)
+        finally:
+            self.module = None
+            close_engine(self)
 
     def _alive(self) -> None:
         if self.module is None:
