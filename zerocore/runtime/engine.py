@@ -32,7 +32,7 @@ from .group_specs import GroupSpec, size_groups, stage3_groups
 from . import weights
 from .agreement import agree
 from .misuse import (RequiresGradWatch, check_loss, checked_lr, explain_dtype_error, keeps_counters_on_failure,
-                     own_module_zero_grad, reports_stalls)
+                     own_module_zero_grad, reports_stalls, upcast_from)
 from .preflight import check_config, check_model
 from .release import release
 from .shutdown import close_engine
@@ -55,6 +55,7 @@ class Engine:
         if not trainable:
             raise ValueError("zerocore: the model has no trainable parameters")
         self.device = trainable[0][1].device
+        self._upcast = upcast_from(trainable, self.dtype)  # a 16-bit model trained in fp32: warned, named on errors
         self._requires_grad = RequiresGradWatch(trainable, frozen)
         own_module_zero_grad(self)
         # CPU offload: where the optimizer shard (and stage-3 parameter shards) rest; None: the device
@@ -172,7 +173,7 @@ class Engine:
         try:
             return self.module(*args, **kwargs)
         except RuntimeError as e:
-            better = explain_dtype_error(e, args, kwargs, self.dtype) if self.dtype != torch.float32 else None
+            better = explain_dtype_error(e, args, kwargs, self.dtype, self._upcast)
             if better is None:
                 raise
             raise better from e
