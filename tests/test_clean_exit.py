@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import zerocore
-from zerocore.comm import lifetime
+from zerocore.comm import Comm, lifetime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(ROOT, "tests", "exit_job.py")
@@ -132,10 +132,13 @@ def test_a_group_the_script_created_is_left_to_the_script(tmp_path):
         engine = zerocore.initialize(small(), {"zero_optimization": {"stage": 3}})
         train(engine)
         assert not lifetime.owns_default()
+        side = Comm(lifetime.new_side_group(("test",), None))  # as the stage-3 header group is made on 2+ ranks
         engine.destroy()
         assert dist.is_initialized()
-        # the stage-3 header group zerocore made for itself is gone with the last engine
+        assert len(dist.distributed_c10d._world.pg_map) == 2  # side groups are kept for the next engine
+        lifetime.teardown()  # what interpreter exit runs: zerocore's side group goes, the script's group stays
         assert list(dist.distributed_c10d._world.pg_map) == [dist.distributed_c10d._get_default_group()]
+        assert side.group is lifetime.RELEASED
     finally:
         dist.destroy_process_group()
 

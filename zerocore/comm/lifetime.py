@@ -11,7 +11,8 @@ with "terminate called without an active exception" after the script's last line
 hook) joins those threads while the interpreter is whole. The same holds for a host-step worker
 still running a step: it is joined first.
 
-Order: workers, then side groups (newest first), then the default group, and only the default
+At ``engine.destroy()`` only once no engine is left and only when zerocore created the default
+group (see ``engine_destroyed``); at exit always. Order: workers, then side groups (newest first), then the default group, and only the default
 group zerocore itself created (a group the script created is the script's to destroy, as torch
 asks of anyone who creates one). No barrier: a rank whose peer is gone, or never calls teardown,
 finishes at once (gloo closes its connections; the peer's next collective on them raises
@@ -141,11 +142,14 @@ def _destroy(group) -> None:
         _say(f"side process group teardown: {e}")
 
 
-def engine_destroyed(engine) -> None:
-    """``engine.destroy()``: once no engine is left, everything zerocore created is torn down (a
-    later engine creates what it needs again)."""
+def engine_destroyed(engine, collective: bool = True) -> None:
+    """``engine.destroy()``: once no engine is left and zerocore created the default group, all
+    that zerocore created is torn down (a later engine creates what it needs again). Side groups
+    over a group the script created stay until exit: they are reused by the next engine, and a
+    rank that destroyed its engine after an error (``collective`` false) must not leave the others
+    holding groups it no longer has."""
     _R.engines.discard(engine)
-    if not len(_R.engines):
+    if collective and not len(_R.engines) and owns_default():
         teardown()
 
 

@@ -334,7 +334,7 @@ class Engine:
             release(self, collective)
         finally:
             self.module = None
-            close_engine(self)
+            close_engine(self, collective)
 
     def _alive(self) -> None:
         if self.module is None:
