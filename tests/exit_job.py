@@ -1,7 +1,9 @@
 """A short training job for tests/test_clean_exit.py, launched by torchrun: trains a few steps
 with the process group left to zerocore (the script never initializes it), prints, and ends,
 with or without engine.destroy(). Usage: exit_job.py STAGE OFFLOAD(none|cpu|nvme) DESTROY(0|1)
-[SWAP_DIR]; with DESTROY 2 it destroys, builds a second engine on the same model and trains again."""
+[SWAP_DIR]; with DESTROY 2 it destroys, builds a second engine on the same model and trains again;
+with DESTROY 3 rank 0 leaves a collective queued that rank 1, busy elsewhere, never joins and dies of an
+exception."""
 import os
 import sys
 
@@ -28,5 +30,11 @@ for round_ in range(2 if destroy == 2 else 1):
         engine.backward(loss)
         engine.step()
     print(f"rank {engine.rank} round {round_} loss {float(loss):.4f}", flush=True)
-    if destroy:
+    if destroy == 3 and engine.rank == 0:
+        torch.distributed.all_reduce(torch.ones(1), async_op=True)
+        raise RuntimeError("rank 0 fails after training")
+    if destroy == 3:  # rank 1 is busy elsewhere (torchrun stops it once rank 0 has failed)
+        import time
+        time.sleep(150)
+    if destroy in (1, 2):
         engine.destroy()

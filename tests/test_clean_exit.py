@@ -74,6 +74,17 @@ def test_two_rank_jobs_exit_cleanly_quick(tmp_path):
     assert_clean(run_job(2, "none", 2, 1, str(tmp_path)), "stage 2, destroy() then a second engine")
 
 
+def test_a_rank_dying_of_an_exception_with_a_collective_queued_exits_at_once(tmp_path):
+    """Exit does not destroy the groups after an uncaught exception (gloo would first run the queued
+    collective, waiting up to the group's 120 s timeout): both ranks end well before that."""
+    import time
+
+    t0 = time.perf_counter()
+    (rc, text), = run_job(2, "none", 3, 1, str(tmp_path), timeout=130)
+    assert rc != 0 and "rank 0 fails after training" in text and "(timed out)" not in text, text[-3000:]
+    assert time.perf_counter() - t0 < 120  # rank 1 sleeps 150 s: torchrun stopped it when rank 0 ended
+
+
 MATRIX = [(s, off, d, n) for n in (1, 2) for s in (0, 1, 2, 3) for off in ("none", "cpu", "nvme") for d in (0, 1)
           if not (s == 0 and off != "none") and not (n == 2 and off == "nvme")]
 

@@ -16,7 +16,10 @@ group (see ``engine_destroyed``); at exit always. Order: workers, then side grou
 group zerocore itself created (a group the script created is the script's to destroy, as torch
 asks of anyone who creates one). No barrier: a rank whose peer is gone, or never calls teardown,
 finishes at once (gloo closes its connections; the peer's next collective on them raises
-"Connection closed by peer", an error, not an abort; measured).
+"Connection closed by peer", an error, not an abort; measured). A collective this rank queued and
+never waited for is finished first (gloo's destructor runs its queue), so after an uncaught
+exception exit leaves the groups alone: a queued collective whose peers went elsewhere would hold
+the exit up to the group's timeout.
 
 A default group torn down at ``destroy()`` is created again by the next engine: on the store of
 the first one, under a fresh key prefix (the first group's keys are still there, and gloo's
@@ -173,6 +176,13 @@ def teardown(worker_timeout_s: float = 120.0) -> None:
 
 
 def _at_exit() -> None:
+    if getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None:
+        # the script died of an exception: a collective of this rank may still be queued, and
+        # destroying its group would wait for it (up to the group's timeout); the exit code is
+        # already non-zero
+        for w in list(_R.workers):
+            w.close(10.0)
+        return
     teardown()
     _R.base_store = None
 
