@@ -45,7 +45,8 @@ class _Registry:
         self.side: dict[object, object] = {}  # key -> side group zerocore created
         self.comms: weakref.WeakSet = weakref.WeakSet()  # Comms over those side groups
         self.workers: weakref.WeakSet = weakref.WeakSet()  # objects with close(timeout_s)
-        self.engines: weakref.WeakSet = weakref.WeakSet()  # live (not destroyed) engines
+        # live (not destroyed) engines -> the default group they were built on (a weakref; None: none)
+        self.engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.hooked = False
         self.lock = threading.RLock()
 
@@ -121,8 +122,13 @@ def note_worker(worker) -> None:
     _hook()
 
 
+def _current_default():
+    return dist.distributed_c10d._get_default_group() if dist.is_available() and dist.is_initialized() else None
+
+
 def engine_started(engine) -> None:
-    _R.engines.add(engine)
+    pg = _current_default()
+    _R.engines[engine] = weakref.ref(pg) if pg is not None else None
 
 
 # -- teardown ------------------------------------------------------------------------------------
@@ -151,8 +157,10 @@ def engine_destroyed(engine, collective: bool = True) -> None:
     over a group the script created stay until exit: they are reused by the next engine, and a
     rank that destroyed its engine after an error (``collective`` false) must not leave the others
     holding groups it no longer has."""
-    _R.engines.discard(engine)
-    if collective and not len(_R.engines) and owns_default():
+    _R.engines.pop(engine, None)
+    pg = _current_default()
+    users = [e for e, ref in list(_R.engines.items()) if ref is not None and ref() is pg]
+    if collective and not users and owns_default():
         teardown()
 
 
