@@ -115,17 +115,14 @@ def test_misuse_is_named():
         zerocore.initialize(small_model().requires_grad_(False), {})
 
 
-@pytest.mark.parametrize("cfg,named", [
-    # CPU and NVMe offload (optimizer state, stage-3 parameter shards) are implemented
-    # (tests/test_offload*.py); round_robin_gradients is not yet
-    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "round_robin_gradients": True}},
-     "round_robin_gradients"),
-])
-def test_settings_not_implemented_yet_are_refused(cfg, named):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(NotImplementedError, match=named):
-            zerocore.initialize(small_model(), cfg)
+def test_round_robin_gradients_is_accepted_and_says_why_it_changes_nothing():
+    """DeepSpeed's round_robin_gradients spreads the gradient copies to the host over the ranks; zerocore's
+    layout always does (every group is split evenly over the ranks): a warning says so, nothing is refused."""
+    cfg = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "round_robin_gradients": True}}
+    with pytest.warns(zerocore.config.ConfigWarning, match="round_robin_gradients=true .*split evenly over the ranks"):
+        engine = zerocore.initialize(small_model(), cfg)
+    engine.backward(engine(torch.randn(2, 5)).sum())
+    engine.step()
 
 
 def test_accumulation_updates_only_at_the_boundary():
@@ -238,3 +235,15 @@ def test_reduce_dtype_fp32_reduces_bf16_gradients_in_fp32(stage):
         results.append(engine.full_state_dict())
     for k in results[0]:
         assert torch.equal(results[0][k], results[1][k]), k
+
+
+@pytest.mark.parametrize("low,key", [(torch.float16, "fp16.enabled"), (torch.bfloat16, "bf16.enabled")])
+def test_a_16bit_model_under_an_fp32_config_is_named_at_initialize_and_at_the_failing_forward(low, key):
+    model = small_model().to(low)
+    with pytest.warns(UserWarning, match=f"parameters are {str(low)[6:]} .*trains them in float32.*Set {key}: true"):
+        engine = zerocore.initialize(model, {"zero_optimization": {"stage": 2}})
+    with pytest.raises(RuntimeError, match=f"model was {str(low)[6:]}: with neither fp16.enabled nor bf16.enabled.*"
+                                           f"set {key}: true.*input #0 of the forward is {str(low)[6:]}"):
+        engine(torch.randn(2, 5).to(low))
+    engine.backward(engine(torch.randn(2, 5)).sum())  # float32 inputs train as the warning says
+    engine.step()

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from . import lifetime
+
 # torch 2.13 renamed the flat-tensor collectives; keep working on older releases.
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or getattr(dist, "reduce_scatter_tensor", None)
 _all_gather_flat = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
@@ -59,6 +61,7 @@ class Comm:
             self.rank = dist.get_rank(group)
             self.world = dist.get_world_size(group)
             self.backend = str(dist.get_backend(group)).lower()
+            lifetime.note_comm(self)
         if reduce_scatter_via_all_reduce is None:
             reduce_scatter_via_all_reduce = self.backend == "gloo"
         self.reduce_scatter_via_all_reduce = reduce_scatter_via_all_reduce

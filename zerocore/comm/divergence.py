@@ -34,24 +34,18 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from . import lifetime
 from .collectives import Comm
-
-# (ranks, timeout) -> the gloo group the headers travel on (created collectively, on first use)
-_HEADER_GROUPS: dict[tuple, object] = {}
-
 
 def _header_comm(comm: Comm, timeout_s: float) -> Comm | None:
     """A Comm over a gloo group of ``comm``'s ranks whose collectives time out after ``timeout_s``;
     None where one cannot be made (the headers then use ``comm`` with a deadline on the wait)."""
     try:
         ranks = tuple(dist.get_process_group_ranks(comm.group)) if comm.group is not None else None
-        key = (ranks, float(timeout_s))
-        group = _HEADER_GROUPS.get(key)
-        if group is None or group not in dist.distributed_c10d._world.pg_map:  # none yet, or destroyed
-            group = dist.new_group(ranks=list(ranks) if ranks is not None else None, backend="gloo",
-                                   timeout=datetime.timedelta(seconds=timeout_s),
-                                   use_local_synchronization=ranks is not None)
-            _HEADER_GROUPS[key] = group
+        group = lifetime.new_side_group(("headers", ranks, float(timeout_s)),
+                                        list(ranks) if ranks is not None else None,
+                                        timeout=datetime.timedelta(seconds=timeout_s),
+                                        use_local_synchronization=ranks is not None)
         return Comm(group)
     except (RuntimeError, ValueError, AttributeError):
         return None

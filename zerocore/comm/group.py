@@ -9,6 +9,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from . import lifetime
 from .collectives import Comm
 
 
@@ -18,15 +19,15 @@ def default_comm(device: torch.device | None = None, timeout_s: float | None = N
     If none is initialized but the environment names a rank (``torchrun`` sets RANK,
     WORLD_SIZE, MASTER_ADDR, MASTER_PORT), the default group is initialized from it: NCCL for
     CUDA models, gloo otherwise, with collectives timing out after ``timeout_s`` (torch's
-    default, 10-30 minutes, leaves a user watching a rank that stopped for that long). With
-    neither, training runs as a world of one.
+    default, 10-30 minutes, leaves a user watching a rank that stopped for that long); zerocore
+    then owns it and destroys it at ``engine.destroy()`` (the last engine's) and at interpreter
+    exit (``zerocore.comm.lifetime``). With neither, training runs as a world of one.
     """
     if dist.is_available() and dist.is_initialized():
         return Comm()
     if dist.is_available() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
-        kwargs = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
-        dist.init_process_group(backend, **kwargs)
+        # zerocore owns this group: it is torn down at engine.destroy() and at interpreter exit
+        lifetime.init_default("nccl" if device is not None and device.type == "cuda" else "gloo", timeout_s)
         return Comm()
     return Comm.single()
 
@@ -106,4 +107,4 @@ def side_comm(comm: Comm) -> Comm:
     if comm.world == 1:
         return Comm.single()
     ranks = dist.get_process_group_ranks(comm.group) if comm.group is not None else None
-    return Comm(dist.new_group(ranks=ranks, backend="gloo"))
+    return Comm(lifetime.new_side_group(None, ranks))

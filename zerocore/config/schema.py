@@ -12,10 +12,8 @@ import dataclasses
 from .aio import BACKENDS as AIO_BACKENDS
 from .options import ConfigError, coerce, is_section, option, section, spec_of
 
-OFFLOAD = "CPU/NVMe offload (offload issue)"
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: above this a wait is a hang, and timedelta/gloo overflow
 MAX_ACCUMULATION = 1_000_000  # micro-batches per step; above this the optimizer would never step
-NVME = "NVMe offload (issue 13: optimizer state and parameter shards on NVMe)"
 
 
 def _only_stage3(cfg) -> bool:
@@ -149,7 +147,9 @@ class ZeroOptimizationConfig(_Section):
                                         "broadcasts).", kind=bool,
                                         no_effect="zerocore always refreshes parameters with all-gather")
     round_robin_gradients: bool = option(False, "Spread gradient copies to CPU across ranks (offload).", kind=bool,
-                                         pending_if=lambda v: v, pending=OFFLOAD)
+                                         no_effect="zerocore does this always: every flat group is split evenly "
+                                         "over the ranks, so each rank copies its own slice of every reduced "
+                                         "bucket to the host as the bucket lands, all ranks at once")
     sub_group_size: int = option(1_000_000_000, "Elements per optimizer-step tile (unit of NVMe swapping).",
                                  kind=int, ge=1, applies_if=lambda c: _only_stage3(c) or _uses_nvme(c),
                                  applies="stage 3 or NVMe offload")

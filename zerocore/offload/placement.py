@@ -167,3 +167,13 @@ class OffloadPlan:
     def wait_all(self) -> None:
         for shard in self.shards.values():
             shard.ready.wait()
+
+    def close(self) -> None:
+        """Stops the host-step worker after its queued steps, closes the NVMe swap stores (I/O
+        handles released, this run's swap folders removed)."""
+        if self.stepper is not None:
+            self.stepper.close()
+        if self.nvme is not None:
+            self.nvme.close()
+        if self.param_swap is not None:
+            self.param_swap.close()

@@ -18,6 +18,8 @@ from typing import Callable
 
 import torch
 
+from ..comm import lifetime
+
 
 class Ready:
     """Whether a group's owned parameters hold this step's update (set by the worker). On CUDA
@@ -85,6 +87,7 @@ class HostStepper:
                                             name="zerocore-host-step", daemon=True)
             self._thread.start()
             weakref.finalize(self, self._jobs.put, None)
+            lifetime.note_worker(self)  # joined before interpreter exit (a step still running would abort it)
         ready.clear()
         trace, delay = self.trace, self.delay_s
 
@@ -97,3 +100,10 @@ class HostStepper:
             return ev
 
         self._jobs.put((run, ready))
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Lets the queued steps finish, then stops the worker (a later submit starts a new one)."""
+        thread, self._thread = self._thread, None
+        if thread is not None and thread.is_alive():
+            self._jobs.put(None)
+            thread.join(timeout_s)

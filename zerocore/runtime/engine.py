@@ -32,9 +32,11 @@ from .group_specs import GroupSpec, size_groups, stage3_groups
 from . import weights
 from .agreement import agree
 from .misuse import (RequiresGradWatch, check_loss, checked_lr, explain_dtype_error, keeps_counters_on_failure,
-                     own_module_zero_grad, reports_stalls)
+                     own_module_zero_grad, reports_stalls, upcast_from)
 from .preflight import check_config, check_model
 from .release import release
+from .shutdown import close_engine
+from ..comm.lifetime import engine_started
 
 
 class Engine:
@@ -53,6 +55,7 @@ class Engine:
         if not trainable:
             raise ValueError("zerocore: the model has no trainable parameters")
         self.device = trainable[0][1].device
+        self._upcast = upcast_from(trainable, self.dtype)  # a 16-bit model trained in fp32: warned, named on errors
         self._requires_grad = RequiresGradWatch(trainable, frozen)
         own_module_zero_grad(self)
         # CPU offload: where the optimizer shard (and stage-3 parameter shards) rest; None: the device
@@ -98,6 +101,7 @@ class Engine:
         self._backward_done = False
         self._dropped = False  # zero_grad() between backward() and step() (named by step())
         self._batches = self._step_batches()
+        engine_started(self)  # the process groups zerocore created live while an engine does
 
     def _group_specs(self, module, trainable, z) -> list[GroupSpec]:
         if z.stage == 3:
@@ -169,7 +173,7 @@ class Engine:
         try:
             return self.module(*args, **kwargs)
         except RuntimeError as e:
-            better = explain_dtype_error(e, args, kwargs, self.dtype) if self.dtype != torch.float32 else None
+            better = explain_dtype_error(e, args, kwargs, self.dtype, self._upcast)
             if better is None:
                 raise
             raise better from e
@@ -321,11 +325,16 @@ class Engine:
     def destroy(self, collective: bool = True) -> None:
         """Gives the model back: hooks removed, every parameter its own tensor with its full current
         value (stage 3 gathers: a collective; ``collective=False`` skips that and leaves stage-3
-        parameters empty). The engine cannot be used afterwards."""
+        parameters empty). Then stops the engine's workers, closes its NVMe swap stores and, once
+        no engine is left, destroys the process groups zerocore created (the default group only if
+        zerocore initialized it). The engine cannot be used afterwards."""
         if self.module is None:
             return
-        release(self, collective)
-        self.module = None
+        try:
+            release(self, collective)
+        finally:
+            self.module = None
+            close_engine(self, collective)
 
     def _alive(self) -> None:
         if self.module is None:

@@ -60,9 +60,28 @@ def check_loss(loss) -> None:
                          "the model")
 
 
-def explain_dtype_error(error: RuntimeError, args, kwargs, dtype: torch.dtype) -> RuntimeError | None:
+def upcast_from(trainable, dtype: torch.dtype) -> torch.dtype | None:
+    """The 16-bit dtype of a model the config trains in float32 (neither ``fp16.enabled`` nor
+    ``bf16.enabled``), after a warning that the engine upcasts it; None otherwise. Not an error: an
+    fp16 checkpoint trained in fp32 with fp32 inputs is a sound choice; what goes wrong is feeding it
+    16-bit inputs, which the forward then explains (``explain_dtype_error``)."""
+    if dtype != torch.float32:
+        return None
+    low = next((p.dtype for _, p in trainable if p.dtype in (torch.float16, torch.bfloat16)), None)
+    if low is not None:
+        name = str(low).replace("torch.", "")
+        key = "bf16.enabled" if low == torch.bfloat16 else "fp16.enabled"
+        warnings.warn(f"zerocore: the model's parameters are {name} and the config enables neither fp16 nor bf16: "
+                      f"the engine trains them in float32 (upcast; forward inputs must be float32). Set {key}: "
+                      f"true to train in {name}", UserWarning, stacklevel=4)
+    return low
+
+
+def explain_dtype_error(error: RuntimeError, args, kwargs, dtype: torch.dtype,
+                        upcast: torch.dtype | None = None) -> RuntimeError | None:
     """When a forward failed on a dtype mismatch and an input is floating point of another dtype
-    than the engine holds the model in, the error that says so (None: not that case)."""
+    than the engine holds the model in, the error that says so (None: not that case); ``upcast``:
+    the 16-bit dtype the model had before the engine upcast it to float32."""
     text = str(error)
     if "dtype" not in text and "type" not in text:
         return None
@@ -73,7 +92,12 @@ def explain_dtype_error(error: RuntimeError, args, kwargs, dtype: torch.dtype) -
         return None
     i, got = wrong[0]
     name = lambda d: str(d).replace("torch.", "")  # noqa: E731
-    return RuntimeError(f"zerocore: the engine holds the model in {name(dtype)} and input #{i} of the forward is "
+    why = ""
+    if upcast is not None:
+        key = "bf16.enabled" if upcast == torch.bfloat16 else "fp16.enabled"
+        why = (f" (the model was {name(upcast)}: with neither fp16.enabled nor bf16.enabled in the config the engine "
+               f"upcast it to float32; set {key}: true to train in {name(upcast)})")
+    return RuntimeError(f"zerocore: the engine holds the model in {name(dtype)}{why} and input #{i} of the forward is "
                         f"{name(got)}; cast floating inputs to {name(dtype)} (x.to({dtype})) as DeepSpeed requires. "
                         f"({type(error).__name__}: {text})")
 

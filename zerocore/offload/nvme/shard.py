@@ -15,7 +15,9 @@ A step never changes anything until every tile was read back verified and writte
 has two slots in the file and updated records go to the slot not holding the current state;
 the updated parameters wait in a staging buffer. Only when the last write completed does the
 shard advance its commit number (which every record header must carry to be accepted) and copy
-the staging buffer into the parameters. A corrupt record, a short file or a failed write raise
+the staging buffer into the parameters. (fp32 parameters in host memory of their own take each
+tile's values at once, and a failed step puts the tiles it wrote back from the current records:
+the staging buffer would be one more fp32 copy of the parameters in RAM.) A corrupt record, a short file or a failed write raise
 SwapError with the state and the parameters as they were before the step.
 
 Gradient landing and the norm are HostOptimizerShard's own (inherited): only where the state
@@ -63,7 +65,7 @@ class NvmeOptimizerShard(HostOptimizerShard):
         self.commit = 0  # records of the current state carry this number, in slot commit % 2
         self.last_step = 0
         self.grad_h = host_zeros(n, group.layout.dtype, pin)
-        self.staging = host_empty(n, group.layout.dtype, pin)  # updated parameters until the step commits
+        self.staging = None  # updated parameters until the step commits (made at the first step that needs one)
         self.master_d = torch.empty(0, dtype=torch.float32)
         self.ready = Ready()
         self._landed: list = []
@@ -200,6 +202,10 @@ class NvmeOptimizerShard(HostOptimizerShard):
             if self._copy_event is not None:  # last step's copy back still reads the staging buffer
                 self._copy_event.synchronize()
                 self._copy_event = None
+            if self._direct():
+                return self._step_direct(hp, step, grad_scale)
+            if self.staging is None:
+                self.staging = host_empty(self.n, self.group.layout.dtype, self.pin)
             for lo, hi, rec in self._tiles_io(step, write=True, then=self.then):
                 m, a, v = rec.arrays(hi - lo)
                 out = self.staging[lo:hi]
@@ -211,6 +217,40 @@ class NvmeOptimizerShard(HostOptimizerShard):
                 return self._copy_back(target, self.staging)  # the step commits: its parameters go in
 
         return self._run_host(host_part)
+
+    def _direct(self) -> bool:
+        """fp32 parameters in host memory of their own (a CPU device, no parameter swap): each tile's
+        new master goes straight into them, no staging buffer (4 bytes a parameter less); a step
+        that fails puts the tiles it wrote back from the current state's records (``_undo``)."""
+        return not self.half and self.param_swap is None and self.group.owned_params_raw().device.type == "cpu"
+
+    def _step_direct(self, hp: AdamHyper, step: int, grad_scale: float) -> None:
+        target = self.group.owned_params_raw()
+        done = 0  # parameters [0, done) hold this step's values
+        try:
+            for lo, hi, rec in self._tiles_io(step, write=True, then=self.then):
+                m, a, v = rec.arrays(hi - lo)
+                _adam(m, self.grad_h[lo:hi], a, v, None, hp, step, grad_scale, hi - lo)
+                target[lo:hi].copy_(m[:hi - lo])
+                done = hi
+        except BaseException as e:
+            if done:
+                self._undo(target, done, step, e)
+            raise
+        self.last_step = step
+        return None
+
+    def _undo(self, target: torch.Tensor, done: int, step: int, error: BaseException) -> None:
+        """After a failed step: parameters [0, ``done``) back to the current (not advanced) state."""
+        try:
+            for lo, hi, rec in self._tiles_io(self.last_step, write=False):
+                if lo >= done:
+                    break
+                target[lo:min(hi, done)].copy_(rec.master[:min(hi, done) - lo])
+        except SwapError as again:
+            raise SwapError(f"{error}; putting the parameters back from the swap file failed too ({again}): "
+                            f"parameters [0, {done}) of group {self.group.index} hold step {step}'s values, the "
+                            "optimizer state the previous step's") from error
 
     # -- what the engine and checkpoints read ------------------------------------------------
     @property
