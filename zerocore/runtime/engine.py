@@ -28,7 +28,7 @@ from .grad_norm import grad_sumsq, reduce_dtype, sum_across
 from .model_setup import convert_rest, named_params, training_dtype
 from .gathered import register_engine
 from .partition_init import check_unchanged, initial_value
-from .group_specs import GroupSpec, size_groups, stage3_groups
+from .group_specs import GroupSpec, engine_groups
 from . import weights
 from .agreement import agree
 from .misuse import (RequiresGradWatch, check_loss, checked_lr, explain_dtype_error, keeps_counters_on_failure,
@@ -100,11 +100,7 @@ class Engine:
         self._batches = self._step_batches()
 
     def _group_specs(self, module, trainable, z) -> list[GroupSpec]:
-        if z.stage == 3:
-            return stage3_groups(module, trainable, z, self.comm.world, self.dtype)
-        # Groups in reverse registration order: close to the order backward produces gradients,
-        # so buckets fill (and launch) one after another.
-        return size_groups(list(reversed(trainable)), z.reduce_bucket_size, self.comm.world, self.dtype, self.policy)
+        return engine_groups(module, trainable, z, self.comm.world, self.dtype, self.policy)
 
     def _add_group(self, layout, params, policy) -> ShardedGroup:
         # The initial values, in fp32, broadcast from rank 0 so every rank starts identical;

@@ -12,17 +12,21 @@ HOST_ROLES = ("host_params", "host_grads", "host_master", "host_exp_avg", "host_
 # the engine put each byte.
 
 
-def held_bytes(engine) -> dict[str, int]:
+def held_bytes(engine, storage_key=None) -> dict[str, int]:
+    """``engine``: anything with ``groups``, ``shards`` and ``reducer`` as the engine has them;
+    ``storage_key``: what identifies a storage (its address; the planner's fake tensors have none)."""
     seen: set[int] = set()
     out = dict.fromkeys(ROLES + HOST_ROLES, 0)
+    key_of = storage_key or (lambda st: st.data_ptr())
 
     def count(role, t):
         if t is None:
             return
         st = t.untyped_storage()
-        if st.nbytes() == 0 or st.data_ptr() in seen:
+        key = key_of(st)
+        if st.nbytes() == 0 or key in seen:
             return
-        seen.add(st.data_ptr())
+        seen.add(key)
         out[role] += st.nbytes()
 
     for g, shard in zip(engine.groups, engine.shards):

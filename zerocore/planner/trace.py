@@ -1,0 +1,112 @@
+"""One training step of a dry engine traced on fake tensors with torch's ``MemTracker``: the live
+bytes after every op, hence the peak, with what the engine held at that moment by role.
+
+``MemTracker`` (torch.distributed._tools.mem_tracker) counts every storage an op creates, follows
+``UntypedStorage.resize_`` (stage 3 frees and re-gathers a unit that way) and drops a storage when
+it dies. What it does not do, and this module adds: it knows nothing of the engine's roles (it
+sees parameters, gradients and "other"), so the breakdown at the peak is taken from the dry
+engine itself; and its peak is read per device, where a CPU training device shares one figure
+with the host placements.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from .dry_engine import DryEngine
+
+_TOTAL = "Total"
+
+
+@dataclasses.dataclass
+class StepMemory:
+    between: dict[str, int]  # held_bytes roles between steps (+ "total", "host_total")
+    peak: int  # live tensor bytes at the step's peak, every device together
+    at_peak: dict[str, int]  # its breakdown: model states, gathered, buckets, grads, activations
+    peak_by_device: dict[str, int]
+
+
+class _PeakTracker(MemTracker):
+    """MemTracker that records a breakdown by engine role whenever the peak grows."""
+
+    def __init__(self, on_peak):
+        super().__init__()
+        self._on_peak = on_peak
+        self._best = 0
+
+    def restart_peak(self) -> None:
+        self._best = self._total()
+        self._peak_mem = {d: s[_TOTAL] for d, s in self._curr_mem_snap.items()}
+
+    def _total(self) -> int:
+        return sum(s.get(_TOTAL, 0) for s in self._curr_mem_snap.values())
+
+    def _update_peak_stats(self, peak_state) -> None:
+        # the per-module peaks of the parent class are not used: only the global one
+        for dev, snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < snap[_TOTAL]:
+                self._peak_mem[dev] = snap[_TOTAL]
+        total = self._total()
+        if total > self._best:
+            self._best = total
+            self._on_peak(total)
+
+
+def _grads_in_flight(engine: DryEngine) -> int:
+    """Bytes of ``.grad`` tensors autograd made that the engine's buffers do not hold yet."""
+    seen, n = set(), 0
+    for g in engine.groups:
+        views = {id(v) for v in g.grad_views}
+        for p in g.params:
+            gr = p.grad
+            if gr is None or id(gr) in views:
+                continue
+            st = gr.untyped_storage()
+            if st._cdata not in seen:
+                seen.add(st._cdata)
+                n += st.nbytes()
+    return n
+
+
+def trace_step(engine: DryEngine, run_forward, steps: int = 2) -> StepMemory:
+    """Runs ``steps`` training steps (stage 3 needs a second one: the first records the order its
+    prefetch follows) and measures the last. ``run_forward(module) -> loss`` makes its own inputs."""
+    for _ in range(steps - 1):
+        _one_step(engine, run_forward)
+    between = engine.held()
+    best: dict[str, int] = {}
+
+    def on_peak(total: int) -> None:
+        held = engine.held()
+        states = held["total"] + held["host_total"] - held["gathered"] - held["staged"] - held["buckets"]
+        grads = _grads_in_flight(engine)
+        best.clear()
+        best.update(model_states=states, gathered=held["gathered"] + held["staged"], buckets=held["buckets"],
+                    grads_in_flight=grads,
+                    activations=total - states - held["gathered"] - held["staged"] - held["buckets"] - grads)
+
+    tracker = _PeakTracker(on_peak)
+    tracker.track_external(*engine.tensors(), *engine.reducer.bucket_tensors())
+    with tracker:
+        tracker.restart_peak()
+        on_peak(tracker._total())
+        _one_step(engine, run_forward)
+    peak_by_device = {str(d): int(v) for d, v in tracker._peak_mem.items()}
+    return StepMemory(between=between, peak=tracker._best, at_peak=dict(best), peak_by_device=peak_by_device)
+
+
+def _one_step(engine: DryEngine, run_forward) -> None:
+    """Engine.forward / backward / step as they touch memory (the Adam kernels work in place)."""
+    loss = run_forward(engine.module)
+    if engine.gatherer is not None:
+        engine.gatherer.begin_backward()
+    engine.reducer.begin_backward(True)
+    loss.float().backward()
+    del loss
+    engine.reducer.finish_backward()
+    if engine.gatherer is not None:
+        engine.gatherer.end_backward()
+        engine.gatherer.free_all()
+    engine.reducer.clear()
