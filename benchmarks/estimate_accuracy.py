@@ -145,6 +145,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--nvme-root", default=None, help="directory for the NVMe swap files (default: the temp dir)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    # Large blocks always mmapped (and unmapped when freed), so the peak RSS of a step follows its
+    # live bytes instead of glibc's adaptive threshold; the ranks inherit it.
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 16))
     rows = []
     for world in args.worlds:
         rows += spawn_ranks(worker, world, args)

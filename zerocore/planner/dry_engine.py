@@ -36,14 +36,21 @@ from ..sharding.gatherer import Limits, ParamGatherer
 
 
 class PlanComm(Comm):
-    """A rank of ``world`` whose collectives complete at once and move no bytes."""
+    """A rank of ``world`` whose collectives complete when waited for and move no bytes. On gloo an
+    all-gather copies through a scratch buffer of the output's size, allocated and freed by gloo's
+    worker while the collective runs (measured: torch 2.13's ProcessGroupGloo; NCCL writes in
+    place): it is counted at the moment the collective is issued."""
 
-    def __init__(self, world: int, rank: int = 0):
+    def __init__(self, world: int, rank: int = 0, backend: str = "gloo"):
         super().__init__(_single=True)
-        self.world, self.rank = world, rank
+        self.world, self.rank, self.backend = world, rank, backend
 
-    def _done(self):
-        return DONE if self.world == 1 else Handle(None)
+    def _done(self, scratch_like: torch.Tensor | None = None):
+        if self.world == 1:
+            return DONE
+        if scratch_like is not None and self.backend == "gloo":
+            torch.empty_like(scratch_like)  # the tracker sees it come and go
+        return Handle(None)
 
     def reduce_scatter(self, flat, async_op=False):
         return self._done()
@@ -52,10 +59,10 @@ class PlanComm(Comm):
         return self._done()
 
     def all_gather(self, flat, async_op=False):
-        return self._done()
+        return self._done(flat)
 
     def all_gather_into(self, out, mine, async_op=False):
-        return self._done()
+        return self._done(out)
 
     def broadcast(self, t, src=0):
         return None
@@ -73,6 +80,7 @@ class PlannedNvmeShard:
         self.grad_h = torch.zeros(n, dtype=group.layout.dtype, device="cpu")
         self.staging = torch.empty(n, dtype=group.layout.dtype, device="cpu")
         self.store = store
+        self.tile = tile
         store.grow(max(1, min(n, nvme_padded(tile))))
         self.param_swap = None
         self.ready = Ready()
@@ -132,9 +140,27 @@ class DryEngine:
     gatherer: ParamGatherer | None
     offload: OffloadPlan | None
     dtype: torch.dtype
+    comm: PlanComm
 
     def held(self) -> dict[str, int]:
         return held_bytes(self, storage_key=lambda st: st._cdata)
+
+    def nvme_bytes(self) -> int:
+        """Swap-file bytes of this rank (two slots of every tile's record), as the engine sizes them."""
+        from ..offload.nvme.shard import NvmeOptimizerShard
+
+        return sum(NvmeOptimizerShard.size_on_disk(s.group.hi - s.group.lo, s.tile) for s in self.shards
+                   if isinstance(s, PlannedNvmeShard))
+
+    def rounding(self, block: int) -> int:
+        """Bytes the CUDA caching allocator adds to the held tensors (each rounded up to ``block``)."""
+        seen, extra = set(), 0
+        for t in self.tensors():
+            st = t.untyped_storage()
+            if t.device.type == "cuda" and st._cdata not in seen and st.nbytes():
+                seen.add(st._cdata)
+                extra += -st.nbytes() % block
+        return extra
 
     def tensors(self) -> list[torch.Tensor]:
         out = []
@@ -173,11 +199,12 @@ def fake_module(meta_module: nn.Module, device: torch.device) -> nn.Module:
     return module
 
 
-def build(module: nn.Module, config: ZeroConfig, world: int, rank: int, device: torch.device) -> DryEngine:
+def build(module: nn.Module, config: ZeroConfig, world: int, rank: int, device: torch.device,
+          backend: str | None = None) -> DryEngine:
     """The engine's groups, shards, reducer and gatherer for ``module`` (fake parameters on
     ``device``), as ``Engine.__init__`` builds them; call inside FakeTensorMode."""
     z = config.zero_optimization
-    comm = PlanComm(world, rank)
+    comm = PlanComm(world, rank, backend or ("nccl" if device.type == "cuda" else "gloo"))
     policy = policy_for(z.stage, z.offload_optimizer.device if z.offload_optimizer.device != "none" else "device")
     dtype = training_dtype(config)
     trainable, frozen = named_params(module)
@@ -219,4 +246,4 @@ def build(module: nn.Module, config: ZeroConfig, world: int, rank: int, device: 
                           reduce_dtype=reduce_dtype(z.reduce_dtype, dtype), unit_signals=gatherer is not None)
     if gatherer is not None:
         gatherer.on_unit_done = reducer.group_done
-    return DryEngine(module, config, groups, shards, reducer, gatherer, offload, dtype)
+    return DryEngine(module, config, groups, shards, reducer, gatherer, offload, dtype, comm)

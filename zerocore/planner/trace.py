@@ -26,6 +26,8 @@ class StepMemory:
     peak: int  # live tensor bytes at the step's peak, every device together
     at_peak: dict[str, int]  # its breakdown: model states, gathered, buckets, grads, activations
     peak_by_device: dict[str, int]
+    nvme: int = 0  # swap-file bytes
+    rounding: int = 0  # CUDA allocator rounding of the held tensors (0 on CPU)
 
 
 class _PeakTracker(MemTracker):
@@ -76,6 +78,7 @@ def trace_step(engine: DryEngine, run_forward, steps: int = 2) -> StepMemory:
     for _ in range(steps - 1):
         _one_step(engine, run_forward)
     between = engine.held()
+    nvme, rounding = engine.nvme_bytes(), engine.rounding(512)
     best: dict[str, int] = {}
 
     def on_peak(total: int) -> None:
@@ -94,7 +97,8 @@ def trace_step(engine: DryEngine, run_forward, steps: int = 2) -> StepMemory:
         on_peak(tracker._total())
         _one_step(engine, run_forward)
     peak_by_device = {str(d): int(v) for d, v in tracker._peak_mem.items()}
-    return StepMemory(between=between, peak=tracker._best, at_peak=dict(best), peak_by_device=peak_by_device)
+    return StepMemory(between=between, peak=tracker._best, at_peak=dict(best), peak_by_device=peak_by_device,
+                      nvme=nvme, rounding=rounding)
 
 
 def _one_step(engine: DryEngine, run_forward) -> None:
@@ -109,4 +113,23 @@ def _one_step(engine: DryEngine, run_forward) -> None:
     if engine.gatherer is not None:
         engine.gatherer.end_backward()
         engine.gatherer.free_all()
+    _step_gathers(engine)
     engine.reducer.clear()
+
+
+def _step_gathers(engine: DryEngine) -> None:
+    """Stages 1/2 over several ranks: after its update each group is all-gathered, at most
+    ``allgather_bucket_size`` elements in flight (Engine._update); on gloo each holds a scratch."""
+    z = engine.config.zero_optimization
+    if z.stage not in (1, 2) or engine.comm.world == 1:
+        return
+    cap, inflight, elems = z.allgather_bucket_size, [], 0
+    for g in engine.groups:
+        while inflight and elems + g.layout.padded > cap:
+            h, n = inflight.pop(0)
+            h.wait()
+            elems -= n
+        inflight.append((engine.comm.all_gather(g.param_flat, async_op=True), g.layout.padded))
+        elems += g.layout.padded
+    for h, _ in inflight:
+        h.wait()
