@@ -21,7 +21,8 @@ from ..runtime.model_setup import training_dtype as dtype_of
 from . import batches, dry_engine, fake_ops
 from .trace import StepMemory, trace_step
 
-CUDA_BLOCK = 512  # the CUDA caching allocator's rounding of every block
+CUDA_BLOCK = 512
+PER_BLOCK = ("model_states", "activations")  # parts of the peak that every block adds to  # the CUDA caching allocator's rounding of every block
 
 
 @dataclasses.dataclass
@@ -91,6 +92,13 @@ def plan_one(meta_module, config: ZeroConfig, *, world: int, micro_batch: int, s
         return Plan(m.between, m.peak, m.at_peak, m.peak_by_device, m.rounding, m.nvme, None)
     k1, k2 = 2, 3
     a, b = (_trace(truncated(meta_module, k), *args) for k in (k1, k2))
-    return Plan(_extend(a.between, b.between, k1, k2, n), _extend(a.peak, b.peak, k1, k2, n),
-                _extend(a.at_peak, b.at_peak, k1, k2, n), _extend(a.peak_by_device, b.peak_by_device, k1, k2, n),
+    # Per-block parts grow with the depth; the rest (gathered units, buckets, gradients not yet
+    # bucketed) is that of the deeper trace: it belongs to the blocks around the peak, not to all.
+    at_peak = dict(b.at_peak)
+    for key in PER_BLOCK:
+        at_peak[key] = _extend(a.at_peak[key], b.at_peak[key], k1, k2, n)
+    peak = sum(at_peak.values())
+    by_device = {d: v + peak - b.peak for d, v in b.peak_by_device.items()} if len(b.peak_by_device) == 1 else \
+        _extend(a.peak_by_device, b.peak_by_device, k1, k2, n)
+    return Plan(_extend(a.between, b.between, k1, k2, n), peak, at_peak, by_device,
                 _extend(a.rounding, b.rounding, k1, k2, n), _extend(a.nvme, b.nvme, k1, k2, n), k2)

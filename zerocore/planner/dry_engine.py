@@ -35,11 +35,23 @@ from ..sharding import GradReducer, OptimizerShard, ShardedGroup, policy_for
 from ..sharding.gatherer import Limits, ParamGatherer
 
 
+class _Scratch:
+    """gloo's all-gather scratch buffer, alive until the collective is waited for."""
+
+    def __init__(self, t: torch.Tensor):
+        self.t = t
+
+    def wait(self) -> None:
+        self.t = None
+
+
 class PlanComm(Comm):
     """A rank of ``world`` whose collectives complete when waited for and move no bytes. On gloo an
     all-gather copies through a scratch buffer of the output's size, allocated and freed by gloo's
     worker while the collective runs (measured: torch 2.13's ProcessGroupGloo; NCCL writes in
-    place): it is counted at the moment the collective is issued."""
+    place). When gloo's worker frees it depends on scheduling; the plan holds it until the handle
+    is waited for, the latest it can be freed, so the prediction is the upper end of what a run
+    measures (one unit's bytes above the lower end at stage 3)."""
 
     def __init__(self, world: int, rank: int = 0, backend: str = "gloo"):
         super().__init__(_single=True)
@@ -49,7 +61,7 @@ class PlanComm(Comm):
         if self.world == 1:
             return DONE
         if scratch_like is not None and self.backend == "gloo":
-            torch.empty_like(scratch_like)  # the tracker sees it come and go
+            return Handle(_Scratch(torch.empty_like(scratch_like)))
         return Handle(None)
 
     def reduce_scatter(self, flat, async_op=False):

@@ -115,6 +115,12 @@ def _one_step(engine: DryEngine, run_forward) -> None:
         engine.gatherer.free_all()
     _step_gathers(engine)
     engine.reducer.clear()
+    if engine.offload is not None and engine.offload.stepper is not None:
+        # OffloadPlan.launch: the next forward's first gather of each host-stepped unit is deferred
+        # until the unit is waited for (then issued synchronously)
+        for g, shard in zip(engine.groups, engine.shards):
+            if g.partitioned and getattr(shard, "enqueue", None) is not None:
+                g.defer_gather = True
 
 
 def _step_gathers(engine: DryEngine) -> None:
