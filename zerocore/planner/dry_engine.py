@@ -211,6 +211,31 @@ def fake_module(meta_module: nn.Module, device: torch.device) -> nn.Module:
     return module
 
 
+def build_states(specs, config: ZeroConfig, rank: int, device: torch.device):
+    """Each spec's ShardedGroup and optimizer shard (with its offload placement), as
+    ``Engine._add_group`` makes them: (groups, shards, units, offload plan or None)."""
+    z = config.zero_optimization
+    dtype = training_dtype(config)
+    nvme = z.offload_optimizer.device == "nvme"
+    offload = OffloadPlan.build(_without_nvme(config) if nvme else config, device, lambda: True)
+    if nvme:
+        offload.nvme = PlannedNvme(config)
+    groups, shards, units = [], [], []
+    tile = z.sub_group_size if z.stage == 3 else None
+    for spec in specs:
+        init = torch.empty(spec.layout.padded, dtype=torch.float32, device=device)
+        flat = init if dtype == torch.float32 else torch.empty(spec.layout.padded, dtype=dtype, device=device)
+        g = ShardedGroup(spec.layout, spec.params, spec.policy, rank, device, param_flat=flat)
+        shards.append(offload.make_shard(g, init, tile) if offload is not None else OptimizerShard(g, init, tile=tile))
+        g.bind_params()
+        if g.partitioned:
+            g.free_full()
+        groups.append(g)
+        if spec.unit is not None:
+            units.append((spec.unit[0], spec.unit[1], g))
+    return groups, shards, units, offload
+
+
 def build(module: nn.Module, config: ZeroConfig, world: int, rank: int, device: torch.device,
           backend: str | None = None) -> DryEngine:
     """The engine's groups, shards, reducer and gatherer for ``module`` (fake parameters on
@@ -222,23 +247,8 @@ def build(module: nn.Module, config: ZeroConfig, world: int, rank: int, device: 
     trainable, frozen = named_params(module)
     if not trainable:
         raise ValueError("zerocore estimate: the model has no trainable parameters")
-    nvme = z.offload_optimizer.device == "nvme"
-    offload = OffloadPlan.build(_without_nvme(config) if nvme else config, device, lambda: True)
-    if nvme:
-        offload.nvme = PlannedNvme(config)
-    groups, shards, units = [], [], []
-    tile = z.sub_group_size if z.stage == 3 else None
-    for spec in engine_groups(module, trainable, z, world, dtype, policy):
-        init = torch.empty(spec.layout.padded, dtype=torch.float32, device=device)
-        flat = init if dtype == torch.float32 else torch.empty(spec.layout.padded, dtype=dtype, device=device)
-        g = ShardedGroup(spec.layout, spec.params, spec.policy, rank, device, param_flat=flat)
-        shards.append(offload.make_shard(g, init, tile) if offload is not None else OptimizerShard(g, init, tile=tile))
-        g.bind_params()
-        if g.partitioned:
-            g.free_full()
-        groups.append(g)
-        if spec.unit is not None:
-            units.append((spec.unit[0], spec.unit[1], g))
+    specs = engine_groups(module, trainable, z, world, dtype, policy)
+    groups, shards, units, offload = build_states(specs, config, rank, device)
     for _, p in frozen:  # convert_rest: frozen parameters and floating buffers in the training dtype
         if p.is_floating_point() and p.dtype != dtype:
             p.data = torch.empty(p.shape, dtype=dtype, device=device)

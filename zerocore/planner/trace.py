@@ -11,6 +11,7 @@ with the host placements.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
@@ -92,7 +93,9 @@ def trace_step(engine: DryEngine, run_forward, steps: int = 2) -> StepMemory:
 
     tracker = _PeakTracker(on_peak)
     tracker.track_external(*engine.tensors(), *engine.reducer.bucket_tensors())
-    with tracker:
+    with tracker, warnings.catch_warnings():
+        # MemTracker's module hooks look at parameters' .grad, which is None before backward: it warns
+        warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper-subclass")
         tracker.restart_peak()
         on_peak(tracker._total())
         _one_step(engine, run_forward)

@@ -23,7 +23,7 @@ from ..sharding import (AdamHyper, GradReducer, OptimizerShard, ParamState, Shar
 from ..sharding.gatherer import Limits, ParamGatherer
 from ..sharding.optimizer import MultiShardStep, owned_grads
 from .loss_scale import LossScaler
-from .memory import held_bytes
+from .memory import held_bytes, with_prediction
 from .grad_norm import grad_sumsq, reduce_dtype, sum_across
 from .model_setup import convert_rest, named_params, training_dtype
 from .gathered import register_engine
@@ -334,9 +334,11 @@ class Engine:
     def __exit__(self, exc_type, *_) -> None:
         self.destroy(collective=exc_type is None)  # after an error the other ranks may not be there
 
-    def memory_report(self) -> dict[str, int]:
-        """Model-state bytes this rank holds, by role, counted from its tensors."""
-        return held_bytes(self)
+    def memory_report(self, predicted: bool = False, *, micro_batch: int | None = None, seq_len: int | None = None,
+                      meta_model=None) -> dict:
+        """Model-state bytes this rank holds, by role, counted from its tensors. ``predicted``: with the
+        planner's figures beside them (``zerocore.estimate``; see ``runtime/memory.py``)."""
+        return with_prediction(self, held_bytes(self), micro_batch, seq_len, meta_model) if predicted else held_bytes(self)
 
     def train(self, mode: bool = True):
         self.module.train(mode)

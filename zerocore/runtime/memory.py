@@ -52,3 +52,15 @@ def formula_bytes(numel: int, world: int, stage: int, half: bool) -> int:
     if stage == 2:
         return p * numel + (g + opt) * numel // world
     return (p + g + opt) * numel // world
+
+
+def with_prediction(engine, held: dict, micro_batch=None, seq_len=None, meta_model=None) -> dict:
+    """``held`` plus ``predicted`` (the planner's model-state bytes by role for this rank) and, given
+    a micro-batch and sequence length, ``predicted_step`` (its peak over one step, with breakdown)."""
+    from ..planner.engine_view import predicted_states, predicted_step
+
+    out = dict(held)
+    out["predicted"] = predicted_states(engine)
+    if micro_batch is not None and seq_len is not None:
+        out["predicted_step"] = predicted_step(engine, micro_batch, seq_len, meta_model)
+    return out
