@@ -112,9 +112,9 @@ def estimate(model=None, config=None, *, hf=None, params=None, layers=None, hidd
         raise ValueError(f"zerocore estimate: headroom must be a fraction in [0, 1), got {headroom!r}")
     if config is not None:
         cfgs = [load_config(copy.deepcopy(config) if isinstance(config, dict) else config)]
-        mb = micro_batch or cfgs[0].batch_sizes(world)[1] or 1
+        mb = micro_batch if micro_batch is not None else (cfgs[0].batch_sizes(world)[1] or 1)
     else:
-        mb = micro_batch or 1
+        mb = _positive_int("micro_batch", micro_batch if micro_batch is not None else 1)
         cfgs = [load_config(candidate_config(s, o, micro_batch=mb, dtype=dtype, nvme_path=nvme_path))
                 for s, o in CANDIDATES]
     mb = _positive_int("micro_batch", mb)

@@ -97,6 +97,15 @@ def plan_one(meta_module, config: ZeroConfig, *, world: int, micro_batch: int, s
     at_peak = dict(b.at_peak)
     for key in PER_BLOCK:
         at_peak[key] = _extend(a.at_peak[key], b.at_peak[key], k1, k2, n)
+    if b.at_peak["gathered"] > a.at_peak["gathered"]:
+        # the prefetch window holds more units than the short traces have: it grows with the depth
+        # until stage3_prefetch_bucket_size (or stage3_max_live_parameters) stops it
+        z = config.zero_optimization
+        unit = b.at_peak["gathered"] - a.at_peak["gathered"]
+        elem = torch.empty(0, dtype=dtype_of(config)).element_size()
+        cap = b.at_peak["gathered"] + max(0, min(z.stage3_prefetch_bucket_size, z.stage3_max_live_parameters) * elem
+                                          - (b.at_peak["gathered"] - unit))
+        at_peak["gathered"] = min(_extend(a.at_peak["gathered"], b.at_peak["gathered"], k1, k2, n), cap)
     peak = sum(at_peak.values())
     by_device = {d: v + peak - b.peak for d, v in b.peak_by_device.items()} if len(b.peak_by_device) == 1 else \
         _extend(a.peak_by_device, b.peak_by_device, k1, k2, n)

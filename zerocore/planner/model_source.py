@@ -33,7 +33,8 @@ def from_module(module: nn.Module) -> nn.Module:
     if real and size > COPY_LIMIT:
         name = next(n for n, p in module.named_parameters() if p.device.type != "meta")
         raise ValueError(f"zerocore estimate: the model is not on the meta device (parameter '{name}' is on "
-                         f"{real[0].device}) and holds {size / 2**30:.1f} GiB, too large to copy for planning; build it "
+                         f"{real[0].device}) and holds {size / 2**20:.1f} MiB, more than the {COPY_LIMIT / 2**20:.0f} MiB the "
+                         "planner copies to the meta device itself; build it "
                          "under `with torch.device('meta'):` (or pass its Hugging Face config)")
     if not real:
         return module
