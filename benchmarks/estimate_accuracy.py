@@ -2,9 +2,16 @@
 Face GPT-2 and a small Llama (from configs), stages 0-3, with and without CPU / NVMe offload, on
 gloo ranks of this machine.
 
-Measured (zerocore/planner/measure.py): the engine's held bytes at the start of the step plus the
-peak of the CPU allocator's live bytes over one forward/backward/step (the profiler's memory
-records), after a warm-up step; and the growth of the process's peak RSS over that step.
+Measured (zerocore/planner/measure.py), on a step after a warm-up step:
+- "measured": the peak of a memory-tracking dispatch mode (torch's MemTracker) over the real step:
+  every storage the step's ops create, until it dies, plus the engine's held tensors and their
+  in-place resizes;
+- "alloc evts": the engine's held bytes plus the peak of the CPU allocator's own events (the
+  profiler's memory records). It also sees gloo's all-gather scratch buffers (up to "+scratch",
+  for as long as a collective runs, which depends on scheduling: the prediction leaves them out,
+  and the profiler misses a free made on gloo's thread, so this column can only read high);
+- the growth of the process's peak RSS over the step (glibc told to map every block of a page or
+  more on its own and to return freed memory at once, so RSS follows live bytes).
 Predicted: ``zerocore.planner`` for the same model built on the meta device, the same config,
 world size, micro-batch and sequence length.
 
@@ -77,7 +84,7 @@ def worker(rank: int, world: int, init: str, args, out: str) -> None:
     import zerocore
     from zerocore.planner import batches
     from zerocore.planner.api import estimate
-    from zerocore.planner.measure import measure_step
+    from zerocore.planner.measure import dispatch_peak, measure_step
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
@@ -97,13 +104,15 @@ def worker(rank: int, world: int, init: str, args, out: str) -> None:
             engine.step()
             del loss
         got = measure_step(engine, fwd)
+        got["dispatch_peak"] = dispatch_peak(engine, fwd)
         engine.destroy()
         del engine, model
         if rank == 0:
             t0 = time.perf_counter()
             plan = estimate(meta, cfg, world=world, micro_batch=args.batch, seq_len=args.seq, device="cpu")[0]
             rows.append({"model": kind, "stage": stage, "offload": off, "world": world,
-                         "predicted_peak": plan["peak"]["total"], "measured_peak": got["peak"],
+                         "predicted_peak": plan["peak"]["total"], "measured_peak": got["dispatch_peak"], "measured_peak_alloc": got["peak"],
+                         "gloo_scratch": plan["gloo_allgather_scratch"],
                          "predicted_between": plan["between_steps"]["total"], "measured_between": got["between"],
                          "predicted_rss_growth": plan["peak"]["total"] - plan["between_steps"]["total"],
                          "measured_rss_growth": got["rss_growth"], "plan_s": time.perf_counter() - t0,
@@ -115,16 +124,17 @@ def worker(rank: int, world: int, init: str, args, out: str) -> None:
 
 
 def render(rows: list[dict]) -> str:
-    head = (f"{'model':9} {'st':>2} {'offload':7} {'w':>1} {'pred peak':>11} {'meas peak':>11} {'ratio':>6} "
-            f"{'pred betw':>11} {'meas betw':>11} {'ratio':>6} {'pred rss+':>10} {'meas rss+':>10} {'ratio':>6}")
+    head = (f"{'model':9} {'st':>2} {'offload':7} {'w':>1} {'predicted':>11} {'measured':>11} {'ratio':>6} "
+            f"{'alloc evts':>11} {'ratio':>6} {'+scratch':>9} {'pred betw':>11} {'meas betw':>11} "
+            f"{'pred rss+':>10} {'meas rss+':>10} {'ratio':>6}")
     lines = [head]
     for r in rows:
         rr = r["measured_rss_growth"]
         rss_ratio = f"{r['predicted_rss_growth'] / rr:6.3f}" if rr else "   n/a"
         lines.append(f"{r['model']:9} {r['stage']:>2} {r['offload']:7} {r['world']:>1} {r['predicted_peak']:>11,} "
                      f"{r['measured_peak']:>11,} {r['predicted_peak'] / r['measured_peak']:6.3f} "
-                     f"{r['predicted_between']:>11,} {r['measured_between']:>11,} "
-                     f"{r['predicted_between'] / max(1, r['measured_between']):6.3f} "
+                     f"{r['measured_peak_alloc']:>11,} {r['predicted_peak'] / r['measured_peak_alloc']:6.3f} "
+                     f"{r['gloo_scratch']:>9,} {r['predicted_between']:>11,} {r['measured_between']:>11,} "
                      f"{r['predicted_rss_growth']:>10,} {rr or 0:>10,} {rss_ratio}")
     return "\n".join(lines)
 
@@ -145,9 +155,11 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--nvme-root", default=None, help="directory for the NVMe swap files (default: the temp dir)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    # Large blocks always mmapped (and unmapped when freed), so the peak RSS of a step follows its
-    # live bytes instead of glibc's adaptive threshold; the ranks inherit it.
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 16))
+    # Blocks of a page or more always mmapped (and unmapped when freed), freed heap returned at once:
+    # the peak RSS of a step then follows its live tensor bytes, not glibc's adaptive reuse of freed
+    # memory (which hides them). The ranks inherit it.
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "4096")
+    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", "0")
     rows = []
     for world in args.worlds:
         rows += spawn_ranks(worker, world, args)

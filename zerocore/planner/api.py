@@ -87,6 +87,7 @@ def plan_config(meta, cfg: ZeroConfig, *, world: int, micro_batch: int, seq_len:
         "peak_device": plan.peak - (0 if on_cpu else b["host_total"]),
         "peak_host": b["host_total"] if not on_cpu else plan.peak,
         "traced_layers": plan.traced_layers,
+        "gloo_allgather_scratch": plan.comm_scratch,
     }
     return out
 

@@ -2,10 +2,10 @@
 
 The result is per rank (every rank holds the same: flat groups are padded so each rank's chunk
 has the same size). A model with more than ``max_traced_layers`` blocks is traced twice with
-only its first two and three blocks, and every figure extended linearly to the full depth:
-tracing a 7B model op by op takes tens of seconds even on fake tensors, and each block adds the
-same bytes (its parameters, state and saved activations; the gathered units, buckets and
-in-flight gradients at the peak are those of one block either way).
+only its first two and three blocks and extended to the full depth (``_deepen``): tracing a 7B
+model op by op takes tens of seconds even on fake tensors, and each block adds the same bytes.
+Not at stage 3 when the prefetch window spans two blocks or more (small blocks): then the window,
+not the depth, decides what is gathered, and the whole model is traced.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from . import batches, dry_engine, fake_ops
 from .trace import StepMemory, trace_step
 
 CUDA_BLOCK = 512
-PER_BLOCK = ("model_states", "activations")  # parts of the peak that every block adds to  # the CUDA caching allocator's rounding of every block
+  # the CUDA caching allocator's rounding of every block
 
 
 @dataclasses.dataclass
@@ -33,6 +33,7 @@ class Plan:
     peak_by_device: dict[str, int]
     rounding: int
     nvme_bytes: int
+    comm_scratch: int  # gloo only: at most this much more at the peak while an all-gather runs
     traced_layers: int | None  # None: the whole model was traced
 
 
@@ -79,6 +80,39 @@ def _extend(a, b, k1: int, k2: int, n: int):
     return int(round(a + (b - a) * (n - k1) / (k2 - k1)))
 
 
+def _deepen(a: StepMemory, b: StepMemory, config, k1: int, k2: int, n: int) -> dict:
+    """The peak breakdown of the n-block model from traces of k1 < k2 blocks.
+
+    Every moment of the deeper trace is extended to the full depth: the model states by what each
+    block adds; the activations by what each block adds at the most, times the share of the
+    deeper trace's largest activations still alive at that moment (all of them around the turn
+    from forward to backward, few at the end of backward); buckets and gradients not yet bucketed
+    as they are (they belong to the blocks around that moment, not to all); gathered units as they
+    are, unless more were kept gathered with more blocks (stage3_max_reuse_distance keeps every
+    unit whose backward is near): then by the same per-block growth up to
+    stage3_max_live_parameters. The largest total is the peak."""
+    per_state = (b.between["total"] + b.between["host_total"] - a.between["total"] - a.between["host_total"]) / (k2 - k1)
+    per_act = (b.at_most_activations["activations"] - a.at_most_activations["activations"]) / (k2 - k1)
+    top = max(1, b.at_most_activations["activations"])
+    more = n - k2
+    gathered_cap = None
+    ga, gb = a.at_most_activations["gathered"], b.at_most_activations["gathered"]
+    if gb > ga:  # units kept for reuse (or prefetched) grow with the depth up to the resident limit
+        elem = torch.empty(0, dtype=dtype_of(config)).element_size()
+        gathered_cap = config.zero_optimization.stage3_max_live_parameters * elem + (gb - ga)
+    best, best_total = None, -1
+    for m in b.timeline:
+        now = dict(m)
+        now["model_states"] = int(m["model_states"] + more * per_state)
+        now["activations"] = int(m["activations"] + more * per_act * max(0, m["activations"]) / top)
+        if gathered_cap is not None and m["gathered"] >= gb:
+            now["gathered"] = int(min(m["gathered"] + more * (gb - ga) / (k2 - k1), max(gathered_cap, m["gathered"])))
+        total = sum(now.values())
+        if total > best_total:
+            best, best_total = now, total
+    return best
+
+
 def plan_one(meta_module, config: ZeroConfig, *, world: int, micro_batch: int, seq_len: int,
              checkpointing: bool = False, device: torch.device | str = "cpu", rank: int = 0,
              max_traced_layers: int = 4) -> Plan:
@@ -87,27 +121,22 @@ def plan_one(meta_module, config: ZeroConfig, *, world: int, micro_batch: int, s
     found = block_list(meta_module)
     n = len(found[2]) if found else 0
     args = (config, world, rank, micro_batch, seq_len, checkpointing, device, vocab)
+    if found and config.zero_optimization.stage == 3:
+        # a prefetch window wider than the short traces' blocks would be cut short by them: trace it all
+        z = config.zero_optimization
+        per_block = sum(p.numel() for p in found[2][0].parameters())
+        if min(z.stage3_prefetch_bucket_size, z.stage3_max_live_parameters) >= 2 * per_block:
+            max_traced_layers = n
     if n <= max(max_traced_layers, 3):
         m = _trace(meta_module, *args)
-        return Plan(m.between, m.peak, m.at_peak, m.peak_by_device, m.rounding, m.nvme, None)
+        return Plan(m.between, m.peak, m.at_peak, m.peak_by_device, m.rounding, m.nvme, m.comm_scratch, None)
     k1, k2 = 2, 3
     a, b = (_trace(truncated(meta_module, k), *args) for k in (k1, k2))
-    # Per-block parts grow with the depth; the rest (gathered units, buckets, gradients not yet
-    # bucketed) is that of the deeper trace: it belongs to the blocks around the peak, not to all.
-    at_peak = dict(b.at_peak)
-    for key in PER_BLOCK:
-        at_peak[key] = _extend(a.at_peak[key], b.at_peak[key], k1, k2, n)
-    if b.at_peak["gathered"] > a.at_peak["gathered"]:
-        # the prefetch window holds more units than the short traces have: it grows with the depth
-        # until stage3_prefetch_bucket_size (or stage3_max_live_parameters) stops it
-        z = config.zero_optimization
-        unit = b.at_peak["gathered"] - a.at_peak["gathered"]
-        elem = torch.empty(0, dtype=dtype_of(config)).element_size()
-        cap = b.at_peak["gathered"] + max(0, min(z.stage3_prefetch_bucket_size, z.stage3_max_live_parameters) * elem
-                                          - (b.at_peak["gathered"] - unit))
-        at_peak["gathered"] = min(_extend(a.at_peak["gathered"], b.at_peak["gathered"], k1, k2, n), cap)
+    at_peak = _deepen(a, b, config, k1, k2, n)
     peak = sum(at_peak.values())
     by_device = {d: v + peak - b.peak for d, v in b.peak_by_device.items()} if len(b.peak_by_device) == 1 else \
         _extend(a.peak_by_device, b.peak_by_device, k1, k2, n)
     return Plan(_extend(a.between, b.between, k1, k2, n), peak, at_peak, by_device,
-                _extend(a.rounding, b.rounding, k1, k2, n), _extend(a.nvme, b.nvme, k1, k2, n), k2)
+                _extend(a.rounding, b.rounding, k1, k2, n), _extend(a.nvme, b.nvme, k1, k2, n),
+                b.comm_scratch if config.zero_optimization.stage == 3 else _extend(a.comm_scratch, b.comm_scratch, k1, k2, n),
+                k2)

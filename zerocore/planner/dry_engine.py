@@ -35,33 +35,25 @@ from ..sharding import GradReducer, OptimizerShard, ShardedGroup, policy_for
 from ..sharding.gatherer import Limits, ParamGatherer
 
 
-class _Scratch:
-    """gloo's all-gather scratch buffer, alive until the collective is waited for."""
-
-    def __init__(self, t: torch.Tensor):
-        self.t = t
-
-    def wait(self) -> None:
-        self.t = None
-
-
 class PlanComm(Comm):
-    """A rank of ``world`` whose collectives complete when waited for and move no bytes. On gloo an
-    all-gather copies through a scratch buffer of the output's size, allocated and freed by gloo's
-    worker while the collective runs (measured: torch 2.13's ProcessGroupGloo; NCCL writes in
-    place). When gloo's worker frees it depends on scheduling; the plan holds it until the handle
-    is waited for, the latest it can be freed, so the prediction is the upper end of what a run
-    measures (one unit's bytes above the lower end at stage 3)."""
+    """A rank of ``world`` whose collectives complete when waited for and move no bytes (what NCCL
+    and gloo do to the memory of the buffers the engine holds).
+
+    gloo's all-gather also copies through a scratch buffer of the output's size, on gloo's own
+    thread, for as long as the collective runs (measured: torch 2.13's ProcessGroupGloo; NCCL
+    writes in place). When that ends depends on scheduling, so it is not in the peak: ``scratch``
+    records the largest one, the most a gloo run can add to the peak for those few milliseconds."""
 
     def __init__(self, world: int, rank: int = 0, backend: str = "gloo"):
         super().__init__(_single=True)
         self.world, self.rank, self.backend = world, rank, backend
+        self.scratch = 0
 
     def _done(self, scratch_like: torch.Tensor | None = None):
         if self.world == 1:
             return DONE
         if scratch_like is not None and self.backend == "gloo":
-            return Handle(_Scratch(torch.empty_like(scratch_like)))
+            self.scratch = max(self.scratch, scratch_like.numel() * scratch_like.element_size())
         return Handle(None)
 
     def reduce_scatter(self, flat, async_op=False):

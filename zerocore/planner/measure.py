@@ -28,6 +28,33 @@ def _reset_peak_rss() -> bool:
         return False
 
 
+def _engine_tensors(engine) -> list:
+    out = []
+    for g, shard in zip(engine.groups, engine.shards):
+        out += [t for t in g.tensors().values() if t is not None]
+        out += [t for t in shard.tensors().values() if t is not None]
+    return out + list(engine.reducer.bucket_tensors())
+
+
+def dispatch_peak(engine, run_forward) -> int:
+    """The same step's peak from a memory-tracking dispatch mode (torch's MemTracker) over real
+    tensors: every storage an op on this thread creates, until it dies (on whatever thread), plus
+    the engine's held tensors and their in-place resizes."""
+    import warnings
+
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    mt = MemTracker()
+    mt.track_external(*_engine_tensors(engine))
+    with mt, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper-subclass")
+        loss = run_forward()
+        engine.backward(loss)
+        engine.step()
+        del loss
+    return int(sum(mt._peak_mem.values()))
+
+
 def measure_step(engine, run_forward) -> dict:
     """One forward/backward/step of ``engine`` (``run_forward() -> loss``); returns the bytes held
     before it (``between``), the peak live tensor bytes during it (``peak``) and the peak RSS

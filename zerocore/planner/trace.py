@@ -26,21 +26,23 @@ class StepMemory:
     between: dict[str, int]  # held_bytes roles between steps (+ "total", "host_total")
     peak: int  # live tensor bytes at the step's peak, every device together
     at_peak: dict[str, int]  # its breakdown: model states, gathered, buckets, grads, activations
+    at_most_activations: dict[str, int]  # the same breakdown when activations were largest
+    timeline: list[dict[str, int]]  # the breakdown after every op that changed the live total
     peak_by_device: dict[str, int]
     nvme: int = 0  # swap-file bytes
     rounding: int = 0  # CUDA allocator rounding of the held tensors (0 on CPU)
+    comm_scratch: int = 0  # gloo: the largest all-gather scratch (not in the peak; see PlanComm)
 
 
 class _PeakTracker(MemTracker):
-    """MemTracker that records a breakdown by engine role whenever the peak grows."""
+    """MemTracker that hands the live total to ``on_op`` after every op that changed it."""
 
-    def __init__(self, on_peak):
+    def __init__(self, on_op):
         super().__init__()
-        self._on_peak = on_peak
-        self._best = 0
+        self._on_op = on_op
+        self._last = -1
 
     def restart_peak(self) -> None:
-        self._best = self._total()
         self._peak_mem = {d: s[_TOTAL] for d, s in self._curr_mem_snap.items()}
 
     def _total(self) -> int:
@@ -52,9 +54,9 @@ class _PeakTracker(MemTracker):
             if self._peak_mem.get(dev, 0) < snap[_TOTAL]:
                 self._peak_mem[dev] = snap[_TOTAL]
         total = self._total()
-        if total > self._best:
-            self._best = total
-            self._on_peak(total)
+        if total != self._last:
+            self._last = total
+            self._on_op(total)
 
 
 def _grads_in_flight(engine: DryEngine) -> int:
@@ -80,28 +82,39 @@ def trace_step(engine: DryEngine, run_forward, steps: int = 2) -> StepMemory:
         _one_step(engine, run_forward)
     between = engine.held()
     nvme, rounding = engine.nvme_bytes(), engine.rounding(512)
-    best: dict[str, int] = {}
+    peak: dict[str, int] = {"total": -1}
+    most_act: dict[str, int] = {"activations": -1}
+    timeline: list[dict[str, int]] = []
 
-    def on_peak(total: int) -> None:
+    def on_op(total: int) -> None:
         held = engine.held()
-        states = held["total"] + held["host_total"] - held["gathered"] - held["staged"] - held["buckets"]
+        transient = held["gathered"] + held["staged"] + held["buckets"]
+        states = held["total"] + held["host_total"] - transient
         grads = _grads_in_flight(engine)
-        best.clear()
-        best.update(model_states=states, gathered=held["gathered"] + held["staged"], buckets=held["buckets"],
-                    grads_in_flight=grads,
-                    activations=total - states - held["gathered"] - held["staged"] - held["buckets"] - grads)
+        act = total - states - transient - grads
+        now = dict(model_states=states, gathered=held["gathered"] + held["staged"], buckets=held["buckets"],
+                   grads_in_flight=grads, activations=act)
+        timeline.append(now)
+        if total > peak["total"] or act > most_act["activations"]:
+            if total > peak["total"]:
+                peak.clear()
+                peak.update(now, total=total)
+            if act > most_act["activations"]:
+                most_act.clear()
+                most_act.update(now)
 
-    tracker = _PeakTracker(on_peak)
+    tracker = _PeakTracker(on_op)
     tracker.track_external(*engine.tensors(), *engine.reducer.bucket_tensors())
     with tracker, warnings.catch_warnings():
         # MemTracker's module hooks look at parameters' .grad, which is None before backward: it warns
         warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper-subclass")
         tracker.restart_peak()
-        on_peak(tracker._total())
+        on_op(tracker._total())
         _one_step(engine, run_forward)
     peak_by_device = {str(d): int(v) for d, v in tracker._peak_mem.items()}
-    return StepMemory(between=between, peak=tracker._best, at_peak=dict(best), peak_by_device=peak_by_device,
-                      nvme=nvme, rounding=rounding)
+    total = peak.pop("total")
+    return StepMemory(between=between, peak=total, at_peak=peak, peak_by_device=peak_by_device,
+                      at_most_activations=most_act, timeline=timeline, nvme=nvme, rounding=rounding, comm_scratch=engine.comm.scratch)
 
 
 def _one_step(engine: DryEngine, run_forward) -> None:
