@@ -95,18 +95,18 @@ def _deepen(a: StepMemory, b: StepMemory, config, k1: int, k2: int, n: int) -> d
     per_act = (b.at_most_activations["activations"] - a.at_most_activations["activations"]) / (k2 - k1)
     top = max(1, b.at_most_activations["activations"])
     more = n - k2
-    gathered_cap = None
-    ga, gb = a.at_most_activations["gathered"], b.at_most_activations["gathered"]
-    if gb > ga:  # units kept for reuse (or prefetched) grow with the depth up to the resident limit
-        elem = torch.empty(0, dtype=dtype_of(config)).element_size()
-        gathered_cap = config.zero_optimization.stage3_max_live_parameters * elem + (gb - ga)
+    ga, gb = (max(m["gathered"] for m in t.timeline) for t in (a, b))
+    per_gathered = (gb - ga) / (k2 - k1)  # units kept gathered for reuse grow with the depth
+    gathered_cap = config.zero_optimization.stage3_max_live_parameters * torch.empty(
+        0, dtype=dtype_of(config)).element_size()
     best, best_total = None, -1
     for m in b.timeline:
         now = dict(m)
         now["model_states"] = int(m["model_states"] + more * per_state)
         now["activations"] = int(m["activations"] + more * per_act * max(0, m["activations"]) / top)
-        if gathered_cap is not None and m["gathered"] >= gb:
-            now["gathered"] = int(min(m["gathered"] + more * (gb - ga) / (k2 - k1), max(gathered_cap, m["gathered"])))
+        if per_gathered > 0 and m["gathered"] > 0:
+            grown = m["gathered"] + more * per_gathered * m["gathered"] / gb
+            now["gathered"] = int(min(grown, max(gathered_cap, m["gathered"])))
         total = sum(now.values())
         if total > best_total:
             best, best_total = now, total
