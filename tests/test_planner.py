@@ -132,6 +132,31 @@ def test_real_model_too_large_to_copy(monkeypatch):
         estimate(TinyGPT(512, 64, 2, heads=4, ctx=32), _cfg(2), world=2, micro_batch=1, seq_len=8)
 
 
+class TinyLM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(512, 64)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(2))
+        self.head = torch.nn.Linear(64, 512)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for b in self.blocks:
+            x = torch.tanh(b(x))
+        return self.head(x)
+
+
+def test_module_built_under_zerocore_init():
+    cfg = _cfg(3)
+    with zerocore.init(cfg):
+        model = TinyLM()
+    with torch.device("meta"):
+        meta = TinyLM()
+    want = estimate(meta, cfg, world=1, micro_batch=1, seq_len=8, device="cpu")[0]
+    got = estimate(model, cfg, world=1, micro_batch=1, seq_len=8, device="cpu")[0]
+    assert got["between_steps"] == want["between_steps"] and got["peak"] == want["peak"]
+
+
 def test_small_real_model_is_copied_to_meta():
     model = TinyGPT(512, 64, 2, heads=4, ctx=32)
     plans = estimate(model, _cfg(1), world=2, micro_batch=1, seq_len=8, device="cpu")

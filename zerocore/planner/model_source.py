@@ -28,7 +28,7 @@ def from_module(module: nn.Module) -> nn.Module:
         raise TypeError(f"zerocore estimate: model must be a torch.nn.Module, a Hugging Face config or a config.json "
                         f"path, got {type(module).__name__}")
     tensors = list(module.parameters()) + list(module.buffers())
-    real = [t for t in tensors if t.device.type != "meta" and not hasattr(t, "_zc_init")]
+    real = [t for t in tensors if t.device.type != "meta" and not hasattr(t, "_zc_init")]  # chunks copy cheaply
     size = sum(t.numel() * t.element_size() for t in real)
     if real and size > COPY_LIMIT:
         name = next(n for n, p in module.named_parameters() if p.device.type != "meta")
@@ -36,12 +36,42 @@ def from_module(module: nn.Module) -> nn.Module:
                          f"{real[0].device}) and holds {size / 2**20:.1f} MiB, more than the {COPY_LIMIT / 2**20:.0f} MiB the "
                          "planner copies to the meta device itself; build it "
                          "under `with torch.device('meta'):` (or pass its Hugging Face config)")
-    if not real:
+    if not real and not any(hasattr(t, "_zc_init") for t in tensors):
         return module
-    import copy
+    return _meta_copy(module)
 
-    meta = copy.deepcopy(module).to("meta") if size else module
-    return meta
+
+def _meta_copy(module: nn.Module) -> nn.Module:
+    """The module with every parameter and buffer an empty meta tensor of its full shape (a
+    parameter partitioned by ``zerocore.init`` holds only this rank's chunk: its full shape is
+    recorded on it); shared tensors stay shared."""
+    from ..sharding.records import full_shape
+
+    memo: dict[int, torch.Tensor] = {}
+
+    def meta_of(t, param: bool):
+        if id(t) not in memo:
+            e = torch.empty(full_shape(t), dtype=t.dtype, device="meta")
+            memo[id(t)] = nn.Parameter(e, requires_grad=t.requires_grad) if param else e
+        return memo[id(t)]
+
+    saved = {}
+    for m in module.modules():  # swap in meta tensors for the copy, then give the originals back
+        saved[m] = (dict(m._parameters), dict(m._buffers))
+        for k, p in m._parameters.items():
+            if p is not None:
+                m._parameters[k] = meta_of(p, True)
+        for k, b in m._buffers.items():
+            if b is not None:
+                m._buffers[k] = meta_of(b, False)
+    try:
+        import copy
+
+        return copy.deepcopy(module)
+    finally:
+        for m, (params, buffers) in saved.items():
+            m._parameters.update(params)
+            m._buffers.update(buffers)
 
 
 def hf_config(source):
