@@ -218,5 +218,6 @@ def test_cli_bad_input(tmp_path, capsys):
         main(["estimate", "--params", "3e6", "--layers", "2", "--hidden", "64", "--host-memory", "lots"])
 
 
-def test_config_error_type_is_exported():
-    assert issubclass(ConfigError, Exception)
+def test_top_level_estimate_is_the_planners():
+    plans = zerocore.estimate(_meta_gpt(), _cfg(2), world=2, micro_batch=1, seq_len=8, device="cpu")
+    assert plans[0]["stage"] == 2 and isinstance(ConfigError("x"), Exception)

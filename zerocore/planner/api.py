@@ -10,13 +10,11 @@ import copy
 import torch
 
 from ..config import ZeroConfig, load_config
-from ..offload.nvme.shard import NvmeOptimizerShard
 from ..runtime.preflight import check_config
 from . import core, model_source
 from .recommend import recommend
 
-DTYPES = {"fp32": None, "bf16": "bf16", "fp16": "fp16"}
-OFFLOADS = ("none", "cpu", "nvme")
+DTYPES = ("fp32", "bf16", "fp16")  # of the generated configs
 CANDIDATES = [(0, "none"), (1, "none"), (2, "none"), (3, "none"), (1, "cpu"), (2, "cpu"), (3, "cpu"),
               (1, "nvme"), (2, "nvme"), (3, "nvme")]  # fastest first: least offload, then least sharding
 
@@ -57,10 +55,6 @@ def _positive_int(name: str, v) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"zerocore estimate: {name} must be a positive integer, got {v!r}")
     return v
-
-
-def _nvme_bytes(engine_groups_sizes: list[int], tile: int) -> int:
-    return sum(NvmeOptimizerShard.size_on_disk(n, tile) for n in engine_groups_sizes)
 
 
 def plan_config(meta, cfg: ZeroConfig, *, world: int, micro_batch: int, seq_len: int, checkpointing: bool,
@@ -135,4 +129,4 @@ def estimate(model=None, config=None, *, hf=None, params=None, layers=None, hidd
     return plans, advice
 
 
-__all__ = ["estimate", "host_memory_bytes", "OFFLOADS", "CANDIDATES"]
+__all__ = ["estimate", "host_memory_bytes", "CANDIDATES"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
-import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from .dry_engine import DryEngine
