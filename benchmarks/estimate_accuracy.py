@@ -92,6 +92,8 @@ def worker(rank: int, world: int, init: str, args, out: str) -> None:
     nvme_dir = tempfile.mkdtemp(prefix=f"zc_est_{rank}_", dir=args.nvme_root)
     for kind, stage, off in cases(args):
         model, meta = model_and_meta(kind, args)
+        if args.checkpointing:
+            batches.enable_checkpointing(model)
         cfg = zero_config(stage, off, nvme_dir, args)
         engine = zerocore.initialize(model, cfg)
         gen = torch.Generator().manual_seed(rank)
@@ -109,8 +111,9 @@ def worker(rank: int, world: int, init: str, args, out: str) -> None:
         del engine, model
         if rank == 0:
             t0 = time.perf_counter()
-            plan = estimate(meta, cfg, world=world, micro_batch=args.batch, seq_len=args.seq, device="cpu")[0]
-            rows.append({"model": kind, "stage": stage, "offload": off, "world": world,
+            plan = estimate(meta, cfg, world=world, micro_batch=args.batch, seq_len=args.seq, device="cpu",
+                            checkpointing=args.checkpointing)[0]
+            rows.append({"model": kind, "stage": stage, "offload": off, "world": world, "checkpointing": args.checkpointing,
                          "predicted_peak": plan["peak"]["total"], "measured_peak": got["dispatch_peak"], "measured_peak_alloc": got["peak"],
                          "gloo_scratch": plan["gloo_allgather_scratch"],
                          "predicted_between": plan["between_steps"]["total"], "measured_between": got["between"],
@@ -152,6 +155,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--bucket", type=int, default=50_000, help="reduce_bucket_size (elements)")
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every block")
     p.add_argument("--nvme-root", default=None, help="directory for the NVMe swap files (default: the temp dir)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)

@@ -70,6 +70,14 @@ def _accuracy(argv):
     return _bench().main(argv + ["--dim", "64", "--vocab", "512", "--seq", "32", "--batch", "2"])
 
 
+def test_checkpointing_lowers_the_activations():
+    kw = {"world": 2, "micro_batch": 4, "seq_len": 32, "device": "cpu"}
+    plain = estimate(_meta_gpt(), _cfg(2), **kw)[0]
+    ckpt = estimate(_meta_gpt(), _cfg(2), checkpointing=True, **kw)[0]
+    assert ckpt["between_steps"] == plain["between_steps"]
+    assert ckpt["peak"]["total"] < plain["peak"]["total"]
+
+
 def test_peak_within_5_percent_representative():
     rows = _accuracy(["--models", "gpt", "--worlds", "2", "--stages", "2", "3", "--offloads", "none", "cpu"])
     assert len(rows) == 4
