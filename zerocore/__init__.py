@@ -10,5 +10,14 @@ from .config import ConfigError, ZeroConfig  # noqa: E402
 from .runtime import Engine, gathered, init, initialize  # noqa: E402
 from .comm.divergence import DivergenceError  # noqa: E402
 
-__all__ = ["ops", "FusedAdam", "initialize", "init", "gathered", "Engine", "ZeroConfig", "ConfigError",
+
+
+def estimate(*args, **kwargs):
+    """Per-rank memory of a training run before anything is allocated: ``zerocore.planner.estimate``."""
+    from .planner import estimate as plan
+
+    return plan(*args, **kwargs)
+
+
+__all__ = ["estimate", "ops", "FusedAdam", "initialize", "init", "gathered", "Engine", "ZeroConfig", "ConfigError",
            "DivergenceError", "__version__"]

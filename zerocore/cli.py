@@ -19,6 +19,10 @@ def main(argv: list[str] | None = None) -> int:
 
     demo_mod.add_arguments(demo)
     from .checkpoint import cli as checkpoint_cli
+    from .planner import cli as planner_cli
+
+    planner_cli.add_arguments(sub.add_parser("estimate", help="per-rank memory of a training run, and which "
+                                             "configuration fits"))
 
     checkpoint_cli.add_subcommands(sub)
     args = parser.parse_args(argv)
@@ -42,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "demo":
         return demo_mod.run(args)
+    if args.command == "estimate":
+        return planner_cli.run(args)
     if args.command in ("consolidate", "inspect"):
         return checkpoint_cli.run(args)
     return 2

@@ -23,12 +23,12 @@ from ..sharding import (AdamHyper, GradReducer, OptimizerShard, ParamState, Shar
 from ..sharding.gatherer import Limits, ParamGatherer
 from ..sharding.optimizer import MultiShardStep, owned_grads
 from .loss_scale import LossScaler
-from .memory import held_bytes
+from .memory import held_bytes, with_prediction
 from .grad_norm import grad_sumsq, reduce_dtype, sum_across
 from .model_setup import convert_rest, named_params, training_dtype
 from .gathered import register_engine
 from .partition_init import check_unchanged, initial_value
-from .group_specs import GroupSpec, size_groups, stage3_groups
+from .group_specs import GroupSpec, engine_groups
 from . import weights
 from .agreement import agree
 from .misuse import (RequiresGradWatch, check_loss, checked_lr, explain_dtype_error, keeps_counters_on_failure,
@@ -104,11 +104,7 @@ class Engine:
         engine_started(self)  # the process groups zerocore created live while an engine does
 
     def _group_specs(self, module, trainable, z) -> list[GroupSpec]:
-        if z.stage == 3:
-            return stage3_groups(module, trainable, z, self.comm.world, self.dtype)
-        # Groups in reverse registration order: close to the order backward produces gradients,
-        # so buckets fill (and launch) one after another.
-        return size_groups(list(reversed(trainable)), z.reduce_bucket_size, self.comm.world, self.dtype, self.policy)
+        return engine_groups(module, trainable, z, self.comm.world, self.dtype, self.policy)
 
     def _add_group(self, layout, params, policy) -> ShardedGroup:
         # The initial values, in fp32, broadcast from rank 0 so every rank starts identical;
@@ -347,9 +343,11 @@ class Engine:
     def __exit__(self, exc_type, *_) -> None:
         self.destroy(collective=exc_type is None)  # after an error the other ranks may not be there
 
-    def memory_report(self) -> dict[str, int]:
-        """Model-state bytes this rank holds, by role, counted from its tensors."""
-        return held_bytes(self)
+    def memory_report(self, predicted: bool = False, *, micro_batch: int | None = None, seq_len: int | None = None,
+                      meta_model=None) -> dict:
+        """Model-state bytes this rank holds, by role, counted from its tensors. ``predicted``: with the
+        planner's figures beside them (``zerocore.estimate``; see ``runtime/memory.py``)."""
+        return with_prediction(self, held_bytes(self), micro_batch, seq_len, meta_model) if predicted else held_bytes(self)
 
     def train(self, mode: bool = True):
         self.module.train(mode)

@@ -25,6 +25,16 @@ class GroupSpec:
     unit: tuple[str, nn.Module] | None  # (module path, module) for a unit's group
 
 
+def engine_groups(module: nn.Module, trainable: list[Named], z: ZeroOptimizationConfig, world: int,
+                  dtype: torch.dtype, policy: StagePolicy) -> list[GroupSpec]:
+    """The engine's flat groups for ``z.stage`` (the memory planner builds the same ones)."""
+    if z.stage == 3:
+        return stage3_groups(module, trainable, z, world, dtype)
+    # Groups in reverse registration order: close to the order backward produces gradients,
+    # so buckets fill (and launch) one after another.
+    return size_groups(list(reversed(trainable)), z.reduce_bucket_size, world, dtype, policy)
+
+
 def stage3_groups(module: nn.Module, trainable: list[Named], z: ZeroOptimizationConfig, world: int,
                   dtype: torch.dtype) -> list[GroupSpec]:
     units, persistent = plan_units(module, trainable, classes=z.stage3_unit_classes,

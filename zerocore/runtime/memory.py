@@ -12,17 +12,21 @@ HOST_ROLES = ("host_params", "host_grads", "host_master", "host_exp_avg", "host_
 # the engine put each byte.
 
 
-def held_bytes(engine) -> dict[str, int]:
+def held_bytes(engine, storage_key=None) -> dict[str, int]:
+    """``engine``: anything with ``groups``, ``shards`` and ``reducer`` as the engine has them;
+    ``storage_key``: what identifies a storage (its address; the planner's fake tensors have none)."""
     seen: set[int] = set()
     out = dict.fromkeys(ROLES + HOST_ROLES, 0)
+    key_of = storage_key or (lambda st: st.data_ptr())
 
     def count(role, t):
         if t is None:
             return
         st = t.untyped_storage()
-        if st.nbytes() == 0 or st.data_ptr() in seen:
+        key = key_of(st)
+        if st.nbytes() == 0 or key in seen:
             return
-        seen.add(st.data_ptr())
+        seen.add(key)
         out[role] += st.nbytes()
 
     for g, shard in zip(engine.groups, engine.shards):
@@ -48,3 +52,15 @@ def formula_bytes(numel: int, world: int, stage: int, half: bool) -> int:
     if stage == 2:
         return p * numel + (g + opt) * numel // world
     return (p + g + opt) * numel // world
+
+
+def with_prediction(engine, held: dict, micro_batch=None, seq_len=None, meta_model=None) -> dict:
+    """``held`` plus ``predicted`` (the planner's model-state bytes by role for this rank) and, given
+    a micro-batch and sequence length, ``predicted_step`` (its peak over one step, with breakdown)."""
+    from ..planner.engine_view import predicted_states, predicted_step
+
+    out = dict(held)
+    out["predicted"] = predicted_states(engine)
+    if micro_batch is not None and seq_len is not None:
+        out["predicted_step"] = predicted_step(engine, micro_batch, seq_len, meta_model)
+    return out

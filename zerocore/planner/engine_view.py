@@ -1,0 +1,40 @@
+"""The planner's figures for an engine that is already running (``engine.memory_report``): its
+own flat-group layouts rebuilt on fake tensors with the same shards and placements (the model
+states between steps), and, given a micro-batch and sequence length and a meta-device copy of
+the model (a Hugging Face model's is rebuilt from its config), the whole step's plan."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ..runtime.group_specs import GroupSpec
+from ..runtime.memory import held_bytes
+from . import dry_engine, fake_ops
+from .core import plan_one
+from .model_source import from_hf_config
+
+
+def predicted_states(engine) -> dict[str, int]:
+    """Model-state bytes by role (``held_bytes``' roles) the planner predicts for this rank."""
+    with fake_ops.fake_aware_kernels(), FakeTensorMode():
+        specs = [GroupSpec(g.layout, [nn.Parameter(torch.empty(s.shape, dtype=g.layout.dtype, device=engine.device))
+                                      for s in g.layout.slots], g.policy, None) for g in engine.groups]
+        groups, shards, _, _ = dry_engine.build_states(specs, engine.config, engine.comm.rank, engine.device)
+        view = SimpleNamespace(groups=groups, shards=shards, reducer=SimpleNamespace(bucket_tensors=list))
+        return held_bytes(view, storage_key=lambda st: st._cdata)
+
+
+def predicted_step(engine, micro_batch: int, seq_len: int, meta_model: nn.Module | None = None) -> dict | None:
+    """The planner's peak of one training step of this engine's model and config (None when no
+    meta-device copy of the model can be had: pass ``meta_model``)."""
+    if meta_model is None:
+        cfg = getattr(engine.module, "config", None)
+        if cfg is None or not type(engine.module).__module__.startswith("transformers."):
+            return None
+        meta_model = from_hf_config(cfg)
+    plan = plan_one(meta_model, engine.config, world=engine.comm.world, micro_batch=micro_batch, seq_len=seq_len,
+                    device=engine.device, rank=engine.comm.rank)
+    return {"peak": plan.peak, "at_peak": plan.at_peak, "between": plan.between["total"] + plan.between["host_total"]}
