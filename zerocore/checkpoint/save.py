@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .blockio import BlockWriter, byte_view
+from .blockio import BlockWriter, FileSink
 from .layout import (LATEST, MANIFEST, TMP_PREFIX, CheckpointError, check_tag, exchange, fsync_dir, rank_file,
                      write_atomic)
 from ..sharding import FlatGroup
@@ -43,16 +43,6 @@ _FP32 = 4
 # Tests set this to a callable(rank, what) run between the pieces each rank writes (to kill a
 # rank in the middle of a save).
 between_writes = None
-
-
-def _host(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach()
-    return t.contiguous() if t.device.type == "cpu" else t.to("cpu")
-
-
-def _flat_bytes(t: torch.Tensor) -> tuple[torch.Tensor, memoryview]:
-    h = _host(t).reshape(-1)
-    return h, byte_view(h)
 
 
 def _hook(rank: int, what: str) -> None:
@@ -86,20 +76,6 @@ def live_tiles(engine):
     return tiles
 
 
-def aio_handle(settings: dict | None):
-    """An AsyncIO handle for the writes, or None (page cache) where none can be made."""
-    if settings is None:
-        return None
-    from ..ops import aio
-
-    if aio.aio_unavailable() is not None:
-        return None
-    try:
-        return aio.AsyncIO.from_config(settings)
-    except OSError:
-        return None
-
-
 def make_plan(engine, tag: str, client_state, comm, tiles, use_aio: bool = True) -> SavePlan:
     client = None
     if client_state is not None and engine.comm.rank == 0:
@@ -123,32 +99,31 @@ def make_plan(engine, tag: str, client_state, comm, tiles, use_aio: bool = True)
                     rng=rng_state(), aio=dataclasses.asdict(engine.config.aio) if use_aio else None)
 
 
-def _write_rank(plan: SavePlan, tmp: str) -> dict:
-    """Writes this rank's file; returns its index (what the manifest needs from this rank)."""
+def _write_rank(plan: SavePlan, tmp: str | None, sink=None) -> dict:
+    """Writes this rank's file into ``tmp`` (or its bytes into ``sink``, an ImageSink, to be
+    written later); returns its index (what the manifest needs from this rank)."""
     rank = plan.comm.rank
     index = {"rank": rank, "rng": plan.rng, "chunks": [], "extras": [], "client_state": None, "file": None}
     if not plan.writes_state:
         return index
     name = rank_file(rank)
-    w = BlockWriter(os.path.join(tmp, name), aio=aio_handle(plan.aio))
+    w = BlockWriter(sink if sink is not None else FileSink(os.path.join(tmp, name), plan.aio))
     try:
         for layout, lo, hi, state in plan.tiles():
             offs = []
             for k in KINDS:
-                held, view = _flat_bytes(state[k])
-                offs.append(w.write(view, held))
-                del held
+                offs.append(w.write(state[k]))
                 _hook(rank, f"group {layout.index} {k}")
             for slot, a, b in layout.pieces(lo, hi):
                 skip = (slot.offset + a - lo) * _FP32
                 index["chunks"].append([slot.name, a, b, name] + [o + skip for o in offs])
         for names, kind, t in plan.extras:
-            held, view = _flat_bytes(t)
-            off = w.write(view, held)
+            off = w.write(t)
             index["extras"].append({"name": names[0], "aliases": names, "kind": kind, "shape": list(t.shape),
-                                    "dtype": dtype_name(t.dtype), "file": name, "offset": off, "nbytes": len(view)})
+                                    "dtype": dtype_name(t.dtype), "file": name, "offset": off,
+                                    "nbytes": t.numel() * t.element_size()})
         if plan.client_bytes is not None:
-            index["client_state"] = {"file": name, "offset": w.write(plan.client_bytes),
+            index["client_state"] = {"file": name, "offset": w.write_bytes(plan.client_bytes),
                                      "nbytes": len(plan.client_bytes)}
         index["file"] = name
         index["record"] = w.close()
@@ -171,12 +146,13 @@ def _manifest(plan: SavePlan, indexes: list[dict]) -> dict:
             "files": files, "rng": [ix["rng"] for ix in indexes]}
 
 
-def _agree(comm, failed: bool, what: str) -> None:
+def _agree(comm, failed: bool, what: str,
+           outcome: str = "Nothing was published; the previous checkpoint is intact") -> None:
     """A barrier that also fails every rank when any rank failed."""
     (n,) = comm.sum_floats([float(failed)])
     if n and not failed:
         raise CheckpointError(f"zerocore checkpoint: {int(n)} other rank(s) failed while {what}; see their error. "
-                              "Nothing was published; the previous checkpoint is intact")
+                              + outcome)
 
 
 def check_can_save(engine, tag):
@@ -192,8 +168,9 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state=None) -> str:
     return run_save(make_plan(engine, tag, client_state, engine.comm, live_tiles(engine)), os.fspath(save_dir))
 
 
-def run_save(plan: SavePlan, save_dir: str) -> str:
-    """The save protocol (see the module docstring) for one rank."""
+def run_save(plan: SavePlan, save_dir: str, prepared: tuple | None = None) -> str:
+    """The save protocol (see the module docstring) for one rank. ``prepared``: (index, image) of
+    this rank's file made beforehand by ``_write_rank`` into an ImageSink (asynchronous save)."""
     comm, tag = plan.comm, plan.tag
     tmp = os.path.join(save_dir, TMP_PREFIX + tag)
     rank = comm.rank
@@ -213,7 +190,12 @@ def run_save(plan: SavePlan, save_dir: str) -> str:
     if err is not None:
         raise err
     try:
-        index = _write_rank(plan, tmp)
+        if prepared is None:
+            index = _write_rank(plan, tmp)
+        else:
+            index, image = prepared
+            if index["file"] is not None:
+                image.write_file(os.path.join(tmp, index["file"]), plan.aio)
         # no fsync: rank 0 folds it into the manifest, which is fsync'ed before anything is published
         with open(os.path.join(tmp, f"rank{rank:05d}.json"), "w", encoding="utf-8") as f:
             json.dump(index, f)
