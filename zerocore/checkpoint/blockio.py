@@ -85,7 +85,7 @@ class BufferPool:
     """Aligned I/O buffers, reused: fresh memory costs page faults (on this project's machine
     more CPU than checksumming it), so a process keeps up to ``keep`` of each size."""
 
-    def __init__(self, keep: int = RING + 1):
+    def __init__(self, keep: int = RING + 3):
         self.keep = keep
         self._free: dict[int, list[torch.Tensor]] = {}
         self._lock = threading.Lock()
@@ -450,8 +450,9 @@ class Fetch:
                 reads.extend((name, a, min(hi, a + step)) for a in range(lo, hi, step))
         return reads
 
-    def run(self) -> None:
-        """Reads and verifies everything added (raises ChecksumError naming the file and bytes)."""
+    def run(self, keep: bool = True) -> None:
+        """Reads and verifies everything added (raises ChecksumError naming the file and bytes);
+        ``keep=False``: only verifies (each buffer goes back to the pool once checked)."""
         reads = self._plan()
         handles = self.handles
         fds: dict[str, int] = {}
@@ -475,9 +476,13 @@ class Fetch:
                     handles[i % RING].wait()
                 f = self.files[name]
                 f.verify(a // f.block, bufs[i][:b - a])  # while the next RING - 1 reads proceed
-                starts, pieces = self._pieces.setdefault(name, ([], []))
-                starts.append(a)
-                pieces.append((b, bufs[i]))
+                if keep:
+                    starts, pieces = self._pieces.setdefault(name, ([], []))
+                    starts.append(a)
+                    pieces.append((b, bufs[i]))
+                else:
+                    _give(bufs[i], self.piece_bytes)
+                    bufs[i] = None
                 if i + RING < len(reads):
                     start(i + RING)
         except BaseException:
@@ -487,10 +492,11 @@ class Fetch:
                         h.wait()
                     except OSError:
                         pass
+            held = {id(buf) for _, pieces in self._pieces.values() for _, buf in pieces}
             for buf in bufs:
-                if buf is not None:
+                if buf is not None and id(buf) not in held:
                     _give(buf, self.piece_bytes)
-            self._pieces.clear()
+            self.release()
             raise
         finally:
             for fd in fds.values():

@@ -4,9 +4,10 @@
 2. each rank streams its optimizer state, tile by tile through ``OptimizerShard.state_tiles``
    (so state resting on host or NVMe is never materialised whole), into ``rank<r>.bin``,
    recording each parameter piece in the parameter's own coordinates and a CRC per block; rank 0
-   also writes frozen parameters, buffers and the client state. Tensors go to disk through
-   ``zerocore.ops.AsyncIO`` (O_DIRECT, the config's ``aio`` settings; the page cache where it
-   is unavailable) while the CRCs are computed. The file is fsync'ed and a
+   also writes frozen parameters, buffers and the client state. Each tensor is copied once into
+   aligned I/O buffers, its CRC32C computed in the same pass, and the buffers go to disk through
+   ``zerocore.ops.AsyncIO`` (O_DIRECT, the config's ``aio`` settings, several in flight; the page
+   cache where it is unavailable) while the next are filled (``blockio.py``). The file is fsync'ed and a
    small per-rank index (chunks, checksums, RNG state) written beside it; barrier, which also
    tells every rank whether any rank failed (then all raise, nothing is published).
 3. rank 0 merges the indexes into ``manifest.json`` (fsync'ed), renames ``.tmp-<tag>`` to
