@@ -92,10 +92,11 @@ def _write_safetensors(path: str, reader: CheckpointReader, entries: list[dict],
             os.remove(tmp)
         # the output streams through the checkpoint's own writer: aligned buffers, O_DIRECT,
         # several writes in flight (its block checksums are not needed here and cost little)
-        # Memory, scaled to the largest tensor L (peak growth under 2 L): a slice of L / 2 (fp32),
-        # I/O buffers of L / 8 (two for the reads, two for the writes), at least one block each.
+        # Memory, scaled to the largest tensor L (peak growth under 2 L): a slice of at most L / 2
+        # (fp32), I/O buffers of L / 4 up to IO_BYTES (two for the reads, two for the writes), at
+        # least one checksum block each.
         largest = max([x["numel"] for x in entries if "param" in x], default=1)
-        io_bytes = min(IO_BYTES, max(BLOCK_BYTES, largest * 4 // 8 // BLOCK_BYTES * BLOCK_BYTES))
+        io_bytes = min(IO_BYTES, max(BLOCK_BYTES, largest * 4 // 4 // BLOCK_BYTES * BLOCK_BYTES))
         w = BlockWriter(FileSink(tmp, reader.aio, ring=2), io_bytes=io_bytes)
         try:
             w.write_bytes(len(head).to_bytes(8, "little") + head)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .blockio import BlockWriter, FileSink
+from .blockio import BlockWriter, FileSink, aio_handles
 from .layout import (LATEST, MANIFEST, TMP_PREFIX, CheckpointError, check_tag, exchange, fsync_dir, rank_file,
                      write_atomic)
 from ..sharding import FlatGroup
@@ -75,6 +75,13 @@ def live_tiles(engine):
             for lo, hi, state in shard.state_tiles(TILE_ELEMS):
                 yield g.layout, g.lo + lo, g.lo + hi, state
     return tiles
+
+
+def aio_handle(settings: dict | None):
+    """An AsyncIO handle for checkpoint files from the config's ``aio`` section (one of the
+    process's pooled ones), or None (the page cache) where none can be made."""
+    (h,) = aio_handles(settings, 1)
+    return h
 
 
 def make_plan(engine, tag: str, client_state, comm, tiles, use_aio: bool = True) -> SavePlan:
