@@ -10,8 +10,13 @@ and read of this rank's byte count, zerocore save, torch.save (+fsync), zerocore
 torch.load. Saves include fsync and the atomic publish (durable); loads start cold: the files'
 pages are evicted first (``posix_fadvise(DONTNEED)`` on our own files only). GB/s = 1e9 bytes/s
 of this rank's bytes (12 bytes per owned element: master, exp_avg, exp_avg_sq) over the wall
-time between barriers, and the CPU seconds each operation costs the rank's process (what bounds it
-on a busy machine). A shared 2-core VM is noisy: medians of ``--rounds``, load average recorded.
+time between barriers, and the CPU seconds each operation costs the rank's process, also per GB
+(what bounds it on a busy machine). Each round also saves asynchronously: the training thread's
+stall (until ``save_checkpoint(..., async_save=True)`` returns) against the time until the tag is
+published and against a synchronous save (the first round's stall includes allocating the host
+buffers the engine then keeps; the ratio is the median of the later rounds). Consolidation's rate
+is compared with the O_DIRECT rates of the same run. A shared 2-core VM is noisy: every round is
+printed, medians of ``--rounds``, load average recorded.
 
     python benchmarks/checkpoint.py --out benchmarks/results/checkpoint_gloo_w2.json
 """
@@ -81,6 +86,33 @@ def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
     buf.fill_(7)
     state = {f"{i}.{k}": t for i, s in enumerate(e.shards) for k, t in s.tensors().items()}
     rows = {k: [] for k in ("direct_write", "direct_read", "zc_save", "torch_save", "zc_load", "torch_load")}
+    stall = {"call_s": [], "written_s": [], "call_cpu_s": []}
+    # what a load does beyond reading: the cast of the master into the bf16 parameters and (stage
+    # 2) the all-gather of the full parameters, timed apart (torch.load of a shard does neither)
+    from zerocore.checkpoint import load as zload
+
+    refresh = {"s": [], "cpu_s": []}
+    plain_refresh = zload._refresh_params
+
+    def timed_refresh(engine):
+        t0, c0 = time.perf_counter(), time.process_time()
+        plain_refresh(engine)
+        refresh["s"].append(time.perf_counter() - t0)
+        refresh["cpu_s"].append(time.process_time() - c0)
+
+    zload._refresh_params = timed_refresh
+    ckpt_async = os.path.join(args.dir, "ckpt_async")
+
+    def async_save():
+        """The training thread's stall (until save_checkpoint returns) against the whole save."""
+        dist.barrier()
+        t0, c0 = time.perf_counter(), time.process_time()
+        h = e.save_checkpoint(ckpt_async, tag="bench", async_save=True)
+        stall["call_s"].append(time.perf_counter() - t0)
+        stall["call_cpu_s"].append(time.process_time() - c0)
+        h.wait()
+        stall["written_s"].append(time.perf_counter() - t0)
+        dist.barrier()
 
     def torch_save():
         torch.save(state, tsave)
@@ -100,10 +132,11 @@ def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
         _evict(tsave)
         rows["zc_load"].append(nbytes / _timed(lambda: e.load_checkpoint(ckpt, tag="bench"), "zc_load") / 1e9)
         rows["torch_load"].append(nbytes / _timed(lambda: torch.load(tsave, weights_only=True), "torch_load") / 1e9)
+        async_save()
     os.remove(raw)
     os.remove(tsave)
     gathered = [None] * world
-    dist.all_gather_object(gathered, {"rank": rank, "bytes": nbytes, "gbps": rows, "cpu_s": CPU})
+    dist.all_gather_object(gathered, {"rank": rank, "bytes": nbytes, "gbps": rows, "cpu_s": CPU, "async": stall, "refresh": refresh})
     if rank == 0:
         with open(out_file, "w") as f:
             json.dump({"ranks": gathered, "params": sum(g.layout.numel for g in e.groups)}, f)
@@ -159,12 +192,23 @@ def main(argv=None) -> int:
     rows = []
     for rk in res["ranks"]:
         m = {k: statistics.median(v) for k, v in rk["gbps"].items()}
+        gb = rk["bytes"] / 1e9
+        a = rk["async"]
         rows.append({"rank": rk["rank"], "bytes": rk["bytes"], **{f"{k}_gbps": v for k, v in m.items()},
                      "save_vs_disk_write": m["zc_save"] / m["direct_write"],
                      "load_vs_disk_read": m["zc_load"] / m["direct_read"],
                      "save_vs_torch_save": m["zc_save"] / m["torch_save"],
                      "load_vs_torch_load": m["zc_load"] / m["torch_load"],
-                     **{f"{k}_cpu_s": statistics.median(v) for k, v in rk["cpu_s"].items()}})
+                     **{f"{k}_cpu_s": statistics.median(v) for k, v in rk["cpu_s"].items()},
+                     **{f"{k}_cpu_s_per_gb": statistics.median(v) / gb for k, v in rk["cpu_s"].items()},
+                     # per round: a sync save's time is its bytes over its rate
+                     "load_refresh_s": statistics.median(rk["refresh"]["s"]),
+                     "load_refresh_cpu_s_per_gb": statistics.median(rk["refresh"]["cpu_s"]) / gb,
+                     "async_stall_s": a["call_s"], "async_written_s": a["written_s"],
+                     "async_call_cpu_s": a["call_cpu_s"],
+                     "sync_save_s": [rk["bytes"] / 1e9 / r for r in rk["gbps"]["zc_save"]],
+                     "async_stall_vs_sync_save": statistics.median(a["call_s"][1:] or a["call_s"])
+                     / statistics.median([rk["bytes"] / 1e9 / r for r in rk["gbps"]["zc_save"]])})
     print(f"{res['params'] / 1e6:.1f}M parameters, bf16 + fp32 master, stage {args.stage}, {args.ranks} ranks; "
           f"{rows[0]['bytes'] / 1e9:.2f} GB per rank; medians of {args.rounds} rounds (GB/s per rank)")
     print(f"{'rank':>4} {'O_DIRECT w':>10} {'zc save':>8} {'torch.save':>10} {'save/disk':>9} {'save/torch':>10} | "
@@ -174,12 +218,33 @@ def main(argv=None) -> int:
               f"{r['save_vs_disk_write']:>9.2f} {r['save_vs_torch_save']:>10.2f} | {r['direct_read_gbps']:>10.2f} "
               f"{r['zc_load_gbps']:>8.2f} {r['torch_load_gbps']:>10.2f} {r['load_vs_disk_read']:>9.2f} "
               f"{r['load_vs_torch_load']:>10.2f}")
-    print("CPU seconds per operation (this rank's process, all threads; medians): "
-          + ", ".join(f"{k} {rows[0][f'{k}_cpu_s']:.2f}" for k in res["ranks"][0]["cpu_s"]))
+    print("every round, rank 0 (GB/s; the disk is noisy):")
+    g = res["ranks"][0]["gbps"]
+    for i in range(args.rounds):
+        print(f"  round {i + 1}: save {g['zc_save'][i]:.2f} / disk {g['direct_write'][i]:.2f} = "
+              f"{g['zc_save'][i] / g['direct_write'][i]:.2f}x, torch.save {g['torch_save'][i]:.2f}; "
+              f"load {g['zc_load'][i]:.2f} / disk {g['direct_read'][i]:.2f} = {g['zc_load'][i] / g['direct_read'][i]:.2f}x, "
+              f"torch.load {g['torch_load'][i]:.2f} ({g['zc_load'][i] / g['torch_load'][i]:.2f}x)")
+    print("CPU seconds per GB (this rank's process, all threads; medians): "
+          + ", ".join(f"{k} {rows[0][f'{k}_cpu_s_per_gb']:.3f}" for k in res["ranks"][0]["cpu_s"]))
+    r0 = rows[0]
+    print(f"  of zc_load's: the cast to bf16 + all-gather of the parameters {r0['load_refresh_cpu_s_per_gb']:.3f} CPU s/GB, "
+          f"{r0['load_refresh_s']:.3f} s; the checkpoint's reading and verifying "
+          f"{r0['zc_load_cpu_s_per_gb'] - r0['load_refresh_cpu_s_per_gb']:.3f} CPU s/GB")
+    print("async save, rank 0, per round: save_checkpoint returned after "
+          + ", ".join(f"{x:.3f}" for x in r0["async_stall_s"]) + " s; written after "
+          + ", ".join(f"{x:.3f}" for x in r0["async_written_s"]) + " s; a synchronous save took "
+          + ", ".join(f"{x:.3f}" for x in r0["sync_save_s"]) + " s; stall / sync save (median of rounds 2+) "
+          f"{r0['async_stall_vs_sync_save']:.3f}")
     for dt, c in cons.items():
+        rate = c["out_bytes"] / c["seconds"] / 1e9
+        c["vs_disk_write"] = rate / med["direct_write"]
+        c["vs_disk_read"] = rate / med["direct_read"]
         print(f"consolidate --dtype {dt}: {c['seconds']:.2f} s for {c['out_bytes'] / 1e9:.2f} GB "
-              f"({c['out_bytes'] / c['seconds'] / 1e9:.2f} GB/s, {c['cpu_seconds']:.2f} s CPU), peak RSS growth {c['peak_rss_growth'] / 2**20:.1f} MiB "
+              f"({rate:.2f} GB/s = {c['vs_disk_write']:.2f}x the O_DIRECT write, {c['vs_disk_read']:.2f}x the read; "
+              f"{c['cpu_seconds']:.2f} s CPU), peak RSS growth {c['peak_rss_growth'] / 2**20:.1f} MiB "
               f"= {c['peak_rss_growth'] / largest:.2f} x the largest tensor ({largest / 2**20:.0f} MiB fp32)")
+    print(f"load average: start {load0[0]:.2f}, end {os.getloadavg()[0]:.2f}")
     out = {"machine": machine_info(), "file_system": fs_info(args.dir), "args": vars(args), "params": res["params"],
            "load_avg_start": load0, "load_avg_end": os.getloadavg(), "seconds": time.perf_counter() - t0,
            "rows": rows, "rank0_rounds": res["ranks"][0]["gbps"], "medians_rank0": med, "consolidate": cons,

@@ -215,6 +215,22 @@ int64_t crc32c(const at::Tensor& t, int64_t crc, bool hardware) {
   return hardware ? zc::crc32c(t.data_ptr(), n, c) : zc::crc32c_scalar(t.data_ptr(), n, c);
 }
 
+// Copies src's bytes into dst (same byte count, not overlapping) and returns their CRC32C
+// continued from `crc`, in one pass (checkpoint I/O buffers).
+int64_t copy_crc32c(const at::Tensor& src, at::Tensor& dst, int64_t crc) {
+  check_cpu_contiguous(src, "copy_crc32c", "src");
+  check_cpu_contiguous(dst, "copy_crc32c", "dst");
+  const int64_t n = src.numel() * static_cast<int64_t>(src.element_size());
+  ZC_CHECK_VALUE(dst.numel() * static_cast<int64_t>(dst.element_size()) == n, "copy_crc32c: 'dst' has ",
+                 dst.numel() * dst.element_size(), " bytes, 'src' ", n);
+  ZC_CHECK_VALUE(crc >= 0 && crc <= 0xFFFFFFFFLL, "copy_crc32c: 'crc' must be a 32-bit unsigned value, got ", crc);
+  const char* s = static_cast<const char*>(src.data_ptr());
+  char* d = static_cast<char*>(dst.data_ptr());
+  ZC_CHECK_VALUE(n == 0 || s + n <= d || d + n <= s, "copy_crc32c: 'src' and 'dst' overlap");
+  py::gil_scoped_release nogil;
+  return zc::copy_crc32c(s, d, n, static_cast<uint32_t>(crc));
+}
+
 std::string active_isa() { return zc::active_kernels().isa; }
 
 }  // namespace
@@ -233,7 +249,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sum_squares_multi", &sum_squares_multi, "sum of squares (double) and any-Inf/NaN flag over many tensors",
         py::call_guard<py::gil_scoped_release>());
   m.def("stream_rw4", &stream_rw4, "memory roofline probe: read 4 arrays, write 3");
-  m.def("crc32c", &crc32c, "CRC32C of a tensor's bytes");
+  m.def("crc32c", &crc32c, "CRC32C of a tensor's bytes", py::call_guard<py::gil_scoped_release>());
+  m.def("copy_crc32c", &copy_crc32c, "copy a tensor's bytes and return their CRC32C in one pass");
   m.def("crc32c_hardware", &zc::crc32c_hardware, "whether crc32c uses the SSE4.2 instruction here");
   m.def("supported_isas", &zc::supported_isas);
   m.def("set_isa", &zc::set_isa);

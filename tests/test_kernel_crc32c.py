@@ -1,5 +1,6 @@
-"""ops.crc32c against a bit-by-bit Python CRC32C on odd sizes and offsets, the SSE4.2 path against
-the table path, chaining, and bad arguments."""
+"""ops.crc32c against a bit-by-bit Python CRC32C on odd sizes and offsets, the SSE4.2 path (three
+interleaved streams above 12 KiB) against the table path, chaining, ops.copy_crc32c (the copy and
+the checksum in one pass), and bad arguments."""
 import pytest
 import torch
 
@@ -36,6 +37,32 @@ def test_hardware_and_table_paths_agree_and_chain():
     y = x.clone()
     y.view(torch.uint8)[12345] ^= 1  # one flipped bit changes it
     assert ops.crc32c(y) != whole
+
+
+@pytest.mark.parametrize("n", [0, 5, 12287, 12288, 12289, 12295, 1 << 20, (1 << 20) + 13])
+def test_three_streams_and_copy_match_the_table(n):
+    gen = torch.Generator().manual_seed(n)
+    src = torch.randint(0, 256, (n + 3,), generator=gen, dtype=torch.uint8)[3:]  # unaligned too
+    lib = _loader.load()
+    want = lib.crc32c(src, 0, False)
+    assert ops.crc32c(src) == want
+    dst = torch.zeros(n, dtype=torch.uint8)
+    assert ops.copy_crc32c(src, dst) == want and torch.equal(dst, src)
+    if n > 7:  # continued from a previous piece
+        k = n // 3
+        first = ops.crc32c(src[:k])
+        rest = torch.empty(n - k, dtype=torch.uint8)
+        assert ops.copy_crc32c(src[k:], rest, first) == want
+
+
+def test_copy_crc32c_bad_arguments():
+    with pytest.raises(ValueError, match="'dst' has 3 bytes, 'src' 4"):
+        ops.copy_crc32c(torch.zeros(4, dtype=torch.uint8), torch.zeros(3, dtype=torch.uint8))
+    x = torch.zeros(8, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="overlap"):
+        ops.copy_crc32c(x[:4], x[2:6])
+    with pytest.raises(ValueError, match="contiguous"):
+        ops.copy_crc32c(torch.zeros(4, 2)[:, 0], torch.zeros(4))
 
 
 @pytest.mark.parametrize("call, exc, words", [

@@ -11,6 +11,11 @@ namespace zc {
 uint32_t crc32c(const void* data, int64_t n, uint32_t crc = 0);
 // The table-driven version, whatever the CPU (for tests and machines without SSE4.2).
 uint32_t crc32c_scalar(const void* data, int64_t n, uint32_t crc = 0);
+// Copies n bytes from src to dst (not overlapping) and returns their CRC32C continued from `crc`,
+// in one pass over the data (what checkpoint writes and reads of aligned I/O buffers use).
+uint32_t copy_crc32c(const void* src, void* dst, int64_t n, uint32_t crc = 0);
+// The CRC32C of A || B from crc(A), crc(B) and B's length in bytes.
+uint32_t crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2);
 // Whether crc32c() uses the SSE4.2 instruction on this CPU.
 bool crc32c_hardware();
 

@@ -1,6 +1,9 @@
-"""Asynchronous save: the state is copied into host memory at the call (the only part training
-waits for), then a background thread writes the files and publishes the tag with the same atomic
-protocol as a synchronous save. Its barriers run on a gloo group of their own (``side_comm``), so
+"""Asynchronous save: at the call, the state is copied into host memory laid out as the file it
+will be (aligned I/O buffers, checksummed in the same pass: the only part training waits for),
+then a background thread writes those buffers as they are and publishes the tag with the same
+atomic protocol as a synchronous save. The buffers stay with the engine for its next
+asynchronous save (fresh memory costs page faults, more than the copy itself): an engine that
+saves asynchronously keeps host memory of the size of its rank's checkpoint file. Its barriers run on a gloo group of their own (``side_comm``), so
 they never interleave with the training collectives of the main thread.
 
 The next ``save_checkpoint`` / ``load_checkpoint`` of the engine waits for the pending save
@@ -11,27 +14,33 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import torch
 
 from ..comm import side_comm
-from .save import TILE_ELEMS, check_can_save, make_plan, run_save
+from .blockio import ImageSink
+from .save import _write_rank, check_can_save, live_tiles, make_plan, run_save
 
 
 class AsyncSave:
     """A save in flight: ``wait()`` returns the tag directory once published (or raises)."""
 
-    def __init__(self, plan, save_dir: str):
+    def __init__(self, plan, save_dir: str, prepared: tuple):
         self._result: str | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(plan, save_dir), name="zerocore-checkpoint")
+        self.written_at: float | None = None  # perf_counter() when the tag was published
+        self._thread = threading.Thread(target=self._run, args=(plan, save_dir, prepared), name="zerocore-checkpoint")
         self._thread.start()
 
-    def _run(self, plan, save_dir: str) -> None:
+    def _run(self, plan, save_dir: str, prepared: tuple) -> None:
         try:
-            self._result = run_save(plan, save_dir)
+            self._result = run_save(plan, save_dir, prepared)
         except BaseException as e:  # handed to wait()
             self._error = e
+        finally:
+            prepared[1].release()  # the buffers go back to the engine's cache
+            self.written_at = time.perf_counter()
 
     def done(self) -> bool:
         return not self._thread.is_alive()
@@ -58,14 +67,11 @@ def save_async(engine, save_dir: str, tag=None, client_state=None) -> AsyncSave:
     comm = getattr(engine, "_zc_side_comm", None)
     if comm is None:
         comm = engine._zc_side_comm = side_comm(engine.comm)
-    # the copy training waits for: every tile of the owned state, into fresh host memory
-    staged = []
-    for shard in engine.shards:
-        g = shard.group
-        for lo, hi, state in shard.state_tiles(TILE_ELEMS):
-            staged.append((g.layout, g.lo + lo, g.lo + hi,
-                           {k: t.detach().to("cpu", copy=True) for k, t in state.items()}))
-    plan = make_plan(engine, tag, client_state, comm, lambda: iter(staged))
-    plan.extras = [(names, kind, t.detach().to("cpu", copy=True)) for names, kind, t in plan.extras]
-    handle = engine._zc_pending_save = AsyncSave(plan, os.fspath(save_dir))
+    plan = make_plan(engine, tag, client_state, comm, live_tiles(engine))
+    cache = getattr(engine, "_zc_save_buffers", None)
+    if cache is None:
+        cache = engine._zc_save_buffers = []
+    image = ImageSink(cache)
+    index = _write_rank(plan, None, sink=image)  # the copy training waits for
+    handle = engine._zc_pending_save = AsyncSave(plan, os.fspath(save_dir), (index, image))
     return handle

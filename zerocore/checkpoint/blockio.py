@@ -1,20 +1,39 @@
-"""Files written in fixed-size blocks with a CRC-32 per block, and read back verified.
+"""Files written in fixed-size blocks with a CRC32C per block, and read back verified.
 
 A checksum per block (not per file) is what lets a rank read only the byte ranges it needs and
-still verify every byte it uses: it reads the blocks that cover its range (at most one extra
-block at each end) and checks each block once. Writes are sequential and streaming: nothing is
-staged beyond the caller's buffer. CRC-32 (zlib) runs at several GB/s, faster than the disks
-it guards.
+still verify every byte it uses: it reads the blocks that cover its ranges and checks each.
+
+The bytes move between the caller's tensors and the disk through 4096-aligned I/O buffers (the
+memory O_DIRECT wants): a write copies each tensor into the current buffer with
+``ops.copy_crc32c`` (the copy and the checksum are one pass over the data, the only copy on the
+way to disk) and hands full buffers to ``zerocore.ops.AsyncIO``, ``RING`` buffers in flight, each
+with its own handle so that waiting for the oldest does not wait for the others. A read fetches
+whole blocks into aligned buffers, several requests in flight, and verifies every block in place
+(the CRC of one buffer runs while the next ones are being read) before any byte is handed out.
+Without AsyncIO (not built, or the config turns O_DIRECT off) the same buffers go through
+``pwrite``/``preadv`` and the page cache.
+
+CRC32C (``ops.crc32c``, the instruction on three interleaved streams) is the project's one
+checksum for checkpoints and NVMe swap records; files of checkpoints written before it carry
+zlib's CRC-32 (``"crc32"`` in the manifest) and are still verified with it.
 """
 from __future__ import annotations
 
+import atexit
+import bisect
 import ctypes
 import os
+import threading
 import zlib
 
 import torch
 
+from .. import ops
+
 BLOCK_BYTES = 1 << 20
+IO_BYTES = 16 << 20  # one I/O buffer; a multiple of BLOCK_BYTES, so every buffer holds whole blocks
+RING = 3  # buffers in flight per writer or reader
+ALGO = "crc32c"  # what new files are checksummed with (the manifest's key for the list of CRCs)
 
 
 def byte_view(t: torch.Tensor) -> memoryview:
@@ -28,100 +47,347 @@ def byte_view(t: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
 
 
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes as a flat uint8 tensor on its device (a view where ``t`` is contiguous)."""
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _native():
+    """The extension's checksum functions, called directly in the loops over blocks (their
+    arguments are built here, and the native side checks them again)."""
+    global _NATIVE
+    if _NATIVE is None:
+        ops.crc32c(torch.empty(0, dtype=torch.uint8))  # loads the extension, or raises saying why not
+        from ..ops import _loader
+
+        _NATIVE = _loader.load("checksum")
+    return _NATIVE
+
+
+_NATIVE = None
+
+
+def checksum(algo: str, data: torch.Tensor, crc: int = 0) -> int:
+    """The checksum ``algo`` ("crc32c", or "crc32" of older checkpoints) of a host uint8 tensor."""
+    if algo == "crc32c":
+        return _native().crc32c(data, crc, True)
+    return zlib.crc32(byte_view(data), crc)
+
+
 class ChecksumError(IOError):
     """A file of a checkpoint does not match what its manifest records."""
 
 
-class BlockWriter:
-    """Writes bytes to ``path`` (created new) one record after the other, keeping a CRC-32 of
-    every ``block`` bytes. With ``aio`` (a :class:`zerocore.ops.AsyncIO`), tensors go to disk
-    through it (O_DIRECT, several requests in flight) while the CRC of the same bytes is computed
-    here, so checksumming overlaps the transfer and nothing passes through the page cache."""
+class BufferPool:
+    """Aligned I/O buffers, reused: fresh memory costs page faults (on this project's machine
+    more CPU than checksumming it), so a process keeps up to ``keep`` of each size."""
 
-    INFLIGHT_BYTES = 256 << 20  # tensors handed to ``aio`` are kept alive until written
+    def __init__(self, keep: int = RING + 3):
+        self.keep = keep
+        self._free: dict[int, list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
 
-    def __init__(self, path: str, block: int = BLOCK_BYTES, aio=None):
+    def take(self, nbytes: int = IO_BYTES) -> torch.Tensor:
+        with self._lock:
+            free = self._free.get(nbytes)
+            if free:
+                return free.pop()
+        return ops.aligned_pinned_empty(nbytes, torch.uint8, lock=False)
+
+    def give(self, buf: torch.Tensor) -> None:
+        with self._lock:
+            free = self._free.setdefault(buf.numel(), [])
+            if len(free) < self.keep:
+                free.append(buf)
+
+
+POOL = BufferPool()
+
+
+class HandlePool:
+    """AsyncIO handles kept between uses, by settings: making one probes the backends and starts
+    worker threads, closing one joins them, which costs more than a checkpoint's checksums."""
+
+    def __init__(self, keep: int = 2 * RING):
+        self.keep = keep
+        self._free: dict[str, list] = {}
+        self._lock = threading.Lock()
+
+    def take(self, settings: dict | None, n: int) -> list:
+        """``n`` handles from the config's ``aio`` section, or ``n`` Nones (the page cache) where
+        there is no setting or no engine."""
+        if settings is None:
+            return [None] * n
+        from ..ops import aio
+
+        if aio.aio_unavailable() is not None:
+            return [None] * n
+        key = repr(sorted(settings.items()))
+        with self._lock:
+            free = self._free.setdefault(key, [])
+            out = [free.pop() for _ in range(min(n, len(free)))]
+        try:
+            while len(out) < n:
+                extra = {"backend": out[0].backend} if out else {}  # probe the backends once
+                out.append(aio.AsyncIO.from_config(settings, **extra))
+        except OSError:
+            self.give(settings, out)
+            return [None] * n
+        for h in out:
+            h._zc_pool_key = key
+        return out
+
+    def give(self, settings, handles: list) -> None:
+        """Back to the pool (what they had in flight is waited for, errors dropped)."""
+        for h in handles:
+            if h is None:
+                continue
+            try:
+                h.wait()
+            except OSError:
+                pass
+            key = getattr(h, "_zc_pool_key", None)
+            with self._lock:
+                free = self._free.setdefault(key, [])
+                if key is not None and len(free) < self.keep:
+                    free.append(h)
+                    continue
+            h.close()
+
+
+    def close_all(self) -> None:
+        with self._lock:
+            handles = [h for free in self._free.values() for h in free]
+            self._free.clear()
+        for h in handles:
+            h.close()
+
+
+HANDLES = HandlePool()
+atexit.register(HANDLES.close_all)  # their worker threads stop before the interpreter does
+
+
+def aio_handles(settings: dict | None, n: int) -> list:
+    return HANDLES.take(settings, n)
+
+
+def _close_handles(handles: list) -> None:
+    HANDLES.give(None, handles)
+
+
+def _pwrite_all(fd: int, mv: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(mv):  # a write may write less than asked
+        done += os.pwrite(fd, mv[done:], offset + done)
+
+
+# -- writing ------------------------------------------------------------------------------------------
+class FileSink:
+    """Where a :class:`BlockWriter`'s full buffers go: written at their offsets as they fill,
+    ``RING`` in flight (AsyncIO, O_DIRECT) or written at once (page cache)."""
+
+    def __init__(self, path: str, aio: dict | None, ring: int = RING):
         self.path = path
-        self.block = block
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        self._aio = aio
-        self._inflight: list[torch.Tensor] = []
-        self._inflight_bytes = 0
-        self.size = 0
-        self.crcs: list[int] = []
-        self._crc = 0  # of the current partial block
+        self._handles = aio_handles(aio, ring)
+        self._inflight: list[torch.Tensor | None] = [None] * ring
+        self._next = 0
 
-    def write(self, data, tensor: torch.Tensor | None = None) -> int:
-        """Appends ``data`` (a buffer; ``tensor``: the contiguous CPU tensor it views, if any);
-        returns the file offset it starts at."""
-        mv = memoryview(data).cast("B")
-        start = self.size
-        if self._aio is not None and tensor is not None and len(mv) >= (1 << 20):
-            self._aio.async_pwrite(tensor, self.path, start)
-            self._inflight.append(tensor)
-            self._inflight_bytes += len(mv)
-        else:
-            done = 0
-            while done < len(mv):  # a write may write less than asked
-                done += os.pwrite(self._fd, mv[done:], start + done)
-        pos = 0
-        while pos < len(mv):
-            room = self.block - self.size % self.block
-            part = mv[pos:pos + room]
-            self._crc = zlib.crc32(part, self._crc)
-            self.size += len(part)
-            pos += len(part)
-            if self.size % self.block == 0:
-                self.crcs.append(self._crc)
-                self._crc = 0
-        if self._inflight_bytes > self.INFLIGHT_BYTES:
-            self._drain()
-        return start
+    def take(self, nbytes: int) -> torch.Tensor:
+        return POOL.take(nbytes)
 
-    def _drain(self) -> None:
-        if self._inflight:
-            self._aio.wait()
-            self._inflight.clear()
-            self._inflight_bytes = 0
+    def submit(self, buf: torch.Tensor, offset: int, nbytes: int) -> torch.Tensor:
+        """Writes ``buf[:nbytes]`` at ``offset``; returns the buffer to fill next."""
+        k = self._next
+        self._next = (k + 1) % len(self._handles)
+        h = self._handles[k]
+        if h is None:
+            _pwrite_all(self._fd, byte_view(buf[:nbytes]), offset)
+            return buf
+        h.async_pwrite(buf[:nbytes], self.path, offset)
+        self._inflight[k] = buf
+        nxt = self._next  # the oldest buffer in flight is the next to fill
+        if self._inflight[nxt] is None:
+            return POOL.take(buf.numel())
+        self._handles[nxt].wait()
+        out, self._inflight[nxt] = self._inflight[nxt], None
+        return out
 
-    def close(self) -> dict:
-        """Flushes to stable storage (fsync); returns the record the manifest keeps."""
-        self._drain()
-        if self.size % self.block:
-            self.crcs.append(self._crc)
-            self._crc = 0
-        os.fsync(self._fd)
-        os.close(self._fd)
-        self._fd = -1
-        if self._aio is not None:
-            self._aio.close()
-        return {"bytes": self.size, "block": self.block, "crc32": self.crcs}
+    def _drain(self, raise_errors: bool) -> None:
+        for k, h in enumerate(self._handles):
+            if self._inflight[k] is not None:
+                try:
+                    h.wait()
+                except OSError:
+                    if raise_errors:
+                        raise
+                finally:
+                    POOL.give(self._inflight[k])
+                    self._inflight[k] = None
+
+    def close(self) -> None:
+        """Every write finished and on stable storage (fsync)."""
+        try:
+            self._drain(True)
+            os.fsync(self._fd)
+        finally:
+            self.abort()
 
     def abort(self) -> None:
-        try:
-            if self._inflight:
-                self._aio.wait()
-        except OSError:
-            pass
-        if self._aio is not None:
-            self._aio.close()
+        self._drain(False)
+        _close_handles(self._handles)
+        self._handles = [None] * len(self._handles)
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
 
-class BlockReader:
-    """Verified reads of byte ranges of one file. Each block is checked (read whole) the first
-    time a read touches it; later reads of a checked block read only the bytes asked for."""
+class ImageSink:
+    """Keeps a file's buffers in memory, to be written later by :meth:`write_file` (an
+    asynchronous save: the caller waits only for the copy). The buffers come from ``cache`` (a
+    list the owner keeps between saves, so a steady state of saves faults no fresh memory) and
+    go back to it once written."""
 
-    def __init__(self, path: str, record: dict, aio=None):
-        """``aio``: a :class:`zerocore.ops.AsyncIO` for runs of whole blocks (O_DIRECT); the
-        page cache otherwise."""
+    def __init__(self, cache: list):
+        self.cache = cache
+        self.parts: list[tuple[torch.Tensor, int, int]] = []
+
+    def take(self, nbytes: int = IO_BYTES) -> torch.Tensor:
+        while self.cache:
+            buf = self.cache.pop()
+            if buf.numel() == nbytes:
+                return buf
+        return ops.aligned_pinned_empty(nbytes, torch.uint8, lock=False)
+
+    def submit(self, buf: torch.Tensor, offset: int, nbytes: int) -> torch.Tensor:
+        self.parts.append((buf, offset, nbytes))
+        return self.take(buf.numel())
+
+    def write_file(self, path: str, aio: dict | None) -> None:
+        """Writes the image to ``path`` (created new), several requests in flight, and fsyncs."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        (h,) = aio_handles(aio, 1)
+        try:
+            for buf, offset, nbytes in self.parts:
+                if h is None:
+                    _pwrite_all(fd, byte_view(buf[:nbytes]), offset)
+                else:  # the handle keeps queue_depth blocks of all of them in flight
+                    h.async_pwrite(buf[:nbytes], path, offset)
+            if h is not None:
+                h.wait()
+            os.fsync(fd)
+        finally:
+            _close_handles([h])
+            os.close(fd)
+        self.release()
+
+    def release(self) -> None:
+        self.cache.extend(buf for buf, _, _ in self.parts)
+        self.parts = []
+
+    def abort(self) -> None:
+        self.release()
+
+
+class BlockWriter:
+    """Appends tensors to a file (through ``sink``), keeping a CRC32C of every ``block`` bytes.
+    Each tensor is copied once, into the current aligned buffer, checksummed in the same pass
+    (a device tensor is copied to the buffer by the device and checksummed there)."""
+
+    def __init__(self, sink, block: int | None = None, io_bytes: int = IO_BYTES):
+        """``io_bytes``: bytes per I/O buffer, a multiple of ``block``."""
+        block = BLOCK_BYTES if block is None else block  # read here: tests shrink it to get many blocks
+        if io_bytes % block:
+            raise ValueError(f"block must divide the I/O buffer's {io_bytes} bytes, got {block}")
+        self.sink = sink
+        self.block = block
+        self.io_bytes = io_bytes
+        self.size = 0
+        self.crcs: list[int] = []
+        self._crc = 0  # of the current partial block
+        self._buf = sink.take(io_bytes)
+        self._fill = 0  # bytes of the file at [size - fill, size) are in the buffer
+
+    def write(self, t: torch.Tensor) -> int:
+        """Appends ``t``'s bytes (any dtype, any device); returns the file offset they start at."""
+        src = as_bytes(t)
+        start, n, pos = self.size, src.numel(), 0
+        on_host = src.device.type == "cpu"
+        while pos < n:
+            k = min(n - pos, self.io_bytes - self._fill)
+            if on_host:
+                self._absorb(k, src[pos:pos + k])
+            else:
+                self._buf[self._fill:self._fill + k].copy_(src[pos:pos + k])
+                self._absorb(k, None)
+            pos += k
+            if self._fill == self.io_bytes:
+                self._buf = self.sink.submit(self._buf, self.size - self._fill, self._fill)
+                self._fill = 0
+        return start
+
+    def write_bytes(self, data: bytes) -> int:
+        return self.write(torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else
+                          torch.empty(0, dtype=torch.uint8))
+
+    def _absorb(self, k: int, src: torch.Tensor | None) -> None:
+        """The next ``k`` bytes of the buffer, copied from ``src`` (None: already there), into
+        the per-block CRCs."""
+        done = 0
+        while done < k:
+            room = self.block - self.size % self.block
+            m = min(room, k - done)
+            dst = self._buf[self._fill:self._fill + m]
+            if src is None:
+                self._crc = _native().crc32c(dst, self._crc, True)
+            else:
+                self._crc = _native().copy_crc32c(src[done:done + m], dst, self._crc)
+            self._fill += m
+            self.size += m
+            done += m
+            if m == room:
+                self.crcs.append(self._crc)
+                self._crc = 0
+
+    def close(self) -> dict:
+        """Writes what is buffered, flushes to stable storage; returns the manifest's record."""
+        if self._fill:
+            self._buf = self.sink.submit(self._buf, self.size - self._fill, self._fill)
+            self._fill = 0
+        if self.size % self.block:
+            self.crcs.append(self._crc)
+            self._crc = 0
+        self._give_back()
+        self.sink.close() if isinstance(self.sink, FileSink) else None
+        return {"bytes": self.size, "block": self.block, ALGO: self.crcs}
+
+    def _give_back(self) -> None:
+        if self._buf is not None:
+            if isinstance(self.sink, ImageSink):
+                self.sink.cache.append(self._buf)
+            else:
+                POOL.give(self._buf)
+            self._buf = None
+
+    def abort(self) -> None:
+        self._give_back()
+        self.sink.abort()
+
+
+# -- reading ------------------------------------------------------------------------------------------
+class BlockFile:
+    """One checkpoint file as its manifest records it: its presence and size are checked when it
+    is opened (before any byte is used), each block's checksum when a fetch reads it."""
+
+    def __init__(self, path: str, record: dict):
         self.path = path
-        self._aio = aio
         self.size = record["bytes"]
         self.block = record["block"]
-        self.crcs = record["crc32"]
+        self.algo = ALGO if ALGO in record else "crc32"
+        self.crcs = record[self.algo]
         try:
             actual = os.path.getsize(path)
         except FileNotFoundError:
@@ -129,72 +395,156 @@ class BlockReader:
         if actual != self.size:
             raise ChecksumError(f"zerocore checkpoint: file {path} has {actual} bytes; the manifest records "
                                 f"{self.size} (truncated or replaced)")
-        self._fd = os.open(path, os.O_RDONLY)
-        self._checked: set[int] = set()
+        if len(self.crcs) != -(-self.size // self.block):
+            raise ChecksumError(f"zerocore checkpoint: the manifest records {len(self.crcs)} checksums for "
+                                f"{path} ({self.size} bytes in blocks of {self.block}); the manifest is corrupt")
 
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+    def verify(self, first_block: int, data: torch.Tensor) -> None:
+        """Checks the whole blocks held in ``data`` (uint8, starting at block ``first_block``)."""
+        for i in range(0, data.numel(), self.block):
+            b = first_block + i // self.block
+            if checksum(self.algo, data[i:i + self.block]) != self.crcs[b]:
+                lo = b * self.block
+                raise ChecksumError(f"zerocore checkpoint: file {self.path} is corrupt: bytes "
+                                    f"{lo}-{min(lo + self.block, self.size)} do not match the checksum in the manifest")
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
+class Fetch:
+    """The bytes of a set of ranges of checkpoint files, read whole-block into aligned buffers
+    (only the blocks that cover the ranges; adjacent ones in one request), ``RING`` buffers in
+    flight, every block verified before :meth:`copy_into` hands out any byte of it.
 
-    def _pread_into(self, out: memoryview, offset: int) -> None:
-        got = 0
-        while got < len(out):
-            n = os.preadv(self._fd, [out[got:]], offset + got)
-            if n == 0:
-                raise ChecksumError(f"zerocore checkpoint: file {self.path} ended at byte {offset + got} "
-                                    f"(the manifest records {self.size})")
-            got += n
+        f = Fetch(files, aio); f.add(name, offset, nbytes); ...; f.run(); f.copy_into(name, offset, out)
+    """
 
-    def _check(self, b: int, data: memoryview) -> None:
-        if zlib.crc32(data) != self.crcs[b]:
-            lo = b * self.block
-            raise ChecksumError(f"zerocore checkpoint: file {self.path} is corrupt: bytes {lo}-{lo + len(data)} "
-                                "do not match the checksum in the manifest")
-        self._checked.add(b)
+    def __init__(self, files: dict[str, BlockFile], handles: list, piece_bytes: int = IO_BYTES):
+        """``handles``: ``RING`` AsyncIO handles (or Nones: the page cache), owned by the caller."""
+        self.files = files
+        self.handles = handles
+        self.piece_bytes = piece_bytes  # bytes per buffer (and per request)
+        self._wants: dict[str, list[tuple[int, int]]] = {}
+        self._pieces: dict[str, tuple[list[int], list[tuple[int, torch.Tensor]]]] = {}
 
-    def read_into(self, out, offset: int) -> None:
-        """Fills ``out`` (a writable buffer) with the file's bytes from ``offset``, verified."""
-        out = memoryview(out).cast("B")
-        end = offset + len(out)
-        if end > self.size:
-            raise ChecksumError(f"zerocore checkpoint: the manifest points past the end of {self.path} "
-                                f"(bytes {offset}-{end} of {self.size})")
-        pos = offset
-        while pos < end:
-            b = pos // self.block
-            lo, hi = b * self.block, min((b + 1) * self.block, self.size)
-            stop = min(hi, end)
-            dst = out[pos - offset:stop - offset]
-            if b in self._checked:
-                self._pread_into(dst, pos)
-            elif pos == lo and stop == hi:  # whole blocks: read them in place, then check them
-                last = b
-                while (last + 1 not in self._checked and (last + 2) * self.block <= end
-                       and (last + 2) * self.block <= self.size):
-                    last += 1
-                stop = (last + 1) * self.block if last > b else stop
-                dst = out[pos - offset:stop - offset]
-                if self._aio is not None and len(dst) >= (1 << 20):
-                    self._aio.sync_pread(torch.frombuffer(dst, dtype=torch.uint8), self.path, pos)
+    def add(self, name: str, offset: int, nbytes: int) -> None:
+        f = self.files[name]
+        if offset < 0 or offset + nbytes > f.size:
+            raise ChecksumError(f"zerocore checkpoint: the manifest points past the end of {f.path} "
+                                f"(bytes {offset}-{offset + nbytes} of {f.size})")
+        if nbytes:
+            self._wants.setdefault(name, []).append((offset // f.block, (offset + nbytes - 1) // f.block))
+
+    def _plan(self) -> list[tuple[str, int, int]]:
+        """(file, first byte, bytes) of every read: runs of needed blocks cut into pieces."""
+        reads = []
+        for name, spans in self._wants.items():
+            f = self.files[name]
+            runs: list[list[int]] = []
+            for b0, b1 in sorted(spans):
+                if runs and b0 <= runs[-1][1] + 1:
+                    runs[-1][1] = max(runs[-1][1], b1)
                 else:
-                    self._pread_into(dst, pos)
-                for k in range(b, last + 1):
-                    self._check(k, dst[(k - b) * self.block:(k - b + 1) * self.block])
-            else:
-                whole = memoryview(bytearray(hi - lo))
-                self._pread_into(whole, lo)
-                self._check(b, whole)
-                dst[:] = whole[pos - lo:stop - lo]
-            pos = stop
+                    runs.append([b0, b1])
+            step = max(f.block, self.piece_bytes // f.block * f.block)
+            for b0, b1 in runs:
+                lo, hi = b0 * f.block, min((b1 + 1) * f.block, f.size)
+                reads.extend((name, a, min(hi, a + step)) for a in range(lo, hi, step))
+        return reads
 
-    def read(self, offset: int, nbytes: int) -> bytearray:
-        buf = bytearray(nbytes)
-        self.read_into(buf, offset)
-        return buf
+    def run(self, keep: bool = True) -> None:
+        """Reads and verifies everything added (raises ChecksumError naming the file and bytes);
+        ``keep=False``: only verifies (each buffer goes back to the pool once checked)."""
+        reads = self._plan()
+        handles = self.handles
+        fds: dict[str, int] = {}
+        bufs = [None] * len(reads)
+        try:
+            def start(i: int) -> None:
+                name, a, b = reads[i]
+                buf = bufs[i] = _take(b - a, self.piece_bytes)
+                h = handles[i % RING]
+                if h is not None:
+                    h.async_pread(buf[:b - a], self.files[name].path, a)
+                else:
+                    if name not in fds:
+                        fds[name] = os.open(self.files[name].path, os.O_RDONLY)
+                    _pread_all(fds[name], byte_view(buf[:b - a]), a, self.files[name])
+
+            for i in range(min(RING, len(reads))):
+                start(i)
+            for i, (name, a, b) in enumerate(reads):
+                if handles[i % RING] is not None:
+                    handles[i % RING].wait()
+                f = self.files[name]
+                f.verify(a // f.block, bufs[i][:b - a])  # while the next RING - 1 reads proceed
+                if keep:
+                    starts, pieces = self._pieces.setdefault(name, ([], []))
+                    starts.append(a)
+                    pieces.append((b, bufs[i]))
+                else:
+                    _give(bufs[i], self.piece_bytes)
+                    bufs[i] = None
+                if i + RING < len(reads):
+                    start(i + RING)
+        except BaseException:
+            for h in handles:
+                if h is not None:
+                    try:
+                        h.wait()
+                    except OSError:
+                        pass
+            held = {id(buf) for _, pieces in self._pieces.values() for _, buf in pieces}
+            for buf in bufs:
+                if buf is not None and id(buf) not in held:
+                    _give(buf, self.piece_bytes)
+            self.release()
+            raise
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    def copy_into(self, name: str, offset: int, out: torch.Tensor) -> None:
+        """Fills ``out`` (a contiguous CPU tensor, any dtype) with the file's verified bytes from
+        ``offset``."""
+        dst = as_bytes(out)
+        starts, pieces = self._pieces[name]
+        pos, end = offset, offset + dst.numel()
+        i = bisect.bisect_right(starts, pos) - 1
+        while pos < end:
+            if i < 0 or i >= len(starts) or not starts[i] <= pos < pieces[i][0]:
+                raise KeyError(f"bytes {pos}-{end} of {name} were not fetched")
+            a, (b, buf) = starts[i], pieces[i]
+            stop = min(end, b)
+            dst[pos - offset:stop - offset].copy_(buf[pos - a:stop - a])
+            pos = stop
+            i += 1
+
+    def tensor(self, name: str, offset: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty(nbytes // torch.empty(0, dtype=dtype).element_size(), dtype=dtype)
+        self.copy_into(name, offset, out)
+        return out
+
+    def release(self) -> None:
+        for _, pieces in self._pieces.values():
+            for _, buf in pieces:
+                _give(buf, self.piece_bytes)
+        self._pieces.clear()
+
+
+def _take(nbytes: int, piece_bytes: int) -> torch.Tensor:
+    return POOL.take(piece_bytes) if nbytes <= piece_bytes else ops.aligned_pinned_empty(nbytes, torch.uint8,
+                                                                                         lock=False)
+
+
+def _give(buf: torch.Tensor, piece_bytes: int) -> None:
+    if buf.numel() == piece_bytes:
+        POOL.give(buf)
+
+
+def _pread_all(fd: int, out: memoryview, offset: int, f: BlockFile) -> None:
+    got = 0
+    while got < len(out):
+        n = os.preadv(fd, [out[got:]], offset + got)
+        if n == 0:
+            raise ChecksumError(f"zerocore checkpoint: file {f.path} ended at byte {offset + got} "
+                                f"(the manifest records {f.size})")
+        got += n

@@ -14,7 +14,10 @@ with ``FlatGroup.pieces`` and reads the chunks that overlap them.
      "chunks": {name: [[start, stop, file, master_off, exp_avg_off, exp_avg_sq_off], ...]},
      "extras": [{name, aliases, kind: frozen|buffer, shape, dtype, file, offset, nbytes}],
      "client_state": {file, offset, nbytes} | null,
-     "files": {file: {bytes, block, crc32: [per block]}}, "rng": [per rank]}
+     "files": {file: {bytes, block, crc32c: [per block]}}, "rng": [per rank]}
+
+Version 2 checksums blocks with CRC32C (``crc32c``); version 1 files carry zlib's CRC-32
+(``crc32``) and are still read.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import sys
 import torch
 
 FORMAT = "zerocore-checkpoint"
-VERSION = 1
+VERSION = 2
 KINDS = ("master", "exp_avg", "exp_avg_sq")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,

@@ -10,12 +10,10 @@ import re
 
 import torch
 
-from ..ops.aio import aligned_pinned_empty
-from .blockio import byte_view
+from .blockio import BLOCK_BYTES, IO_BYTES, BlockWriter, FileSink
 from .layout import fsync_dir, locate, read_manifest
 from .manifest import dtype_of
 from .reader import CheckpointReader
-from .save import aio_handle
 
 _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
               torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
@@ -54,21 +52,20 @@ def _entries(manifest: dict, dtype: torch.dtype) -> list[dict]:
     return out
 
 
-def _stream_tensor(reader: CheckpointReader, x: dict, write, buf: torch.Tensor) -> None:
+def _stream_tensor(reader: CheckpointReader, x: dict, w: BlockWriter, buf: torch.Tensor, io_bytes: int) -> None:
     """Assembles one tensor slice by slice in ``buf`` (fp32, reused for every tensor so the
-    allocator keeps no stale copies) and hands each slice's bytes to ``write``."""
+    allocator keeps no stale copies) and appends each slice to ``w``."""
     if "extra" in x:
-        t = reader.read_extra(x["extra"]).to(x["dtype"]).reshape(-1).contiguous()
-        write(byte_view(t))
+        w.write(reader.read_extra(x["extra"]).to(x["dtype"]))
         return
     conv = None if x["dtype"] == torch.float32 else torch.empty(min(buf.numel(), x["numel"]), dtype=x["dtype"])
     for a in range(0, x["numel"], buf.numel()):
         b = min(x["numel"], a + buf.numel())
         part = buf[:b - a]
-        reader.read_param(x["name"], a, b, "master", part)
+        reader.read_param(x["name"], a, b, "master", part, piece_bytes=io_bytes)
         if conv is not None:
             part = conv[:b - a].copy_(part)
-        write(byte_view(part))
+        w.write(part)
 
 
 def _shard_plan(entries: list[dict], max_bytes: int) -> list[list[dict]]:
@@ -91,19 +88,25 @@ def _write_safetensors(path: str, reader: CheckpointReader, entries: list[dict],
     head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        with open(tmp, "wb", buffering=0) as f:
-            def write(mv):
-                done = 0
-                while done < len(mv):
-                    done += f.write(mv[done:])
-
-            write(memoryview(len(head).to_bytes(8, "little") + head))
-            n = min(SLICE_ELEMS, max([x["numel"] for x in entries if "param" in x], default=1))
-            # 4096-aligned: O_DIRECT reads land in it without a bounce copy
-            buf = aligned_pinned_empty(n, torch.float32, lock=False)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        # the output streams through the checkpoint's own writer: aligned buffers, O_DIRECT,
+        # several writes in flight (its block checksums are not needed here and cost little)
+        # Memory, scaled to the largest tensor L (peak growth under 2 L): a slice of at most L / 2
+        # (fp32), I/O buffers of L / 4 up to IO_BYTES (two for the reads, two for the writes), at
+        # least one checksum block each.
+        largest = max([x["numel"] for x in entries if "param" in x], default=1)
+        io_bytes = min(IO_BYTES, max(BLOCK_BYTES, largest * 4 // 4 // BLOCK_BYTES * BLOCK_BYTES))
+        w = BlockWriter(FileSink(tmp, reader.aio, ring=2), io_bytes=io_bytes)
+        try:
+            w.write_bytes(len(head).to_bytes(8, "little") + head)
+            buf = torch.empty(min(SLICE_ELEMS, max(io_bytes // 4, -(-largest // 2))), dtype=torch.float32)
             for x in entries:
-                _stream_tensor(reader, x, write, buf)
-            os.fsync(f.fileno())
+                _stream_tensor(reader, x, w, buf, io_bytes)
+            w.close()  # fsync'ed
+        except BaseException:
+            w.abort()
+            raise
         os.replace(tmp, path)  # a crash leaves no half file under the real name
     finally:
         if os.path.exists(tmp):
@@ -126,7 +129,7 @@ def consolidate(ckpt_dir: str, out: str, *, tag: str | None = None, dtype: str =
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     meta = {"format": "pt", "zerocore_tag": manifest["tag"]}
     written = []
-    with CheckpointReader(path, manifest, aio_handle({})) as reader:
+    with CheckpointReader(path, manifest, {}) as reader:  # the default aio settings: O_DIRECT
         if len(shards) == 1:
             _write_safetensors(out, reader, shards[0], meta)
             written.append(out)
@@ -155,7 +158,7 @@ def load_full_state_dict(ckpt_dir: str, tag: str | None = None) -> dict[str, tor
     path = locate(os.fspath(ckpt_dir), tag)
     manifest = read_manifest(path)
     out = {}
-    with CheckpointReader(path, manifest) as reader:
+    with CheckpointReader(path, manifest, {}) as reader:
         for x in _entries(manifest, torch.float32):
             if "extra" in x:
                 t = reader.read_extra(x["extra"]).to(x["dtype"])

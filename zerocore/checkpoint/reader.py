@@ -1,7 +1,7 @@
 """Reads parameters' element ranges out of a checkpoint, in the parameters' own coordinates,
 touching only the bytes of the saved chunks that overlap the range (plus the checksum blocks
-around them). Used by ``load_checkpoint`` (each rank reads what it now owns) and by the offline
-tools (consolidation reads one parameter at a time)."""
+around them). Used by ``load_checkpoint`` (each rank fetches what it now owns, all of it verified
+before any of it is used) and by the offline tools (consolidation reads a slice at a time)."""
 from __future__ import annotations
 
 import bisect
@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from .blockio import BlockReader, byte_view
+from .blockio import HANDLES, IO_BYTES, RING, BlockFile, Fetch, aio_handles
 from .layout import CheckpointError
 from .manifest import KINDS, dtype_of
 
@@ -18,22 +18,23 @@ _FP32 = 4
 
 
 class CheckpointReader:
-    def __init__(self, path: str, manifest: dict, aio=None):
-        """``aio``: a :class:`zerocore.ops.AsyncIO` for the large reads (None: the page cache)."""
+    def __init__(self, path: str, manifest: dict, aio: dict | None = None):
+        """``aio``: AsyncIO settings (the config's ``aio`` section) for O_DIRECT reads; None:
+        the page cache."""
         self.path = path
-        self._aio = aio
+        self.aio = aio
         self.manifest = manifest
         self.params = {p["name"]: p for p in manifest["params"]}
         # per parameter: chunks sorted by start, and their starts for bisection
         self.chunks = {name: sorted(cs) for name, cs in manifest["chunks"].items()}
         self._starts = {name: [c[0] for c in cs] for name, cs in self.chunks.items()}
-        self._files: dict[str, BlockReader] = {}
-        for name in manifest["files"]:  # every file's presence and size, before any byte is used
-            self._open(name)
+        # every file's presence and size, before any byte is used
+        self.files = {name: BlockFile(os.path.join(path, name), rec) for name, rec in manifest["files"].items()}
+        self._handles: list | None = None
 
     def check_complete(self, names) -> None:
         """Every element of every parameter in ``names`` is in some saved chunk (checked before a
-        load writes anything)."""
+        load reads anything)."""
         for name in names:
             n, pos = _numel(self.params[name]["shape"]), 0
             for c in self.chunks.get(name, []):
@@ -44,23 +45,10 @@ class CheckpointReader:
                 raise CheckpointError(f"zerocore checkpoint: {self.path}: no saved chunk holds element {pos} of "
                                       f"'{name}'; the manifest is incomplete")
 
-    def _open(self, name: str) -> BlockReader:
-        r = self._files.get(name)
-        if r is None:
-            if name not in self.manifest["files"]:
-                raise CheckpointError(f"zerocore checkpoint: {self.path}: the manifest refers to file {name!r} "
-                                      "but does not record it")
-            r = self._files[name] = BlockReader(os.path.join(self.path, name), self.manifest["files"][name],
-                                                      self._aio)
-        return r
-
     def close(self) -> None:
-        for r in self._files.values():
-            r.close()
-        self._files.clear()
-        if self._aio is not None:
-            self._aio.close()
-            self._aio = None
+        if self._handles is not None:
+            HANDLES.give(self.aio, self._handles)
+        self._handles = None
 
     def __enter__(self):
         return self
@@ -68,13 +56,23 @@ class CheckpointReader:
     def __exit__(self, *exc):
         self.close()
 
-    def read_param(self, name: str, start: int, stop: int, kind: str, out: torch.Tensor) -> None:
-        """Fills ``out`` (fp32, contiguous, on CPU, ``stop - start`` elements) with elements
-        [start, stop) of parameter ``name``'s flattened ``kind`` (master / exp_avg / exp_avg_sq)."""
+    def fetch(self, **kw) -> Fetch:
+        if self._handles is None:  # made once per reader: each has its own worker threads
+            self._handles = aio_handles(self.aio, RING)
+        return Fetch(self.files, self._handles, **kw)
+
+    def _file(self, name: str) -> str:
+        if name not in self.files:
+            raise CheckpointError(f"zerocore checkpoint: {self.path}: the manifest refers to file {name!r} "
+                                  "but does not record it")
+        return name
+
+    def ranges(self, name: str, start: int, stop: int, kind: str) -> list[tuple[int, int, str, int]]:
+        """Where elements [start, stop) of parameter ``name``'s flattened ``kind`` (master /
+        exp_avg / exp_avg_sq) are: (first element, elements, file, byte offset) pieces."""
         k = 3 + KINDS.index(kind)
         chunks, starts = self.chunks.get(name, []), self._starts.get(name, [])
-        dst = byte_view(out)
-        pos = start
+        out, pos = [], start
         i = max(0, bisect.bisect_right(starts, start) - 1)
         while pos < stop:
             if i >= len(chunks) or chunks[i][0] > pos or chunks[i][1] <= pos:
@@ -82,10 +80,29 @@ class CheckpointReader:
                                       f"'{name}' ({kind}); the manifest is incomplete")
             c = chunks[i]
             end = min(stop, c[1])
-            self._open(c[2]).read_into(dst[(pos - start) * _FP32:(end - start) * _FP32],
-                                       c[k] + (pos - c[0]) * _FP32)
+            out.append((pos, end - pos, self._file(c[2]), c[k] + (pos - c[0]) * _FP32))
             pos = end
             i += 1
+        return out
+
+    def read_param(self, name: str, start: int, stop: int, kind: str, out: torch.Tensor,
+                   piece_bytes: int = IO_BYTES) -> None:
+        """Fills ``out`` (fp32, contiguous, on CPU, ``stop - start`` elements) with elements
+        [start, stop) of parameter ``name``'s flattened ``kind``, verified; ``piece_bytes`` at a
+        time (it holds at most two buffers of that size)."""
+        step = max(1, piece_bytes // _FP32)
+        for lo in range(start, stop, step):
+            hi = min(stop, lo + step)
+            pieces = self.ranges(name, lo, hi, kind)
+            f = self.fetch(piece_bytes=piece_bytes)
+            try:
+                for _, n, file, off in pieces:
+                    f.add(file, off, n * _FP32)
+                f.run()
+                for a, n, file, off in pieces:
+                    f.copy_into(file, off, out[a - start:a - start + n])
+            finally:
+                f.release()
 
     def read_master(self, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
         n = self.params[name]
@@ -94,22 +111,45 @@ class CheckpointReader:
         self.read_param(name, start, stop, "master", out)
         return out
 
-    def read_extra(self, entry: dict) -> torch.Tensor:
-        """A frozen parameter or buffer, whole, in its saved dtype."""
-        buf = bytearray(entry["nbytes"])
-        self._open(entry["file"]).read_into(buf, entry["offset"])
-        t = torch.frombuffer(buf, dtype=dtype_of(entry["dtype"])) if buf else torch.empty(
-            0, dtype=dtype_of(entry["dtype"]))
+    def add_extra(self, fetch: Fetch, entry: dict) -> None:
+        fetch.add(self._file(entry["file"]), entry["offset"], entry["nbytes"])
+
+    @staticmethod
+    def extra_from(fetch: Fetch, entry: dict) -> torch.Tensor:
+        """A frozen parameter or buffer, whole, in its saved dtype (out of a run fetch)."""
+        t = fetch.tensor(entry["file"], entry["offset"], entry["nbytes"], dtype_of(entry["dtype"]))
         return t.reshape(entry["shape"])
 
-    def read_client_state(self):
+    def read_extra(self, entry: dict) -> torch.Tensor:
+        f = self.fetch()
+        try:
+            self.add_extra(f, entry)
+            f.run()
+            return self.extra_from(f, entry)
+        finally:
+            f.release()
+
+    def add_client_state(self, fetch: Fetch) -> None:
+        rec = self.manifest.get("client_state")
+        if rec is not None:
+            fetch.add(self._file(rec["file"]), rec["offset"], rec["nbytes"])
+
+    def client_state_from(self, fetch: Fetch):
         rec = self.manifest.get("client_state")
         if rec is None:
             return {}
-        buf = bytearray(rec["nbytes"])
-        self._open(rec["file"]).read_into(buf, rec["offset"])
+        data = fetch.tensor(rec["file"], rec["offset"], rec["nbytes"], torch.uint8)
         # the user's own pickled objects (DeepSpeed's client_state is arbitrary too)
-        return torch.load(io.BytesIO(bytes(buf)), weights_only=False)
+        return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
+
+    def read_client_state(self):
+        f = self.fetch()
+        try:
+            self.add_client_state(f)
+            f.run()
+            return self.client_state_from(f)
+        finally:
+            f.release()
 
 
 def _numel(shape) -> int:

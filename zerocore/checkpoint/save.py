@@ -4,9 +4,10 @@
 2. each rank streams its optimizer state, tile by tile through ``OptimizerShard.state_tiles``
    (so state resting on host or NVMe is never materialised whole), into ``rank<r>.bin``,
    recording each parameter piece in the parameter's own coordinates and a CRC per block; rank 0
-   also writes frozen parameters, buffers and the client state. Tensors go to disk through
-   ``zerocore.ops.AsyncIO`` (O_DIRECT, the config's ``aio`` settings; the page cache where it
-   is unavailable) while the CRCs are computed. The file is fsync'ed and a
+   also writes frozen parameters, buffers and the client state. Each tensor is copied once into
+   aligned I/O buffers, its CRC32C computed in the same pass, and the buffers go to disk through
+   ``zerocore.ops.AsyncIO`` (O_DIRECT, the config's ``aio`` settings, several in flight; the page
+   cache where it is unavailable) while the next are filled (``blockio.py``). The file is fsync'ed and a
    small per-rank index (chunks, checksums, RNG state) written beside it; barrier, which also
    tells every rank whether any rank failed (then all raise, nothing is published).
 3. rank 0 merges the indexes into ``manifest.json`` (fsync'ed), renames ``.tmp-<tag>`` to
@@ -31,7 +32,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .blockio import BlockWriter, byte_view
+from .blockio import BlockWriter, FileSink, aio_handles
 from .layout import (LATEST, MANIFEST, TMP_PREFIX, CheckpointError, check_tag, exchange, fsync_dir, rank_file,
                      write_atomic)
 from ..sharding import FlatGroup
@@ -43,16 +44,6 @@ _FP32 = 4
 # Tests set this to a callable(rank, what) run between the pieces each rank writes (to kill a
 # rank in the middle of a save).
 between_writes = None
-
-
-def _host(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach()
-    return t.contiguous() if t.device.type == "cpu" else t.to("cpu")
-
-
-def _flat_bytes(t: torch.Tensor) -> tuple[torch.Tensor, memoryview]:
-    h = _host(t).reshape(-1)
-    return h, byte_view(h)
 
 
 def _hook(rank: int, what: str) -> None:
@@ -87,17 +78,10 @@ def live_tiles(engine):
 
 
 def aio_handle(settings: dict | None):
-    """An AsyncIO handle for the writes, or None (page cache) where none can be made."""
-    if settings is None:
-        return None
-    from ..ops import aio
-
-    if aio.aio_unavailable() is not None:
-        return None
-    try:
-        return aio.AsyncIO.from_config(settings)
-    except OSError:
-        return None
+    """An AsyncIO handle for checkpoint files from the config's ``aio`` section (one of the
+    process's pooled ones), or None (the page cache) where none can be made."""
+    (h,) = aio_handles(settings, 1)
+    return h
 
 
 def make_plan(engine, tag: str, client_state, comm, tiles, use_aio: bool = True) -> SavePlan:
@@ -123,32 +107,31 @@ def make_plan(engine, tag: str, client_state, comm, tiles, use_aio: bool = True)
                     rng=rng_state(), aio=dataclasses.asdict(engine.config.aio) if use_aio else None)
 
 
-def _write_rank(plan: SavePlan, tmp: str) -> dict:
-    """Writes this rank's file; returns its index (what the manifest needs from this rank)."""
+def _write_rank(plan: SavePlan, tmp: str | None, sink=None) -> dict:
+    """Writes this rank's file into ``tmp`` (or its bytes into ``sink``, an ImageSink, to be
+    written later); returns its index (what the manifest needs from this rank)."""
     rank = plan.comm.rank
     index = {"rank": rank, "rng": plan.rng, "chunks": [], "extras": [], "client_state": None, "file": None}
     if not plan.writes_state:
         return index
     name = rank_file(rank)
-    w = BlockWriter(os.path.join(tmp, name), aio=aio_handle(plan.aio))
+    w = BlockWriter(sink if sink is not None else FileSink(os.path.join(tmp, name), plan.aio))
     try:
         for layout, lo, hi, state in plan.tiles():
             offs = []
             for k in KINDS:
-                held, view = _flat_bytes(state[k])
-                offs.append(w.write(view, held))
-                del held
+                offs.append(w.write(state[k]))
                 _hook(rank, f"group {layout.index} {k}")
             for slot, a, b in layout.pieces(lo, hi):
                 skip = (slot.offset + a - lo) * _FP32
                 index["chunks"].append([slot.name, a, b, name] + [o + skip for o in offs])
         for names, kind, t in plan.extras:
-            held, view = _flat_bytes(t)
-            off = w.write(view, held)
+            off = w.write(t)
             index["extras"].append({"name": names[0], "aliases": names, "kind": kind, "shape": list(t.shape),
-                                    "dtype": dtype_name(t.dtype), "file": name, "offset": off, "nbytes": len(view)})
+                                    "dtype": dtype_name(t.dtype), "file": name, "offset": off,
+                                    "nbytes": t.numel() * t.element_size()})
         if plan.client_bytes is not None:
-            index["client_state"] = {"file": name, "offset": w.write(plan.client_bytes),
+            index["client_state"] = {"file": name, "offset": w.write_bytes(plan.client_bytes),
                                      "nbytes": len(plan.client_bytes)}
         index["file"] = name
         index["record"] = w.close()
@@ -171,12 +154,13 @@ def _manifest(plan: SavePlan, indexes: list[dict]) -> dict:
             "files": files, "rng": [ix["rng"] for ix in indexes]}
 
 
-def _agree(comm, failed: bool, what: str) -> None:
+def _agree(comm, failed: bool, what: str,
+           outcome: str = "Nothing was published; the previous checkpoint is intact") -> None:
     """A barrier that also fails every rank when any rank failed."""
     (n,) = comm.sum_floats([float(failed)])
     if n and not failed:
         raise CheckpointError(f"zerocore checkpoint: {int(n)} other rank(s) failed while {what}; see their error. "
-                              "Nothing was published; the previous checkpoint is intact")
+                              + outcome)
 
 
 def check_can_save(engine, tag):
@@ -192,8 +176,9 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state=None) -> str:
     return run_save(make_plan(engine, tag, client_state, engine.comm, live_tiles(engine)), os.fspath(save_dir))
 
 
-def run_save(plan: SavePlan, save_dir: str) -> str:
-    """The save protocol (see the module docstring) for one rank."""
+def run_save(plan: SavePlan, save_dir: str, prepared: tuple | None = None) -> str:
+    """The save protocol (see the module docstring) for one rank. ``prepared``: (index, image) of
+    this rank's file made beforehand by ``_write_rank`` into an ImageSink (asynchronous save)."""
     comm, tag = plan.comm, plan.tag
     tmp = os.path.join(save_dir, TMP_PREFIX + tag)
     rank = comm.rank
@@ -213,7 +198,12 @@ def run_save(plan: SavePlan, save_dir: str) -> str:
     if err is not None:
         raise err
     try:
-        index = _write_rank(plan, tmp)
+        if prepared is None:
+            index = _write_rank(plan, tmp)
+        else:
+            index, image = prepared
+            if index["file"] is not None:
+                image.write_file(os.path.join(tmp, index["file"]), plan.aio)
         # no fsync: rank 0 folds it into the manifest, which is fsync'ed before anything is published
         with open(os.path.join(tmp, f"rank{rank:05d}.json"), "w", encoding="utf-8") as f:
             json.dump(index, f)
