@@ -280,9 +280,12 @@ class Engine:
         self.scaler.update(False)
         self.reducer.clear()
         self.overflow = False
-        if self.lr_scheduler is not None:
-            self.optimizer._opt_called = True  # what torch's LRScheduler checks optimizer.step() set
-            self.lr_scheduler.step(**(lr_kwargs or {}))
+        sched = self.lr_scheduler
+        if sched is not None:
+            opt = getattr(sched, "optimizer", None)  # the face, or the client optimizer it shares groups with
+            if opt is not None:
+                opt._opt_called = True  # what torch's LRScheduler checks optimizer.step() set
+            sched.step(**(lr_kwargs or {}))
 
     def _update(self, coef: float, grads: list[torch.Tensor], hypers: list[AdamHyper]) -> None:
         """``grads[i]``: group i's owned gradient; ``hypers[h]``: hyper-parameter group h's values."""
