@@ -21,9 +21,10 @@ import warnings
 import torch
 
 from ..sharding import ParamState
+from . import engine_state
 from .blockio import ChecksumError
 from .layout import CheckpointError, read_manifest, resolve
-from .manifest import KINDS, extra_tensors, model_differences, set_rng_state
+from .manifest import extra_tensors, model_differences, set_rng_state
 from .reader import CheckpointReader
 from .save import _agree
 
@@ -34,7 +35,7 @@ MAX_LISTED = 10
 
 
 def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool = True,
-                    load_module_only: bool = False):
+                    load_module_only: bool = False, load_lr_scheduler_states: bool = True):
     path = resolve(load_dir, tag)
     if path is None:
         return None, None
@@ -45,9 +46,11 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         raise CheckpointError(f"zerocore checkpoint: {path} is of a different model ({len(diffs)} differences):\n  "
                               + "\n  ".join(diffs[:MAX_LISTED]) + more)
     with_state = load_optimizer_states and not load_module_only
-    kinds = KINDS if with_state else KINDS[:1]
+    ts = engine._torch_step
+    load_kinds_before = None if ts is None else ts.load_kinds
     err, reader, small, client_state = None, None, None, None
     try:
+        kinds = engine_state.kinds_to_read(engine, manifest, with_state)
         reader = CheckpointReader(path, manifest, dataclasses.asdict(engine.config.aio))  # files present, sizes
         reader.check_complete(saved_name.values())
         plan = _plan_state(engine, reader, saved_name, kinds)
@@ -70,6 +73,8 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
     # nothing of the engine was changed so far: a failure on any rank leaves every engine as it was
     _agree(engine.comm, err is not None, f"loading {path}", "Nothing was loaded; the engine is unchanged")
     if err is not None:
+        if ts is not None:
+            ts.load_kinds = load_kinds_before
         if small is not None:
             small.release()
         if reader is not None:
@@ -89,6 +94,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
     _refresh_params(engine)
     if not load_module_only:
         _restore_counters(engine, manifest, with_state)
+        engine_state.restore(engine, manifest, load_lr_scheduler_states, with_state)
     return path, (client_state if not load_module_only else {})
 
 
@@ -112,11 +118,12 @@ def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]]) -> N
     """The verified state into the engine, tile by tile (state on NVMe streams through its
     tiles): each tile's bytes are fetched (verified again) into pooled I/O buffers and copied."""
     for shard, pieces in zip(engine.shards, plan):
-        by_kind = {k: sorted((p for p in pieces if p[0] == k), key=lambda p: p[1]) for k in KINDS}
+        kinds = sorted({p[0] for p in pieces})
+        by_kind = {k: sorted((p for p in pieces if p[0] == k), key=lambda p: p[1]) for k in kinds}
         starts = {k: [p[1] for p in ps] for k, ps in by_kind.items()}
         for lo, hi, state in shard.state_tiles(LOAD_TILE_ELEMS, write=True):
             copies = []  # (kind, tile element, elements, file, byte offset)
-            for k in KINDS:
+            for k in kinds:
                 ps, i = by_kind[k], max(0, bisect.bisect_right(starts[k], lo) - 1)
                 while i < len(ps) and ps[i][1] < hi:
                     _, o, _, n, file, off = ps[i]
@@ -129,8 +136,7 @@ def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]]) -> N
                 for _, _, n, file, off in copies:
                     fetch.add(file, off, n * _FP32)
                 fetch.run()
-                for k in KINDS:
-                    dst = state[k]
+                for k, dst in state.items():  # Adam's m and v, or a client optimizer's kinds
                     host = dst if dst.device.type == "cpu" and dst.is_contiguous() else torch.empty(
                         dst.shape, dtype=torch.float32)
                     filled = 0
@@ -175,7 +181,6 @@ def _restore_counters(engine, manifest: dict, with_state: bool) -> None:
     engine.skipped_steps = c["skipped_steps"]
     # Adam's bias correction counts the updates the moments have seen: none when they start afresh
     engine.optimizer_steps = c["optimizer_steps"] if with_state else 0
-    engine.hyper.lr = manifest["hyper"]["lr"]
     saved = manifest["scaler"]
     s = engine.scaler
     if saved.get("dynamic") and s.dynamic:

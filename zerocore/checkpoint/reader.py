@@ -69,8 +69,8 @@ class CheckpointReader:
 
     def ranges(self, name: str, start: int, stop: int, kind: str) -> list[tuple[int, int, str, int]]:
         """Where elements [start, stop) of parameter ``name``'s flattened ``kind`` (master /
-        exp_avg / exp_avg_sq) are: (first element, elements, file, byte offset) pieces."""
-        k = 3 + KINDS.index(kind)
+        exp_avg / exp_avg_sq, or a client optimizer's kinds as the manifest lists them) are: (first element, elements, file, byte offset) pieces."""
+        k = 3 + self.manifest.get("kinds", KINDS).index(kind)
         chunks, starts = self.chunks.get(name, []), self._starts.get(name, [])
         out, pos = [], start
         i = max(0, bisect.bisect_right(starts, start) - 1)

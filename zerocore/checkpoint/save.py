@@ -36,6 +36,7 @@ from .blockio import BlockWriter, FileSink, aio_handles
 from .layout import (LATEST, MANIFEST, TMP_PREFIX, CheckpointError, check_tag, exchange, fsync_dir, rank_file,
                      write_atomic)
 from ..sharding import FlatGroup
+from . import engine_state
 from .manifest import FORMAT, KINDS, VERSION, dtype_name, extra_tensors, rng_state, trainable_records
 
 TILE_ELEMS = 1 << 22  # 16 MiB of fp32 per state tensor per write
@@ -98,6 +99,7 @@ def make_plan(engine, tag: str, client_state, comm, tiles, use_aio: bool = True)
                      "optimizer_steps": engine.optimizer_steps, "skipped_steps": engine.skipped_steps},
         "scaler": {k: v for k, v in vars(s).items() if isinstance(v, (bool, int, float))},
         "hyper": {**dataclasses.asdict(engine.hyper), "betas": list(engine.hyper.betas)},
+        **engine_state.saved(engine),
         "config": dataclasses.asdict(engine.config),
         "params": trainable_records(engine),
     }
@@ -119,7 +121,7 @@ def _write_rank(plan: SavePlan, tmp: str | None, sink=None) -> dict:
     try:
         for layout, lo, hi, state in plan.tiles():
             offs = []
-            for k in KINDS:
+            for k in plan.meta.get("kinds", KINDS):  # Adam's, or a client optimizer's state kinds
                 offs.append(w.write(state[k]))
                 _hook(rank, f"group {layout.index} {k}")
             for slot, a, b in layout.pieces(lo, hi):
