@@ -21,7 +21,7 @@ MAX_LISTED = 10
 
 
 def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool = True,
-                    load_module_only: bool = False):
+                    load_module_only: bool = False, load_lr_scheduler_states: bool = True):
     path = resolve(load_dir, tag)
     if path is None:
         return None, None
@@ -104,6 +104,8 @@ def _restore_counters(engine, manifest: dict, with_state: bool) -> None:
     engine.micro_steps = c["micro_steps"] if c["micro_steps"] % engine.gas == 0 else c["global_steps"] * engine.gas
     engine.global_steps = c["global_steps"]
     engine.skipped_steps = c["skipped_steps"]
+    batch = engine.train_batch_size()
+    engine.global_samples = c.get("global_samples", c["global_steps"] * (batch or 0))
     # Adam's bias correction counts the updates the moments have seen: none when they start afresh
     engine.optimizer_steps = c["optimizer_steps"] if with_state else 0
     engine.hyper.lr = manifest["hyper"]["lr"]

@@ -6,20 +6,32 @@ import torch
 from ..comm import default_comm
 from ..config import load_config
 from .engine import Engine
+from .deepspeed_methods import build_dataloader
 from .gathered import gathered
 from .partition_init import init
 
 
-def initialize(model: torch.nn.Module, config=None) -> Engine:
+def initialize(model: torch.nn.Module, config=None, *, training_data=None, collate_fn=None) -> Engine:
     """Wraps ``model`` for ZeRO training over the default torch.distributed process group.
 
     ``config``: a dict, a path to a DeepSpeed-style JSON file, or a :class:`zerocore.ZeroConfig`.
     With no process group initialized, one is initialized from torchrun's environment if it
     names a rank; otherwise training runs as a world of one.
+
+    ``training_data``: a torch Dataset; ``engine.training_dataloader`` then reads it over the
+    data-parallel ranks, ``train_micro_batch_size_per_gpu`` samples per batch, with ``collate_fn``
+    (DeepSpeed's loader: a ``DistributedSampler`` with torch's defaults).
     """
     cfg = load_config(config)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    return Engine(model, cfg, default_comm(device, cfg.zero_optimization.comm_timeout))
+    comm = default_comm(device, cfg.zero_optimization.comm_timeout)
+    loader = None
+    if training_data is not None:  # checked before the engine takes the model
+        loader = build_dataloader(training_data, cfg.batch_sizes(comm.world)[1], comm, collate_fn,
+                                  cfg.dataloader_drop_last)
+    engine = Engine(model, cfg, comm)
+    engine.training_dataloader = loader
+    return engine
 
 
 __all__ = ["initialize", "Engine", "init", "gathered"]
