@@ -12,6 +12,7 @@ import warnings
 import torch
 
 from ..sharding import ParamState
+from . import engine_state
 from .layout import CheckpointError, read_manifest, resolve
 from .manifest import KINDS, model_differences, set_rng_state
 from .reader import CheckpointReader
@@ -53,6 +54,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
     _refresh_params(engine)
     if not load_module_only:
         _restore_counters(engine, manifest, with_state)
+        engine_state.restore(engine, manifest, load_lr_scheduler_states)
     return path, (client_state if not load_module_only else {})
 
 
@@ -108,7 +110,6 @@ def _restore_counters(engine, manifest: dict, with_state: bool) -> None:
     engine.global_samples = c.get("global_samples", c["global_steps"] * (batch or 0))
     # Adam's bias correction counts the updates the moments have seen: none when they start afresh
     engine.optimizer_steps = c["optimizer_steps"] if with_state else 0
-    engine.hyper.lr = manifest["hyper"]["lr"]
     saved = manifest["scaler"]
     s = engine.scaler
     if saved.get("dynamic") and s.dynamic:

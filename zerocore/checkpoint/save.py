@@ -35,6 +35,7 @@ from .blockio import BlockWriter, byte_view
 from .layout import (LATEST, MANIFEST, TMP_PREFIX, CheckpointError, check_tag, exchange, fsync_dir, rank_file,
                      write_atomic)
 from ..sharding import FlatGroup
+from . import engine_state
 from .manifest import FORMAT, KINDS, VERSION, dtype_name, extra_tensors, rng_state, trainable_records
 
 TILE_ELEMS = 1 << 22  # 16 MiB of fp32 per state tensor per write
@@ -116,6 +117,7 @@ def make_plan(engine, tag: str, client_state, comm, tiles, use_aio: bool = True,
                      "global_samples": engine.global_samples},
         "scaler": {k: v for k, v in vars(s).items() if isinstance(v, (bool, int, float))},
         "hyper": {**dataclasses.asdict(engine.hyper), "betas": list(engine.hyper.betas)},
+        **engine_state.saved(engine),
         "config": dataclasses.asdict(engine.config),
         "params": trainable_records(engine),
     }

@@ -12,6 +12,7 @@ DEEPSPEED_DEFAULTS: dict[str, object] = {
     "train_batch_size": None, "train_micro_batch_size_per_gpu": None, "gradient_accumulation_steps": None,
     "gradient_clipping": 1.0, "dataloader_drop_last": False,
     "optimizer.type": None, "optimizer.params.lr": 1e-3, "optimizer.params.betas": [0.9, 0.999],
+    "scheduler.type": None, "scheduler.params": {}, "zero_allow_untested_optimizer": False,
     "optimizer.params.eps": 1e-8, "optimizer.params.weight_decay": 0.0, "optimizer.params.adam_w_mode": True,
     "fp16.enabled": False, "fp16.loss_scale": 0.0, "fp16.initial_scale_power": 16, "fp16.loss_scale_window": 1000,
     "fp16.hysteresis": 2, "fp16.consecutive_hysteresis": False, "fp16.min_loss_scale": 1.0,

@@ -89,7 +89,6 @@ TOP_LEVEL: dict[str, tuple] = {
     "activation_checkpointing": (ANY, "settings of deepspeed.checkpointing (zerocore.deepspeed.checkpointing): "
                                       "partitioning or offloading checkpointed activations saves memory and "
                                       "changes no value; zerocore recomputes them with torch.utils.checkpoint"),
-    "zero_allow_untested_optimizer": (ANY, "zerocore steps any torch optimizer it is given"),
     "zero_force_ds_cpu_optimizer": (ANY, "a DeepSpeed check on client optimizers under offload"),
     "optimizer_legacy_fusion": (ANY, "a DeepSpeed performance knob"),
     "disable_python_gc": (ANY, "a DeepSpeed performance knob"),

@@ -69,7 +69,9 @@ def from_dict(data: dict) -> ZeroConfig:
     unknown: list[str] = []
     deprecated: list[str] = []
     notes: list[str] = []
-    cfg = _build(ZeroConfig, translate(data, notes), "", unknown, deprecated)
+    given = translate(data, notes)
+    cfg = _build(ZeroConfig, given, "", unknown, deprecated)
+    cfg.given_sections = frozenset(given)  # which top-level keys the file had (an optimizer section, ...)
     if notes:
         warnings.warn(f"zerocore config: {'; '.join(notes)}", ConfigWarning, stacklevel=3)
     if unknown:

@@ -28,7 +28,11 @@ from .grad_norm import grad_sumsq, reduce_dtype, sum_across
 from .model_setup import convert_rest, named_params, training_dtype
 from .gathered import register_engine
 from .partition_init import check_unchanged, initial_value
-from .group_specs import GroupSpec, size_groups, stage3_groups
+from .group_specs import GroupSpec, hyper_pieces, size_groups, stage3_groups
+from .client_optimizer import classify as classify_optimizer
+from .optimizer_face import ZeroOptimizer
+from .param_groups import resolve as resolve_groups
+from .. import schedules
 from . import weights
 from .agreement import agree
 from .misuse import (RequiresGradWatch, check_loss, checked_lr, explain_dtype_error, keeps_counters_on_failure,
@@ -39,7 +43,11 @@ from .deepspeed_methods import DeepSpeedMethods
 
 
 class Engine(DeepSpeedMethods):
-    def __init__(self, module: torch.nn.Module, config: ZeroConfig, comm: Comm):
+    def __init__(self, module: torch.nn.Module, config: ZeroConfig, comm: Comm, *, model_parameters=None,
+                 optimizer=None, lr_scheduler=None):
+        """``model_parameters``: the parameters to train, or hyper-parameter groups (``param_groups.py``);
+        ``optimizer``: a client optimizer (``client_optimizer.py``); ``lr_scheduler``: a client
+        schedule (``zerocore.schedules``). See ``zerocore.initialize``."""
         # every rank checks its model and config, then all compare them: any failure raises on every rank
         self._tag = agree(comm, module, config, lambda: (check_config(config), check_model(module)))
         self.module = module
@@ -53,6 +61,19 @@ class Engine(DeepSpeedMethods):
         trainable, frozen = named_params(module)
         if not trainable:
             raise ValueError("zerocore: the model has no trainable parameters")
+        client = classify_optimizer(optimizer, config, lambda: model_parameters if model_parameters is not None
+                                    else [p for _, p in trainable])
+        hyper = resolve_groups(module, client.optimizer.param_groups if client.optimizer is not None
+                               else model_parameters, client.defaults,
+                               source="optimizer.param_groups" if client.optimizer is not None else "model_parameters",
+                               checked=("lr", "betas", "eps", "weight_decay") if client.fused_adam else ("lr",))
+        if not client.fused_adam:
+            raise TypeError(f"zerocore.initialize: optimizer {client.name} is not an Adam the fused kernel runs; "
+                            "other torch optimizers are not supported yet")
+        # requires_grad parameters in no group are not trained: kept whole, like frozen ones
+        self._ungrouped = hyper.ungrouped
+        skip = {id(p) for _, p in hyper.ungrouped}
+        trainable = [(n, p) for n, p in trainable if id(p) not in skip]
         self.device = trainable[0][1].device
         self._requires_grad = RequiresGradWatch(trainable, frozen)
         own_module_zero_grad(self)
@@ -64,11 +85,12 @@ class Engine(DeepSpeedMethods):
         self.shards: list[OptimizerShard] = []
         self.gatherer: ParamGatherer | None = None
         units = []
-        for spec in self._group_specs(module, trainable, z):
+        for spec in self._group_specs(module, trainable, z, hyper.index):
             g = self._add_group(spec.layout, spec.params, spec.policy)
+            self.shards[-1].pieces = hyper_pieces(spec, g.lo, g.hi)
             if spec.unit is not None:
                 units.append((spec.unit[0], spec.unit[1], g))
-        convert_rest(module, frozen, self.dtype, comm)
+        convert_rest(module, frozen + hyper.ungrouped, self.dtype, comm)
         # which group and slot hold each parameter (zerocore.gathered finds them here)
         self.param_index = {id(p): (g.index, i) for g in self.groups for i, p in enumerate(g.params)}
         register_engine(self)
@@ -88,9 +110,14 @@ class Engine(DeepSpeedMethods):
         if self.gatherer is not None:
             self.gatherer.on_unit_done = self.reducer.group_done
         self.scaler = LossScaler(config.fp16 if config.fp16.enabled else None)
-        p = config.optimizer.params
-        self.hyper = AdamHyper(lr=p.lr, betas=tuple(p.betas), eps=p.eps, weight_decay=p.weight_decay,
-                               decoupled=config.optimizer.decoupled)
+        # the optimizer face: its param_groups are the hyper-parameter groups the update reads
+        self.optimizer = ZeroOptimizer(self, hyper.groups, client.defaults, decoupled=client.decoupled,
+                                       shared=client.optimizer.param_groups if client.optimizer is not None else None)
+        self.client_optimizer = client.optimizer
+        self.overflow = False  # the last accumulation boundary skipped its update
+        self.lr_scheduler = schedules.client_schedule(lr_scheduler, self.optimizer, client.optimizer)
+        if self.lr_scheduler is None:  # a client schedule wins over the config's section (DeepSpeed's rule)
+            self.lr_scheduler = schedules.from_config(config.scheduler.type, config.scheduler.params, self.optimizer)
         self.micro_steps = 0
         self.global_steps = 0  # accumulation boundaries reached (including skipped updates)
         self.optimizer_steps = 0  # updates applied (Adam's step count)
@@ -100,12 +127,13 @@ class Engine(DeepSpeedMethods):
         self._dropped = False  # zero_grad() between backward() and step() (named by step())
         self._batches = self._step_batches()
 
-    def _group_specs(self, module, trainable, z) -> list[GroupSpec]:
+    def _group_specs(self, module, trainable, z, hyper: dict[int, int]) -> list[GroupSpec]:
         if z.stage == 3:
-            return stage3_groups(module, trainable, z, self.comm.world, self.dtype)
+            return stage3_groups(module, trainable, z, self.comm.world, self.dtype, hyper)
         # Groups in reverse registration order: close to the order backward produces gradients,
         # so buckets fill (and launch) one after another.
-        return size_groups(list(reversed(trainable)), z.reduce_bucket_size, self.comm.world, self.dtype, self.policy)
+        return size_groups(list(reversed(trainable)), z.reduce_bucket_size, self.comm.world, self.dtype, self.policy,
+                           hyper=hyper)
 
     def _add_group(self, layout, params, policy) -> ShardedGroup:
         # The initial values, in fp32, broadcast from rank 0 so every rank starts identical;
@@ -210,7 +238,8 @@ class Engine(DeepSpeedMethods):
     @reports_stalls
     @keeps_counters_on_failure
     def step(self, lr_kwargs: dict | None = None) -> None:
-        """Ends a micro-batch; at the accumulation boundary updates the parameters."""
+        """Ends a micro-batch; at the accumulation boundary updates the parameters and steps the
+        lr schedule (with ``lr_kwargs``), except when the update is skipped (fp16 overflow)."""
         if self._in_no_sync:
             raise RuntimeError("zerocore: step() inside no_sync(); leave the context for the last micro-batch's "
                                "backward (it reduces the accumulated gradients) and call step() after it")
@@ -230,6 +259,8 @@ class Engine(DeepSpeedMethods):
             return
         self.global_steps += 1
         self._count_samples()
+        for _, p in self._ungrouped:  # in no hyper-parameter group: never updated, gradients not kept
+            p.grad = None
         if self.gatherer is not None:
             self.gatherer.free_all()  # no full buffer may outlive the update of its chunk
         self.guard.check(Op.STEP, 0)
@@ -246,6 +277,7 @@ class Engine(DeepSpeedMethods):
         if bad or not math.isfinite(sumsq):
             self._skip()
             return
+        hypers = self.optimizer.hypers()  # the groups' values now (edits and schedules take effect here)
         norm = math.sqrt(sumsq) / denom
         self.global_grad_norm = norm
         coef = 1.0 / denom
@@ -254,20 +286,27 @@ class Engine(DeepSpeedMethods):
             coef *= min(1.0, clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s coefficient
         self.optimizer_steps += 1
         with label("zerocore.optimizer_step"):
-            self._update(coef, grads)
+            self._update(coef, grads, hypers)
         self.scaler.update(False)
         self.reducer.clear()
+        self.overflow = False
+        sched = self.lr_scheduler
+        if sched is not None:
+            opt = getattr(sched, "optimizer", None)  # the face, or the client optimizer it shares groups with
+            if opt is not None:
+                opt._opt_called = True  # what torch's LRScheduler checks optimizer.step() set
+            sched.step(**(lr_kwargs or {}))
 
-    def _update(self, coef: float, grads: list[torch.Tensor]) -> None:
-        """``grads[i]``: group i's owned gradient."""
+    def _update(self, coef: float, grads: list[torch.Tensor], hypers: list[AdamHyper]) -> None:
+        """``grads[i]``: group i's owned gradient; ``hypers[h]``: hyper-parameter group h's values."""
         gather = self.policy.shard_optimizer and self.comm.world > 1
         cap = self.config.zero_optimization.allgather_bucket_size
         inflight, elems = [], 0
         for multi, index in self._batches:
             if multi is not None:
-                multi.step(grads, self.hyper, step=self.optimizer_steps, grad_scale=coef)
+                multi.step(grads, hypers, step=self.optimizer_steps, grad_scale=coef)
             else:
-                self.shards[index[0]].step(grads[index[0]], self.hyper, step=self.optimizer_steps, grad_scale=coef)
+                self.shards[index[0]].step(grads[index[0]], hypers, step=self.optimizer_steps, grad_scale=coef)
             if not gather:
                 continue
             for i in index:
@@ -293,6 +332,7 @@ class Engine(DeepSpeedMethods):
 
     def _skip(self) -> None:
         self.skipped_steps += 1
+        self.overflow = True
         self.global_grad_norm = math.inf
         if self.scaler.dynamic:
             self.scaler.update(True)  # lowers the scale; warns (and goes on) at the minimum
@@ -304,6 +344,8 @@ class Engine(DeepSpeedMethods):
     def zero_grad(self) -> None:
         """Discards the gradients accumulated so far (step() already does this after updating)."""
         self.reducer.clear()
+        for _, p in self._ungrouped:
+            p.grad = None
         self._dropped = self._backward_done  # between backward and step: that micro-batch is gone
         self._backward_done = False
 
@@ -314,11 +356,23 @@ class Engine(DeepSpeedMethods):
 
     @property
     def lr(self) -> float:
-        return self.hyper.lr
+        """The first group's learning rate; setting it sets every group's."""
+        return float(self.optimizer.param_groups[0]["lr"])
 
     @lr.setter
     def lr(self, value: float) -> None:
-        self.hyper.lr = checked_lr(value)
+        value = checked_lr(value)
+        for g in self.optimizer.param_groups:
+            g["lr"] = value
+
+    def get_lr(self) -> list[float]:
+        """Every hyper-parameter group's learning rate (DeepSpeed's ``get_lr``)."""
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    @property
+    def hyper(self) -> AdamHyper:
+        """The first group's hyper-parameters as the next update reads them."""
+        return self.optimizer.hypers()[0]
 
     @property
     def world_size(self) -> int:
