@@ -40,11 +40,18 @@ def test_stage2_scheduler_and_groups_resume(tmp_path):
 
 @pytest.mark.slow
 @needs_groups
-def test_stages_1_and_3_and_client_optimizers(tmp_path):
+def test_stages_1_and_3_schedules_groups_and_client_adamw(tmp_path):
     _compare(tmp_path, [
         {"name": "s1", "stage": 1, "gas": 1, "steps": 6, "clip": 0.5, "sched": "warmup", "groups": True},
         {"name": "s3_init", "stage": 3, "gas": 2, "steps": 8, "save_at": 4, "sched": "warmup", "groups": True},
         {"name": "client_adamw", "stage": 2, "gas": 2, "steps": 8, "save_at": 4, "client": "adamw", "clip": 0.0},
+    ])
+
+
+@pytest.mark.slow
+@needs_groups
+def test_client_sgd(tmp_path):
+    _compare(tmp_path, [
         {"name": "client_sgd", "stage": 2, "gas": 1, "steps": 8, "save_at": 4, "client": "sgd"},
         {"name": "client_sgd_s1", "stage": 1, "gas": 2, "steps": 6, "client": "sgd", "clip": 0.0},
     ])

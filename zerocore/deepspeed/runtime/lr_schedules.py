@@ -44,3 +44,6 @@ WARMUP_MIN_RATIO = "warmup_min_ratio"
 COS_MIN_RATIO = "cos_min_ratio"
 
 TOTAL_NUM_STEPS = "total_num_steps"
+
+from ...schedules.deepspeed_types import (LRRangeTest, OneCycle, WarmupCosineLR, WarmupDecayLR,  # noqa: E402,F401
+                                          WarmupLR)
