@@ -268,3 +268,50 @@ def test_checkpointing_face_recomputes_the_same_values():
     x.grad = None
     torch.tanh(lin(x)).sum().backward()
     assert torch.equal(g, x.grad)
+
+
+needs_groups = pytest.mark.skipif("lr_scheduler" not in __import__("inspect").signature(zerocore.initialize).parameters,
+                                  reason="needs parameter groups and schedules in the engine")
+
+
+@needs_groups
+def test_bad_groups_and_schedules_are_named_through_the_face():
+    with pytest.raises(ConfigError, match="scheduler.type: got 'Nope'"):
+        deepspeed.initialize(model=_model(), config=_cfg(scheduler={"type": "Nope", "params": {}}))
+    with pytest.raises(ConfigError, match="scheduler.params.total_num_steps: required by WarmupDecayLR"):
+        deepspeed.initialize(model=_model(), config=_cfg(scheduler={"type": "WarmupDecayLR",
+                                                                    "params": {"warmup_num_steps": 3}}))
+    with pytest.raises(ValueError, match=r"model_parameters\[0\] has no 'params' key"):
+        deepspeed.initialize(model=_model(), config=_cfg(), model_parameters=[{"lr": 0.1}])
+    m = _model()
+    with pytest.raises(ValueError, match="'0.weight' is in two groups"):
+        deepspeed.initialize(model=m, config=_cfg(), model_parameters=[{"params": list(m.parameters())},
+                                                                       {"params": [m[0].weight]}])
+
+
+@needs_groups
+def test_scheduler_steps_at_boundaries_and_lr_kwargs_reach_it():
+    cfg = _cfg(gas=2, scheduler={"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01,
+                                                                "warmup_num_steps": 4, "warmup_type": "linear"}})
+    engine, opt, _, sched = deepspeed.initialize(model=_model(), config=cfg)
+    assert sched is engine.lr_scheduler and opt is engine.optimizer
+    lrs = []
+    for x, y in _batches(6):
+        engine.backward(_loss(engine, x, y))
+        engine.step()
+        lrs.append(engine.get_lr()[0])
+    # one schedule step per accumulation boundary; DeepSpeed's WarmupLR is at iteration 0 (min lr) after the first
+    assert lrs == pytest.approx([0.0, 0.0, 0.0, 0.0025, 0.0025, 0.005], abs=1e-12)
+    seen = []
+
+    class Recording(torch.optim.lr_scheduler.LambdaLR):
+        def step(self, epoch=None, **kwargs):
+            seen.append(kwargs)
+            super().step(epoch)
+
+    engine, _, _, _ = deepspeed.initialize(model=_model(), config=_cfg(gas=1),
+                                           lr_scheduler=lambda o: Recording(o, lambda s: 1.0))
+    seen.clear()
+    engine.backward(_loss(engine, *_batches(1)[0]))
+    engine.step(lr_kwargs={})
+    assert seen == [{}]
