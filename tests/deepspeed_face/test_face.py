@@ -315,3 +315,23 @@ def test_scheduler_steps_at_boundaries_and_lr_kwargs_reach_it():
     engine.backward(_loss(engine, *_batches(1)[0]))
     engine.step(lr_kwargs={})
     assert seen == [{}]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_training_loader_yields_deepspeeds_micro_batches(drop_last, monkeypatch):
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    dataloader = pytest.importorskip("deepspeed.runtime.dataloader", reason="comparing with DeepSpeed's loader")
+    from types import SimpleNamespace
+
+    from zerocore.runtime.deepspeed_methods import build_dataloader
+    data = TensorDataset(torch.arange(23.0).unsqueeze(1), torch.arange(23))
+    for rank in range(2):
+        theirs = dataloader.DeepSpeedDataLoader(data, batch_size=4, pin_memory=False, local_rank=rank, tput_timer=None,
+                                                num_local_io_workers=0, data_parallel_world_size=2,
+                                                data_parallel_rank=rank, dataloader_drop_last=drop_last)
+        ours = build_dataloader(data, 4, SimpleNamespace(world=2, rank=rank), drop_last=drop_last)
+        assert len(ours) == len(theirs)
+        for epoch in range(2):  # the same order every epoch, as DeepSpeed's (no set_epoch)
+            a, b = list(ours), list(theirs)
+            assert len(a) == len(b) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
+                                            for x, y in zip(a, b))
