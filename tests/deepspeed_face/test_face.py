@@ -335,3 +335,17 @@ def test_training_loader_yields_deepspeeds_micro_batches(drop_last, monkeypatch)
             a, b = list(ours), list(theirs)
             assert len(a) == len(b) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
                                             for x, y in zip(a, b))
+
+
+def test_compile_and_destroy():
+    engine = zerocore.initialize(_model(), _cfg(stage=2, gas=1))
+    x, y = _batches(1)[0]
+    before = engine(x).detach()
+    engine.compile(backend="eager")
+    assert engine.is_compiled
+    torch.testing.assert_close(engine(x), before)
+    engine.backward(_loss(engine, x, y))
+    engine.step()
+    model = engine.module
+    engine.destroy()
+    assert engine.module is None and isinstance(model, torch.nn.Module)
