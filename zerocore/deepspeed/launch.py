@@ -61,29 +61,6 @@ def _raw_dict(config) -> dict | None:
     return None
 
 
-def _accepted(fn, kwargs: dict, model) -> dict:
-    """The keyword arguments ``fn`` takes. ``model_parameters`` listing exactly the trainable
-    parameters as plain tensors means the default and may be dropped; anything else it cannot
-    take is an error naming it."""
-    import inspect
-
-    names = inspect.signature(fn).parameters
-    out = dict(kwargs)
-    params = out.get("model_parameters")
-    if params is not None and "model_parameters" not in names:
-        params = list(params)
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        if all(isinstance(p, torch.Tensor) for p in params) and {id(p) for p in params} == {id(p) for p in trainable}:
-            del out["model_parameters"]
-        else:
-            out["model_parameters"] = params
-    missing = [k for k in out if k not in names]
-    if missing:
-        raise NotImplementedError(f"zerocore.deepspeed.initialize: {', '.join(missing)} not supported by this "
-                                  "zerocore build")
-    return out
-
-
 def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, distributed_port: int = 29500, mpu=None,
                dist_init_required: bool | None = None, collate_fn=None, config=None, mesh_param=None,
@@ -126,9 +103,6 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
 
     if optimizer is not None:
         model_parameters = None  # the optimizer's param_groups say what is trained, as in DeepSpeed
-    kwargs = {k: v for k, v in (("optimizer", optimizer), ("model_parameters", model_parameters),
-                                ("lr_scheduler", lr_scheduler), ("training_data", training_data),
-                                ("collate_fn", collate_fn)) if v is not None}
-    engine = zc_initialize(model, config, **_accepted(zc_initialize, kwargs, model))
-    return engine, getattr(engine, "optimizer", None), engine.training_dataloader, getattr(engine, "lr_scheduler",
-                                                                                              None)
+    engine = zc_initialize(model, config, model_parameters=model_parameters, optimizer=optimizer,
+                           lr_scheduler=lr_scheduler, training_data=training_data, collate_fn=collate_fn)
+    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
