@@ -33,6 +33,8 @@ class GCase:
     client: str | None = None  # a client optimizer: "AdamW", "Adam", "SGD", "Adagrad", "RMSprop"
     bucket: int = 500_000_000
     zero: dict = dataclasses.field(default_factory=dict)
+    save: tuple[int, str] | None = None  # (after this many steps, into this directory)
+    load: str | None = None  # resume from this directory's latest checkpoint first
 
     def config(self) -> dict:
         z = {"stage": self.stage, "reduce_bucket_size": self.bucket, **self.zero}
@@ -76,7 +78,13 @@ def run_gcase(case: GCase, rank: int, world: int) -> dict:
         engine = zerocore.initialize(model, case.config(), model_parameters=groups)
     rows = case.micro * case.gas * world
     out = {"losses": [], "norms": [], "lrs": []}
-    for step in range(case.steps):
+    start = 0
+    if case.load is not None:
+        engine.load_checkpoint(case.load)
+        start = engine.global_steps
+    for step in range(start, case.steps):
+        if case.save is not None and case.save[0] == step:
+            engine.save_checkpoint(case.save[1])
         x, y = make_batch(case.model, step, rows, 0)
         out["lrs"].append(engine.get_lr())
         for k in range(case.gas):

@@ -14,7 +14,7 @@ import torch
 from ..sharding import ParamState
 from . import engine_state
 from .layout import CheckpointError, read_manifest, resolve
-from .manifest import KINDS, model_differences, set_rng_state
+from .manifest import model_differences, set_rng_state
 from .reader import CheckpointReader
 from .save import TILE_ELEMS, _agree, aio_handle
 
@@ -39,7 +39,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         with CheckpointReader(path, manifest, aio) as reader:  # checks every file's presence and size
             reader.check_complete(saved_name.values())
             writing = True
-            _read_state(engine, reader, saved_name, KINDS if with_state else KINDS[:1])
+            _read_state(engine, reader, saved_name, engine_state.kinds_to_read(engine, manifest, with_state))
             _read_extras(engine, reader)
             if not load_module_only:
                 client_state = reader.read_client_state()
@@ -54,7 +54,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
     _refresh_params(engine)
     if not load_module_only:
         _restore_counters(engine, manifest, with_state)
-        engine_state.restore(engine, manifest, load_lr_scheduler_states)
+        engine_state.restore(engine, manifest, load_lr_scheduler_states, with_state)
     return path, (client_state if not load_module_only else {})
 
 
@@ -64,8 +64,7 @@ def _read_state(engine, reader: CheckpointReader, saved_name: dict[str, str], ki
         g = shard.group
         for lo, hi, state in shard.state_tiles(TILE_ELEMS, write=True):
             base = g.lo + lo
-            for k in KINDS:
-                dst = state[k]
+            for k, dst in state.items():
                 host = dst if dst.device.type == "cpu" and dst.is_contiguous() else torch.empty(
                     dst.shape, dtype=torch.float32)
                 host.zero_()  # padding, and the moments when only weights are loaded

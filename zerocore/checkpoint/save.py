@@ -139,7 +139,7 @@ def _write_rank(plan: SavePlan, tmp: str) -> dict:
     try:
         for layout, lo, hi, state in plan.tiles():
             offs = []
-            for k in KINDS:
+            for k in plan.meta.get("kinds", KINDS):
                 held, view = _flat_bytes(state[k])
                 offs.append(w.write(view, held))
                 del held

@@ -79,6 +79,7 @@ class HostOptimizerShard:
         self.enqueue = None  # (group index, host step, ready) -> None: set by OffloadPlan at stage 3
         self.param_swap = None  # set by OffloadPlan when this group's parameter shard rests on NVMe
         self.pieces = None  # hyper-parameter groups of the owned range (sharding.optimizer.Pieces)
+        self.kernel = None  # (master, grad, out, grad_scale) -> None replacing Adam: a client torch optimizer
 
     # -- gradients arrive ------------------------------------------------------------------
     def land(self, grad: torch.Tensor) -> None:
@@ -154,8 +155,11 @@ class HostOptimizerShard:
                 self._copy_event = None
             with self._params(step, whole=whole) as target:
                 out = target[:h] if self.half and self.out_h is None else self.out_h
-                _adam(self.master_h, self.grad_h, self.exp_avg_h, self.exp_avg_sq_h, out, plan, step, grad_scale,
-                      self.tile)
+                if self.kernel is not None:  # a client torch optimizer (runtime/torch_shard_step.py)
+                    self.kernel(self.master_h, self.grad_h, out, grad_scale)
+                else:
+                    _adam(self.master_h, self.grad_h, self.exp_avg_h, self.exp_avg_sq_h, out, plan, step, grad_scale,
+                          self.tile)
                 return self._copy_back(target[:h])
 
         return self._run_host(host_part)

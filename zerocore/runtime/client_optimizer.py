@@ -74,3 +74,19 @@ def classify(optimizer, config, params_for_callable) -> ClientOptimizer:
     if mode is not None:
         return ClientOptimizer(optimizer, True, mode, dict(optimizer.defaults))
     return ClientOptimizer(optimizer, False, False, dict(optimizer.defaults))
+
+
+def check_torch_optimizer(client: ClientOptimizer, config) -> None:
+    """What a non-Adam client optimizer cannot run with, named at initialize."""
+    z = config.zero_optimization
+    name = client.name
+    if z.offload_optimizer.device == "nvme":
+        raise ValueError(f"zero_optimization.offload_optimizer.device: 'nvme' swaps Adam's state (master, m, v) tile by "
+                         f"tile; optimizer {name} keeps its own state: use device 'cpu' or 'none' with it, or an "
+                         "Adam/AdamW optimizer with NVMe")
+    if z.offload_param.device == "nvme":
+        raise ValueError(f"zero_optimization.offload_param.device: 'nvme' is not supported with optimizer {name} (only "
+                         "with Adam/AdamW); use 'cpu' or 'none'")
+    if z.offload_optimizer.device == "cpu" and z.offload_optimizer.ratio < 1.0:
+        raise ValueError(f"zero_optimization.offload_optimizer.ratio: {z.offload_optimizer.ratio} splits the step "
+                         f"between host and device, which only the Adam kernel does; with optimizer {name} use 1.0")

@@ -29,8 +29,9 @@ from .model_setup import convert_rest, named_params, training_dtype
 from .gathered import register_engine
 from .partition_init import check_unchanged, initial_value
 from .group_specs import GroupSpec, hyper_pieces, size_groups, stage3_groups
-from .client_optimizer import classify as classify_optimizer
+from .client_optimizer import check_torch_optimizer, classify as classify_optimizer
 from .optimizer_face import ZeroOptimizer
+from .torch_shard_step import TorchBatch, TorchShardStep
 from .param_groups import resolve as resolve_groups
 from .. import schedules
 from . import weights
@@ -68,8 +69,7 @@ class Engine(DeepSpeedMethods):
                                source="optimizer.param_groups" if client.optimizer is not None else "model_parameters",
                                checked=("lr", "betas", "eps", "weight_decay") if client.fused_adam else ("lr",))
         if not client.fused_adam:
-            raise TypeError(f"zerocore.initialize: optimizer {client.name} is not an Adam the fused kernel runs; "
-                            "other torch optimizers are not supported yet")
+            check_torch_optimizer(client, config)
         # requires_grad parameters in no group are not trained: kept whole, like frozen ones
         self._ungrouped = hyper.ungrouped
         skip = {id(p) for _, p in hyper.ungrouped}
@@ -114,6 +114,9 @@ class Engine(DeepSpeedMethods):
         self.optimizer = ZeroOptimizer(self, hyper.groups, client.defaults, decoupled=client.decoupled,
                                        shared=client.optimizer.param_groups if client.optimizer is not None else None)
         self.client_optimizer = client.optimizer
+        # a client optimizer other than Adam steps the flat fp32 shards itself
+        self._torch_step = (None if client.fused_adam else
+                            TorchShardStep(client.optimizer, self.shards, self.optimizer.param_groups))
         self.overflow = False  # the last accumulation boundary skipped its update
         self.lr_scheduler = schedules.client_schedule(lr_scheduler, self.optimizer, client.optimizer)
         if self.lr_scheduler is None:  # a client schedule wins over the config's section (DeepSpeed's rule)
@@ -125,7 +128,7 @@ class Engine(DeepSpeedMethods):
         self.global_grad_norm: float | None = None
         self._backward_done = False
         self._dropped = False  # zero_grad() between backward() and step() (named by step())
-        self._batches = self._step_batches()
+        self._batches = self._step_batches()  # after the face and _torch_step: the batches use them
 
     def _group_specs(self, module, trainable, z, hyper: dict[int, int]) -> list[GroupSpec]:
         if z.stage == 3:
@@ -165,18 +168,23 @@ class Engine(DeepSpeedMethods):
         gather = self.policy.shard_optimizer and self.comm.world > 1
         cap = self.config.zero_optimization.allgather_bucket_size
         batches, run, elems = [], [], 0
+        def batch(run):
+            if self._torch_step is not None:
+                return TorchBatch(self._torch_step, run, self.optimizer.param_groups)
+            return MultiShardStep([self.shards[k] for k in run], run)
+
         for i, (g, shard) in enumerate(zip(self.groups, self.shards)):
             if type(shard) is not OptimizerShard:
                 batches.append((None, [i]))
                 continue
             size = g.layout.padded if gather and not g.partitioned else 0
             if gather and run and elems + size > cap:
-                batches.append((MultiShardStep([self.shards[k] for k in run], run), run))
+                batches.append((batch(run), run))
                 run, elems = [], 0
             run.append(i)
             elems += size
         if run:
-            batches.append((MultiShardStep([self.shards[k] for k in run], run), run))
+            batches.append((batch(run), run))
         return batches
 
     def _describe(self, op, index: int) -> str:
@@ -302,6 +310,8 @@ class Engine(DeepSpeedMethods):
         gather = self.policy.shard_optimizer and self.comm.world > 1
         cap = self.config.zero_optimization.allgather_bucket_size
         inflight, elems = [], 0
+        if self._torch_step is not None:
+            self._torch_step.sync(self.optimizer.param_groups)
         for multi, index in self._batches:
             if multi is not None:
                 multi.step(grads, hypers, step=self.optimizer_steps, grad_scale=coef)
