@@ -31,6 +31,7 @@ class GCase:
     split: str = "decay"  # how parameters are grouped (see groups_of)
     schedule: dict | None = None  # the config's scheduler section
     client: str | None = None  # a client optimizer: "AdamW", "Adam", "SGD", "Adagrad", "RMSprop"
+    units: bool = False  # stage 3: every parameter partitioned in units (none persistent): pieces of both groups
     bucket: int = 500_000_000
     zero: dict = dataclasses.field(default_factory=dict)
     save: tuple[int, str] | None = None  # (after this many steps, into this directory)
@@ -38,6 +39,8 @@ class GCase:
 
     def config(self) -> dict:
         z = {"stage": self.stage, "reduce_bucket_size": self.bucket, **self.zero}
+        if self.units:
+            z.update(stage3_param_persistence_threshold=0, stage3_unit_min_params=100)
         if self.offload != "none":
             z["offload_optimizer"] = {"device": self.offload}
             if self.offload == "nvme":

@@ -16,13 +16,13 @@ CASES = [
     GCase("adam_l2_s1", stage=1, client="Adam"),
     GCase("sgd_s1", stage=1, client="SGD"),
     GCase("sgd_s2_buckets", stage=2, client="SGD", bucket=600, gas=2, clip=0.5),
-    GCase("sgd_s3", model="nested", stage=3, client="SGD"),
+    GCase("sgd_s3", model="nested", stage=3, client="SGD", units=True),
     GCase("adagrad_s1", stage=1, client="Adagrad"),
     GCase("adagrad_s2", stage=2, client="Adagrad"),
-    GCase("adagrad_s3", model="nested", stage=3, client="Adagrad"),
+    GCase("adagrad_s3", model="nested", stage=3, client="Adagrad", units=True),
     GCase("rmsprop_s2", stage=2, client="RMSprop"),
     GCase("sgd_s2_cpu", stage=2, client="SGD", offload="cpu"),
-    GCase("adagrad_s3_cpu", model="nested", stage=3, client="Adagrad", offload="cpu"),
+    GCase("adagrad_s3_cpu", model="nested", stage=3, client="Adagrad", offload="cpu", units=True),
 ]
 
 
@@ -44,7 +44,7 @@ def test_state_resumes_at_another_world_size(tmp_path, client, stage):
     model = "nested" if stage == 3 else "mlp"
     (tmp_path / "w2").mkdir()
     (tmp_path / "w1").mkdir()
-    full = GCase("full", model=model, stage=stage, client=client, save=(3, str(d)))
+    full = GCase("full", model=model, stage=stage, client=client, save=(3, str(d)), units=True)
     res = spawn_gcases([full], 2, tmp_path / "w2")["full"]
     assert "error" not in res[0], res[0].get("error")
     resumed = GCase("resumed", model=model, stage=1, client=client, micro=4, load=str(d))

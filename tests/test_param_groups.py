@@ -15,12 +15,13 @@ WARMUP = {"type": "WarmupDecayLR", "params": {"total_num_steps": 6, "warmup_num_
 
 CASES_W2 = [GCase(f"s{s}", stage=s) for s in (0, 1, 2, 3)] + [
     GCase("s3_nested", model="nested", stage=3),
+    GCase("s3_units", model="nested", stage=3, units=True),
     GCase("s3_gpt_frozen_sched", model="gpt", stage=3, split="decay", schedule=WARMUP),
     GCase("s1_frozen", stage=1, split="frozen"),
     GCase("s2_buckets_gas", stage=2, bucket=600, gas=2, clip=0.5),
     GCase("s2_cpu", stage=2, offload="cpu"),
-    GCase("s3_cpu", model="nested", stage=3, offload="cpu", schedule=WARMUP),
-    GCase("s3_nested_frozen", model="nested", stage=3, split="frozen"),
+    GCase("s3_units_cpu", model="nested", stage=3, offload="cpu", schedule=WARMUP, units=True),
+    GCase("s3_units_frozen", model="nested", stage=3, split="frozen", units=True),
 ]
 
 
@@ -38,7 +39,8 @@ def test_groups_world1_and_nvme(tmp_path):
     (tmp_path / "swap").mkdir()
     (tmp_path / "swap2").mkdir()
     cases = [GCase("w1_s0", stage=0), GCase("w1_s3", model="nested", stage=3),
-             GCase("w1_s3_nvme", model="nested", stage=3, offload="nvme", nvme_path=str(tmp_path / "swap")),
+             GCase("w1_s3_nvme", model="nested", stage=3, offload="nvme", nvme_path=str(tmp_path / "swap"),
+                   units=True),
              GCase("w1_s2_nvme_sched", stage=2, offload="nvme", nvme_path=str(tmp_path / "swap2"), schedule=WARMUP)]
     res = spawn_gcases(cases, 1, tmp_path)
     for c in cases:
@@ -46,22 +48,28 @@ def test_groups_world1_and_nvme(tmp_path):
 
 
 def test_groups_are_kept_apart():
-    """No flat group mixes hyper groups at stages 0-2; a stage-3 unit holds one piece per group."""
+    """No flat group mixes hyper groups at stages 0-2; a stage-3 unit lays its parameters out group
+    by group, so its owned range is one contiguous piece per group, covering it."""
     from dist_helpers import make_model
 
     for stage in (1, 3):
         model = make_model("nested", 0)
         decay = [p for p in model.parameters() if p.ndim >= 2]
         rest = [p for p in model.parameters() if p.ndim < 2]
-        with zerocore.initialize(model, {"zero_optimization": {"stage": stage}},
+        z = {"stage": stage, "stage3_param_persistence_threshold": 0, "stage3_unit_min_params": 100}
+        with zerocore.initialize(model, {"zero_optimization": z},
                                  model_parameters=[{"params": decay}, {"params": rest, "lr": 1e-4}]) as e:
             which = {id(p): 0 for p in decay} | {id(p): 1 for p in rest}
+            mixed = 0
             for g, shard in zip(e.groups, e.shards):
                 hs = [which[id(p)] for p in g.params]
+                assert hs == sorted(hs)
                 if stage < 3:
-                    assert len(set(hs)) == 1
-                assert hs == sorted(hs)  # laid out group by group: one piece each
-                assert [h for _, _, h in shard.pieces] == sorted(set(hs)) or len(shard.pieces) <= len(set(hs))
+                    assert len(set(hs)) == 1 and shard.pieces == [(0, g.hi - g.lo, hs[0])]
+                assert shard.pieces[0][0] == 0 and shard.pieces[-1][1] == g.hi - g.lo
+                assert all(a[1] == b[0] and a[2] < b[2] for a, b in zip(shard.pieces, shard.pieces[1:]))
+                mixed += len(shard.pieces) > 1
+            assert mixed == (5 if stage == 3 else 0)  # stage 3: the 5 units holding weights and biases
 
 
 def _model():
