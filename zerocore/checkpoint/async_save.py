@@ -61,13 +61,13 @@ def wait_pending(engine) -> None:
 
 
 @torch.no_grad()
-def save_async(engine, save_dir: str, tag=None, client_state=None) -> AsyncSave:
+def save_async(engine, save_dir: str, tag=None, client_state=None, save_latest: bool = True) -> AsyncSave:
     wait_pending(engine)
     tag = check_can_save(engine, tag)
     comm = getattr(engine, "_zc_side_comm", None)
     if comm is None:
         comm = engine._zc_side_comm = side_comm(engine.comm)
-    plan = make_plan(engine, tag, client_state, comm, live_tiles(engine))
+    plan = make_plan(engine, tag, client_state, comm, live_tiles(engine), save_latest=save_latest)
     cache = getattr(engine, "_zc_save_buffers", None)
     if cache is None:
         cache = engine._zc_save_buffers = []

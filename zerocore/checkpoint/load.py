@@ -179,6 +179,8 @@ def _restore_counters(engine, manifest: dict, with_state: bool) -> None:
     engine.micro_steps = c["micro_steps"] if c["micro_steps"] % engine.gas == 0 else c["global_steps"] * engine.gas
     engine.global_steps = c["global_steps"]
     engine.skipped_steps = c["skipped_steps"]
+    batch = engine.train_batch_size()
+    engine.global_samples = c.get("global_samples", c["global_steps"] * (batch or 0))
     # Adam's bias correction counts the updates the moments have seen: none when they start afresh
     engine.optimizer_steps = c["optimizer_steps"] if with_state else 0
     saved = manifest["scaler"]

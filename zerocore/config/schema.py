@@ -326,8 +326,11 @@ class ZeroConfig(_Section):
     gradient_accumulation_steps: int | None = option(None, "Micro-batches per optimizer step (null: derived from "
                                                      "the batch sizes, else 1).", kind=int, ge=1, le=MAX_ACCUMULATION,
                                                      optional=True)
-    gradient_clipping: float = option(1.0, "Clip the global gradient norm (over all ranks) to this; 0: off.",
+    gradient_clipping: float = option(1.0, "Clip the global gradient norm (over all ranks) to this; 0: off. "
+                                      "DeepSpeed 0.19's default is 1.0 too (GRADIENT_CLIPPING_DEFAULT).",
                                       kind=float, ge=0.0)
+    dataloader_drop_last: bool = option(False, "The training data loader (initialize(training_data=...)) drops "
+                                        "each rank's last incomplete micro-batch.", kind=bool)
     optimizer: OptimizerConfig = section(OptimizerConfig, "The optimizer.")
     scheduler: SchedulerConfig = section(SchedulerConfig, "The learning-rate schedule.")
     zero_allow_untested_optimizer: bool = option(False, "Accepted for DeepSpeed configs: zerocore steps any "

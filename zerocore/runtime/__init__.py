@@ -6,12 +6,13 @@ import torch
 from ..comm import default_comm
 from ..config import load_config
 from .engine import Engine
+from .deepspeed_methods import build_dataloader
 from .gathered import gathered
 from .partition_init import init
 
 
 def initialize(model: torch.nn.Module, config=None, *, model_parameters=None, optimizer=None,
-               lr_scheduler=None) -> Engine:
+               lr_scheduler=None, training_data=None, collate_fn=None) -> Engine:
     """Wraps ``model`` for ZeRO training over the default torch.distributed process group.
 
     ``config``: a dict, a path to a DeepSpeed-style JSON file, or a :class:`zerocore.ZeroConfig`.
@@ -26,11 +27,22 @@ def initialize(model: torch.nn.Module, config=None, *, model_parameters=None, op
     config's ``optimizer`` section (giving both is an error). ``lr_scheduler``: a torch
     ``LRScheduler`` over ``engine.optimizer`` (or over ``optimizer``), or a callable taking
     ``engine.optimizer`` and returning one; it wins over the config's ``scheduler`` section.
+
+    ``training_data``: a torch Dataset; ``engine.training_dataloader`` then reads it over the
+    data-parallel ranks, ``train_micro_batch_size_per_gpu`` samples per batch, with ``collate_fn``
+    (DeepSpeed's loader: a ``DistributedSampler`` with torch's defaults).
     """
     cfg = load_config(config)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    return Engine(model, cfg, default_comm(device, cfg.zero_optimization.comm_timeout),
-                  model_parameters=model_parameters, optimizer=optimizer, lr_scheduler=lr_scheduler)
+    comm = default_comm(device, cfg.zero_optimization.comm_timeout)
+    loader = None
+    if training_data is not None:  # checked before the engine takes the model
+        loader = build_dataloader(training_data, cfg.batch_sizes(comm.world)[1], comm, collate_fn,
+                                  cfg.dataloader_drop_last)
+    engine = Engine(model, cfg, comm, model_parameters=model_parameters, optimizer=optimizer,
+                    lr_scheduler=lr_scheduler)
+    engine.training_dataloader = loader
+    return engine
 
 
 __all__ = ["initialize", "Engine", "init", "gathered"]

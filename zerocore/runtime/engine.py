@@ -42,9 +42,10 @@ from .preflight import check_config, check_model
 from .release import release
 from .shutdown import close_engine
 from ..comm.lifetime import engine_started
+from .deepspeed_methods import DeepSpeedMethods
 
 
-class Engine:
+class Engine(DeepSpeedMethods):
     def __init__(self, module: torch.nn.Module, config: ZeroConfig, comm: Comm, *, model_parameters=None,
                  optimizer=None, lr_scheduler=None):
         """``model_parameters``: the parameters to train, or hyper-parameter groups (``param_groups.py``);
@@ -80,7 +81,7 @@ class Engine:
         self._requires_grad = RequiresGradWatch(trainable, frozen)
         own_module_zero_grad(self)
         # CPU offload: where the optimizer shard (and stage-3 parameter shards) rest; None: the device
-        self.offload = OffloadPlan.build(config, self.device, lambda: (self.micro_steps + 1) % self.gas == 0)
+        self.offload = OffloadPlan.build(config, self.device, self.is_gradient_accumulation_boundary)
         for names, p in trainable + frozen:
             check_unchanged(p, names[0])
         self.groups: list[ShardedGroup] = []
@@ -210,21 +211,24 @@ class Engine:
             raise better from e
 
     @reports_stalls
-    def backward(self, loss: torch.Tensor) -> torch.Tensor:
-        """Backpropagates ``loss`` (divided by the accumulation steps, times the fp16 loss scale)
-        and reduces gradients; returns ``loss``."""
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
+        """Backpropagates ``loss`` (divided by the accumulation steps unless ``scale_wrt_gas`` is
+        false, times the fp16 loss scale) and reduces gradients; returns the loss divided by the
+        accumulation steps (``loss`` itself without ``scale_wrt_gas``), as DeepSpeed does.
+        Inside ``no_sync()`` (stages 0/1) gradients accumulate on each rank without a reduction."""
         self._alive()
         check_loss(loss)
-        if self._backward_done:
+        if self._backward_done and not self._in_no_sync:
             raise RuntimeError("zerocore: backward() called twice without step(); call engine.step() after "
                                "every micro-batch's backward (it only updates at the accumulation boundary)")
-        boundary = (self.micro_steps + 1) % self.gas == 0
+        boundary = self.is_gradient_accumulation_boundary() and not self._in_no_sync
+        div = self.gas if scale_wrt_gas else 1
         if self.gatherer is not None:
             self.gatherer.begin_backward()
         self.reducer.begin_backward(boundary)
         try:
             with label("zerocore.backward"):
-                (loss.float() * (self.scaler.scale / self.gas)).backward()
+                (loss.float() * (self.scaler.scale / div)).backward(retain_graph=retain_graph)
             self.reducer.finish_backward()
         except BaseException:
             self.reducer.abort()
@@ -233,17 +237,22 @@ class Engine:
             raise
         if self.gatherer is not None:
             self.gatherer.end_backward()
-        self._backward_done = True
+        if not self._in_no_sync:
+            self._backward_done = True
         self._dropped = False
-        return loss
+        return loss / div if scale_wrt_gas else loss
 
     @reports_stalls
     @keeps_counters_on_failure
     def step(self, lr_kwargs: dict | None = None) -> None:
         """Ends a micro-batch; at the accumulation boundary updates the parameters and steps the
         lr schedule (with ``lr_kwargs``), except when the update is skipped (fp16 overflow)."""
+        if self._in_no_sync:
+            raise RuntimeError("zerocore: step() inside no_sync(); leave the context for the last micro-batch's "
+                               "backward (it reduces the accumulated gradients) and call step() after it")
         self._requires_grad.check()  # before anything changes: fix it and call step() again
-        if self.reducer.window_lost and (self.micro_steps + 1) % self.gas == 0:
+        boundary = self.is_gradient_accumulation_boundary()
+        if self.reducer.window_lost and boundary:
             raise RuntimeError(f"zerocore: {self.reducer.window_lost} (stages 2/3 with gradient accumulation): this "
                                "window's gradients cannot be restored; call engine.zero_grad() to drop the window's "
                                "gradients (nothing was updated)")
@@ -253,9 +262,10 @@ class Engine:
                                   "them itself, call zero_grad() only before a backward)" if self._dropped else ""))
         self._backward_done = False
         self.micro_steps += 1
-        if self.micro_steps % self.gas:
+        if not boundary:
             return
         self.global_steps += 1
+        self._count_samples()
         for _, p in self._ungrouped:  # in no hyper-parameter group: never updated, gradients not kept
             p.grad = None
         if self.gatherer is not None:
@@ -412,13 +422,6 @@ class Engine:
         planner's figures beside them (``zerocore.estimate``; see ``runtime/memory.py``)."""
         return with_prediction(self, held_bytes(self), micro_batch, seq_len, meta_model) if predicted else held_bytes(self)
 
-    def train(self, mode: bool = True):
-        self.module.train(mode)
-        return self
-
-    def eval(self):
-        return self.train(False)
-
     # -- weights out -----------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's state dict with full fp32 weights on CPU, under the model's own names (every
@@ -430,31 +433,3 @@ class Engine:
         (atomically); at stage 3 only with ``stage3_gather_16bit_weights_on_model_save``. A
         collective: call it on all ranks. Returns whether a file was written (on rank 0)."""
         return weights.save_16bit_model(self, save_dir, save_filename)
-
-    # -- checkpoints (zerocore/checkpoint/) -------------------------------------------------
-    def save_checkpoint(self, save_dir: str, tag=None, client_state=None, async_save: bool = False):
-        """DeepSpeed's ``save_checkpoint``: every rank writes the optimizer state it owns, rank 0 the
-        manifest; ``save_dir/<tag>`` (default ``global_step<N>``) appears, and ``save_dir/latest``
-        names it, only once complete. A collective. Returns the tag directory; with ``async_save``
-        a handle whose ``wait()`` returns it (the state is copied to host memory first, then written
-        in the background; the next save or load waits for it)."""
-        from ..checkpoint import async_save as asv
-        from ..checkpoint.save import save_checkpoint
-
-        if async_save:
-            return asv.save_async(self, save_dir, tag, client_state)
-        asv.wait_pending(self)
-        return save_checkpoint(self, save_dir, tag, client_state)
-
-    def load_checkpoint(self, load_dir: str, tag=None, load_optimizer_states: bool = True,
-                        load_module_only: bool = False, load_lr_scheduler_states: bool = True):
-        """DeepSpeed's ``load_checkpoint``: ``(path, client_state)``; ``(None, None)`` with a warning
-        when ``tag`` is None and there is no checkpoint. Loads a checkpoint of any world size and
-        stage. ``load_module_only``: weights only (optimizer, counters, lr and scaler stay as
-        they are); ``load_lr_scheduler_states``: the lr schedule's position too. A collective."""
-        from ..checkpoint.async_save import wait_pending
-        from ..checkpoint.load import load_checkpoint
-
-        wait_pending(self)
-        return load_checkpoint(self, load_dir, tag, load_optimizer_states, load_module_only,
-                               load_lr_scheduler_states)
