@@ -114,6 +114,9 @@ fi
 # library). DS_BUILD_OPS=0: DeepSpeed's ops are JIT-built when a test needs one, not at install.
 if [ "${ZC_MINIMAL:-0}" != 0 ]; then
   say "ZC_MINIMAL set: not installing deepspeed, transformers, trl, peft, lightning, accelerate (their tests skip)"
+  present=$("$PY" -c "import importlib.util as u, sys; print(' '.join(m for m in sys.argv[1:] if u.find_spec(m)))" \
+            deepspeed transformers trl peft lightning accelerate)
+  [ -z "$present" ] || say "note: $where already has $present (from an earlier run); remove .venv for a run without"
 else
   optional=(deepspeed transformers trl peft lightning accelerate)
   if ! "$PY" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" \
