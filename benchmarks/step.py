@@ -238,8 +238,13 @@ def parse_args(argv=None):
         args.variants = sv.PRESETS[args.preset]
     wanted = args.variants or (sv.CUDA_DEFAULT if args.device == "cuda" else sv.CPU_DEFAULT)
     args.skipped = {v: why for v in wanted if (why := sv.unavailable(v, args.device))}
-    if args.variants and args.skipped:
+    # Variants named one by one must all run; a preset or the default list drops the peers that
+    # cannot run here (a library not installed, another device) and says which and why.
+    if args.variants and args.skipped and not args.preset:
         ap.error("; ".join(f"{v} {why}" for v, why in args.skipped.items()))
+    if args.preset:
+        for v, why in args.skipped.items():
+            print(f"step.py: preset {args.preset}: leaving out {v}: {why}", file=sys.stderr)
     args.variants = [v for v in wanted if v not in args.skipped]
     return args
 

@@ -167,7 +167,7 @@ def test_demo_runs_two_ranks_with_torchrun():
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         out = r.stdout
         assert f"ZeRO stage {stage}, 2 ranks" in out and "median step" in out
-        assert "rank 0:" in out and "rank 1:" in out and "x stage 0's" in out and "sample:" in out
+        assert "rank 0 " in out and "rank 1 " in out and "stage 0 would hold" in out and "after training:" in out
         line = next(ln for ln in out.splitlines() if ln.startswith("loss curve"))
         curves[stage] = [float(v) for v in line.split(":", 1)[1].split()]
     # stage 3 really partitions (one unit per Block + the root) and trains like stage 2

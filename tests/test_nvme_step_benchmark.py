@@ -3,6 +3,7 @@ and a tiny world-1 run whose swap bytes per step are the owned optimizer state, 
 once, and whose refused configurations are reported, not fatal."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -28,10 +29,28 @@ def test_per_step_sums_bytes_over_ranks_and_takes_the_slowest_rank():
 
 def test_nvme_preset():
     a = step.parse_args(["--preset", "nvme"])
+    # zerocore's variants and DDP need nothing optional: they run on any machine
     assert {"zerocore_stage3_nvme", "zerocore_stage3_nvme_param", "zerocore_stage3", "ddp_torch_adamw"} <= set(
-        a.variants + list(a.skipped))
+        a.variants)
+    assert set(a.variants) | set(a.skipped) == set(sv.NVME)
     with pytest.raises(SystemExit):
         step.parse_args(["--preset", "nvme", "--variants", "zerocore_stage3"])
+
+
+@pytest.mark.parametrize("preset", sorted(sv.PRESETS))
+def test_preset_leaves_out_peers_that_are_not_installed(preset, monkeypatch, capsys):
+    """On a machine without DeepSpeed a preset runs zerocore's part and names what it left out;
+    a variant asked for by name that cannot run is still an error."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    a = step.parse_args(["--preset", preset])
+    deepspeed = [v for v in sv.PRESETS[preset] if v.startswith("deepspeed")]
+    assert deepspeed and a.skipped == {v: "needs deepspeed (not installed)" for v in deepspeed}
+    assert a.variants == [v for v in sv.PRESETS[preset] if v not in deepspeed]
+    err = capsys.readouterr().err
+    assert all(f"leaving out {v}: needs deepspeed (not installed)" in err for v in deepspeed)
+    with pytest.raises(SystemExit):
+        step.parse_args(["--variants", "zerocore_stage3", deepspeed[0]])
 
 
 @pytest.mark.slow  # spawns a rank, builds three stage-3 engines: ~1 min on the loaded 2-core VM

@@ -60,6 +60,12 @@ class TinyGPT(nn.Module):
 
 HEADS = 4
 WINDOW = 10  # steps averaged at each end of the run to judge that the loss went down
+# What the model learned, shown on a line of the corpus: its guess for every next character from
+# the characters before it, beside the text, before and after training. A model this small and
+# this briefly trained (300 steps, ~30 s) gets words' continuations, spaces and common short words
+# right and little else; a free-running sample from it (greedy: "the the the ...", or drawn at a
+# temperature: near-words and long runs of indentation spaces) hides that, the guesses show it.
+PASSAGE = "Assignment statements are used to (re)bind names to values and to"
 
 
 def _at_least(low: int):
@@ -174,6 +180,19 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:.2f} MB"
 
 
+def guesses(engine, model: TinyGPT, stoi: dict, chars: list, ctx: int) -> tuple[str, str, int]:
+    """(the text after PASSAGE's first character, the model's greedy guess for each of its
+    characters from the ones before it, how many guesses are right). Every rank runs the forward
+    (stage 3 gathers in it)."""
+    text = PASSAGE[:ctx + 1]
+    model.eval()
+    with torch.no_grad():
+        logits = engine(torch.tensor([[stoi[c] for c in text[:-1]]]))[0].float()
+    model.train()
+    guess = "".join(chars[i] for i in logits.argmax(-1).tolist())
+    return text[1:], guess, sum(g == t for g, t in zip(guess, text[1:]))
+
+
 def train_rank(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
@@ -204,6 +223,7 @@ def train_rank(args: argparse.Namespace) -> int:
     # every rank draws its own batches from one seeded stream
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    before = guesses(engine, model, stoi, chars, args.ctx)
     losses, times = [], []
     bar = range(args.steps)
     if rank == 0:
@@ -234,32 +254,33 @@ def train_rank(args: argparse.Namespace) -> int:
     first = sum(losses[:max(w, 1)]) / max(w, 1)
     last = sum(losses[-max(w, 1):]) / max(w, 1)
     med = sorted(times[len(times) // 5:] or times)[len(times[len(times) // 5:] or times) // 2]  # after warm-up
+    after = guesses(engine, model, stoi, chars, args.ctx)
     if rank == 0:
         bar.close()
-        print(f"loss {first:.3f} -> {last:.3f} (uniform guess {math.log(len(chars)):.3f}); "
-              f"median step {med * 1e3:.1f} ms")
+        n = max(w, 1)
+        print(f"loss (cross-entropy per character, mean over ranks; a uniform guess scores "
+              f"{math.log(len(chars)):.3f}): step 1 {losses[0]:.3f}; mean of steps 1-{n} {first:.3f} -> mean of "
+              f"steps {len(losses) - n + 1}-{len(losses)} {last:.3f}; median step {med * 1e3:.1f} ms")
         every = max(1, len(losses) // 10)
-        print("loss curve (every " + str(every) + " steps): " + " ".join(f"{v:.4f}" for v in losses[::every]))
-        print(f"model states held per rank (params {_mb(mem['params'])}, grads {_mb(mem['grads'])}, "
-              f"master+m+v {_mb(mem['master'] + mem['exp_avg'] + mem['exp_avg_sq'])}, buckets {_mb(mem['buckets'])} "
-              f"on rank 0):")
-        for r, t in enumerate(totals):
-            print(f"  rank {r}: {_mb(t)} = {t / stage0:.2f}x stage 0's {_mb(stage0)} (16 bytes/param; "
-                  f"{(t - mem['buckets']) / stage0:.2f}x without the gradient buckets)")
+        print(f"loss curve (steps 1, {1 + every}, {1 + 2 * every}, ...): " +
+              " ".join(f"{v:.3f}" for v in losses[::every]))
+        print(f"model state held per rank (on rank 0: params {_mb(mem['params'])}, grads {_mb(mem['grads'])}, "
+              f"master+m+v {_mb(mem['master'] + mem['exp_avg'] + mem['exp_avg_sq'])}"
+              + (f", gradient buckets {_mb(mem['buckets'])}" if mem["buckets"] else "") +
+              f"); stage 0 would hold {_mb(stage0)} (16 bytes/param) on each:")
+        print("  " + ", ".join(f"rank {r} {_mb(t)} = {t / stage0:.2f}x" for r, t in enumerate(totals)))
         if engine.gatherer is not None:
             units = [u for u in engine.gatherer.units if u.padded]
             size = torch.empty((), dtype=engine.dtype).element_size()
             print(f"stage 3: {len(units)} units gathered one at a time (+ prefetch); peak gathered "
                   f"{_mb(engine.gatherer.peak_live * size)} (largest unit {_mb(max(u.padded for u in units) * size)})")
-    # a few greedy characters; every rank runs the forward (stage 3 will gather in it)
-    model.eval()
-    with torch.no_grad():
-        idx = torch.tensor([[stoi[c] for c in "The "]])
-        for _ in range(80):
-            nxt = engine(idx[:, -args.ctx:])[0, -1].float().argmax()
-            idx = torch.cat([idx, nxt.view(1, 1)], dim=1)
-    if rank == 0:
-        print("sample: " + repr("".join(chars[i] for i in idx[0].tolist())))
+        text, _, _ = after
+        print("next-character guesses on a line of the corpus (each from the characters before it; '|' = right):")
+        print(f"  text:            {text}")
+        for when, (_, guess, right) in (("before training:", before), ("after training: ", after)):
+            shown = "".join(c if c.isprintable() else "_" for c in guess)  # a guessed newline: "_"
+            print(f"  {when} {shown}  ({right}/{len(text)} right)")
+        print("  right after:     " + "".join("|" if g == t else " " for g, t in zip(after[1], text)))
     ok = last < first or not judged
     if rank == 0 and not judged:
         print(f"(too few steps to judge the loss: give --steps {WINDOW} or more)")

@@ -5,7 +5,16 @@ their units; parameters partitioned by ``zerocore.init`` and not yet in an engin
 one by one). With ``modifier_rank`` set, that rank's edits are what counts: on exit they are
 broadcast to every rank and written back into the shards, including the fp32 master copy of
 the optimizer (only for the parameters named, so the others keep their full fp32 precision).
-Without it, edits are discarded on exit (reading is what the context is for): gathered copies
+Inside the block gradient mode is off when ``modifier_rank`` is given, so
+``model.head.weight.zero_()`` edits the parameter in place as written (DeepSpeed's
+``GatheredParameters`` leaves the mode as it is, and its own ``weight.zero_()`` example needs an
+outer ``torch.no_grad()``); outside it, torch would refuse an in-place change of a leaf that
+requires grad. An exception inside the block on one rank is agreed on at exit: that rank
+re-raises it, the others raise a ``RuntimeError`` naming it, and nothing is broadcast or written
+back (no rank is left waiting for the write-back's broadcast; at stage 3 the gathered copies,
+with any partial edit, are dropped; at stages 0-2 the parameters are the live ones, so a partial
+edit stays on the rank that made it). Without ``modifier_rank`` edits are
+discarded on exit (reading is what the context is for): gathered copies
 are dropped, and a stage-3 parameter that was whole already (a persistent one, or a unit
 gathered by a forward under way) is restored from a copy taken on entry. At stages 0-2 the
 parameters are always whole and nothing is gathered or copied: edit them only with
@@ -91,8 +100,22 @@ def gathered(params, modifier_rank: int | None = None):
                 p.data = gather_full(p, comm).clone()
                 rec.open = True
                 inits.append((p, rec))
-        yield params
-        if modifier_rank is not None:
+        if modifier_rank is None:
+            yield params
+        else:
+            raised = None
+            try:
+                with torch.no_grad():  # the edit is no operation of any graph
+                    yield params
+            except Exception as exc:  # noqa: BLE001 - agreed with the other ranks, then re-raised
+                raised = exc
+            failed = _ranks_that_raised(comm, raised is not None)
+            if raised is not None:
+                raise raised
+            if failed:
+                raise RuntimeError(
+                    f"zerocore.gathered: rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))} raised "
+                    "an exception inside the block (its error says which); the edits were discarded on every rank")
             with torch.no_grad():
                 for engine, gi, slots in engine_groups.values():
                     _write_back(engine, gi, slots, modifier_rank)
@@ -113,6 +136,13 @@ def gathered(params, modifier_rank: int | None = None):
         for engine, g in opened:
             if g.param_state.value is ParamState.GATHERED:
                 g.free_full()
+
+
+def _ranks_that_raised(comm, raised: bool) -> list[int]:
+    """Every rank learns which ranks left the block by an exception, in one small collective, so
+    no rank waits in the write-back's broadcast for a rank that will never come."""
+    flags = comm.sum_floats([1.0 if raised and r == comm.rank else 0.0 for r in range(comm.world)])
+    return [r for r, f in enumerate(flags) if f]
 
 
 def _write_back(engine, gi: int, slots: list[int], src: int) -> None:
