@@ -85,6 +85,8 @@ def main():
             tiny_model().save_pretrained(src)
         torch.distributed.barrier() if torch.distributed.is_initialized() else None
         model = zt.from_pretrained(LlamaForCausalLM, src, zero_config(o))
+        # parameters built partitioned by zerocore.init: this rank holds only its chunk of each
+        result["partitioned_at_load"] = sum(hasattr(p, "_zc_init") for p in model.parameters())
     else:
         model = tiny_model()
     if o["lora"] == "1":
@@ -102,6 +104,15 @@ def main():
         sargs.dataset_kwargs = {"skip_prepare_dataset": True}
         sargs.packing = False
         kw["args"] = sargs
+        import datasets
+        from tokenizers import Tokenizer, models
+        from transformers import PreTrainedTokenizerFast
+
+        # a word-level vocabulary built here: SFTTrainer pads with its tokenizer (nothing downloaded)
+        tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(
+            {f"t{i}": i for i in range(VOCAB)}, unk_token="t0")), pad_token="t0", eos_token="t1")
+        kw["train_dataset"] = datasets.Dataset.from_dict({"input_ids": data.ids.tolist()})
+        kw["processing_class"] = tok
         base = SFTTrainer
     else:
         base = transformers.Trainer
@@ -112,6 +123,10 @@ def main():
     else:
         trainer = base(**kw)
     trainer.train(resume_from_checkpoint=o["resume"] or None)
+    # what the optimizer steps (LoRA: the adapters only) is exactly what requires grad
+    in_opt = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
+    result["optimizer_is_trainable"] = in_opt == {id(p) for p in model.parameters() if p.requires_grad}
+    result["optimizer_params"] = len(in_opt)
     logs = [h for h in trainer.state.log_history if "loss" in h]
     result.update(losses=[h["loss"] for h in logs], lrs=[h["learning_rate"] for h in logs],
                   grad_norms=[h.get("grad_norm") for h in logs], steps=[h["step"] for h in logs])

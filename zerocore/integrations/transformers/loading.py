@@ -14,7 +14,7 @@ import torch
 
 import zerocore
 from ...runtime.gathered import owner_of
-from .config import read_config, zero_stage
+from .config import zero_stage
 
 
 def from_pretrained(model_cls, pretrained_path: str, zerocore_config, *, dtype: torch.dtype | None = None,
@@ -30,8 +30,11 @@ def from_pretrained(model_cls, pretrained_path: str, zerocore_config, *, dtype: 
     from transformers import AutoConfig
 
     model_config = AutoConfig.from_pretrained(pretrained_path, **config_kwargs)
+    from transformers.initialization import no_init_weights
+
     stage3 = {"zero_optimization": {"stage": 3}}  # zerocore.init reads only the stage; "auto"s stay unfilled
-    with zerocore.init(stage3, dtype=dtype):
+    # no random initialisation (every value is loaded next; as Transformers builds DeepSpeed's ZeRO-3 models)
+    with no_init_weights(), zerocore.init(stage3, dtype=dtype):
         if hasattr(model_cls, "from_config"):
             model = model_cls.from_config(model_config)
         else:
