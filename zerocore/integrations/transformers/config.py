@@ -9,9 +9,7 @@ use its own default), and ``train_batch_size`` left out is not needed (the engin
 """
 from __future__ import annotations
 
-import copy
-import json
-import os
+from .._wrapping import read_config
 
 # (config key, TrainingArguments value getter, the argument's name, must match when not "auto")
 _FROM_ARGS = (
@@ -29,19 +27,6 @@ _FROM_ARGS = (
     ("fp16.enabled", lambda a: bool(a.fp16 or a.fp16_full_eval), "fp16|fp16_full_eval", True),
     ("bf16.enabled", lambda a: bool(a.bf16 or a.bf16_full_eval), "bf16|bf16_full_eval", True),
 )
-
-
-def read_config(config) -> dict:
-    """A deep copy of a config dict, or the dict in a JSON file (the error names the file)."""
-    if isinstance(config, (str, os.PathLike)):
-        try:
-            with open(config) as f:
-                return json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"zerocore config file {os.fspath(config)!r}: {e}") from e
-    if not isinstance(config, dict):
-        raise TypeError(f"zerocore config: expected a dict or a JSON path, got {type(config).__name__}")
-    return copy.deepcopy(config)
 
 
 def _node(cfg: dict, key: str):

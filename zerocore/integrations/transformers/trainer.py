@@ -22,33 +22,11 @@ import os
 import warnings
 
 import torch
-from torch import nn
-
 from .._common import EngineOptimizer, backward_divided, global_grad_norm, initialize, optimizer_section, sync_lr
-from .config import fill_auto, read_config
+from .._wrapping import EngineModule, read_config
+from .config import fill_auto
 
 SCHEDULER_NAME = "scheduler.pt"
-
-
-class _EngineModule(nn.Module):
-    """What the Trainer calls as its wrapped model: forward through the engine."""
-
-    def __init__(self, engine):
-        super().__init__()
-        self.module = engine.module
-        self.__dict__["_zc_engine"] = engine  # not a submodule
-
-    def forward(self, *args, **kwargs):
-        return self._zc_engine(*args, **kwargs)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        pass  # the engine clears its gradients at each update
-
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self.__dict__["_modules"]["module"], name)
 
 
 class _EngineScheduler:
@@ -110,7 +88,7 @@ class ZeroTrainerMixin:
             cfg["optimizer"], groups = optimizer_section(self.optimizer)
         engine = initialize(self.model, cfg, groups)
         self.zerocore_engine = engine
-        self._zc_wrapper = _EngineModule(engine)
+        self._zc_wrapper = EngineModule(engine)
         self._zc_owns_schedule = "scheduler" in cfg
         if self._zc_owns_schedule:
             if getattr(engine, "lr_scheduler", None) is None:
