@@ -108,3 +108,19 @@ def test_lora_steps_and_saves_only_adapters(tmp_path):
     assert "adapter_model.safetensors" in got["saved_files"] and "model.safetensors" not in got["saved_files"]
     assert all("lora_" in k for k in got["adapter_keys"]) and len(got["adapter_keys"]) == 8
     assert got["adapter_max_diff"] == 0.0
+
+
+@pytest.mark.slow
+def test_stage3_evaluates_and_loads_best_model(tmp_path):
+    got = run(tmp_path, "best", "stage=3", "save_steps=10", "best=1")
+    assert len(got["eval_losses"]) == 3  # evaluation at steps 10, 20, 30 through the stage-3 engine
+    # "best" = the highest eval loss (greater_is_better): an early checkpoint, not the last weights
+    best = got["best_checkpoint"]
+    assert best.endswith(f"checkpoint-{10 * (1 + got['eval_losses'].index(max(got['eval_losses'])))}")
+    assert not best.endswith("checkpoint-30"), got["eval_losses"]
+    from safetensors.torch import load_file
+
+    saved = load_file(os.path.join(best, "model.safetensors"))
+    # the final weights are the best checkpoint's (only the first 64 values of each are reported)
+    assert max(max(abs(a - b) for a, b in zip(saved[k].reshape(-1)[:64].tolist(), got["weights"][k]))
+               for k in saved) == 0.0

@@ -19,7 +19,7 @@ VOCAB, SEQ = 96, 16
 
 def opts():
     o = dict(backend="zerocore", stage="2", offload="0", steps="30", save_steps="0", resume="", trainer="trainer",
-             lora="0", gen="0", init="0", acc="2", wd="0.0")
+             lora="0", gen="0", init="0", acc="2", wd="0.0", best="0")
     for a in sys.argv[2:]:
         k, v = a.split("=", 1)
         o[k] = v
@@ -75,7 +75,10 @@ def main():
         max_steps=steps, learning_rate=3e-3, warmup_steps=5, lr_scheduler_type="linear", weight_decay=float(o["wd"]),
         max_grad_norm=1.0, logging_steps=1, save_strategy="steps" if int(o["save_steps"]) else "no",
         save_steps=int(o["save_steps"]) or 500, use_cpu=True, ddp_backend="gloo", report_to=[], seed=0,
-        disable_tqdm=True, dataloader_num_workers=0)
+        disable_tqdm=True, dataloader_num_workers=0,
+        **(dict(eval_strategy="steps", eval_steps=int(o["save_steps"]), load_best_model_at_end=True,
+                metric_for_best_model="loss", greater_is_better=True, per_device_eval_batch_size=4)
+           if o["best"] == "1" else {}))
     result = {}
     if o["init"] == "1":  # a model saved by plain from-config, loaded partitioned under stage 3
         import zerocore.integrations.transformers as zt
@@ -96,6 +99,8 @@ def main():
                                                  lora_dropout=0.0))
     data = Tokens(steps * 4 * acc * world)
     kw = dict(model=model, args=args, train_dataset=data)
+    if o["best"] == "1":  # a held-out set whose loss picks the checkpoint loaded at the end
+        kw["eval_dataset"] = torch.utils.data.Subset(Tokens(64), range(40, 64))
     if o["trainer"] == "sft":
         from trl import SFTConfig, SFTTrainer
 
@@ -128,6 +133,8 @@ def main():
     result["optimizer_is_trainable"] = in_opt == {id(p) for p in model.parameters() if p.requires_grad}
     result["optimizer_params"] = len(in_opt)
     logs = [h for h in trainer.state.log_history if "loss" in h]
+    result["eval_losses"] = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
+    result["best_checkpoint"] = trainer.state.best_model_checkpoint
     result.update(losses=[h["loss"] for h in logs], lrs=[h["learning_rate"] for h in logs],
                   grad_norms=[h.get("grad_norm") for h in logs], steps=[h["step"] for h in logs])
     eng = getattr(trainer, "zerocore_engine", None)

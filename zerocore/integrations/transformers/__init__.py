@@ -15,7 +15,7 @@ import transformers  # noqa: E402
 # the Trainer methods the mixin overrides; a Transformers without them is not one this was built for
 _OVERRIDDEN = ("create_optimizer", "create_scheduler", "_wrap_model", "training_step", "_clip_grad_norm",
                "_get_grad_norm", "_save_optimizer_and_scheduler", "_load_optimizer_and_scheduler",
-               "_load_from_checkpoint", "save_model", "_save")
+               "_load_from_checkpoint", "_load_best_model", "save_model", "_save")
 _missing = [m for m in _OVERRIDDEN if not hasattr(transformers.Trainer, m)]
 if _missing:
     raise ImportError(f"zerocore.integrations.transformers supports transformers >=5.0,<6 (tested with 5.24); "

@@ -159,6 +159,14 @@ class ZeroTrainerMixin:
 
         load_pretrained_weights(self.model, resume_from_checkpoint)
 
+    def _load_best_model(self) -> None:
+        # load_best_model_at_end: the weights of the best checkpoint's zerocore checkpoint, into the
+        # engine's shards and master copy (a load_state_dict on the module would miss the master)
+        best = self.state.best_model_checkpoint
+        path, _ = self.zerocore_engine.load_checkpoint(best, load_module_only=True)
+        if path is None:
+            raise FileNotFoundError(f"zerocore: the best checkpoint {best} holds no zerocore checkpoint")
+
     # -- weights out ---------------------------------------------------------------------
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         engine = self.zerocore_engine
