@@ -192,7 +192,8 @@ def parse_args(argv=None):
     ap.add_argument("--variants", nargs="+", default=None, choices=VARIANTS,
                     help="default: every variant that runs on the device and whose package is installed")
     ap.add_argument("--preset", choices=sorted(sv.PRESETS), default=None,
-                    help="a named list of variants instead of --variants (offload: issue 12, nvme: issue 13)")
+                    help="a named list of variants instead of --variants (offload: issue 12, nvme: issue 13, "
+                         "face: zerocore.deepspeed with groups and a schedule, a client SGD)")
     nv = ap.add_argument_group("NVMe variants (*_nvme*): the same settings for zerocore and DeepSpeed")
     nv.add_argument("--nvme-dir", default=None,
                     help="where the swap files go (default: a fresh folder under the temp dir; removed at the end)")
@@ -333,6 +334,11 @@ def main(argv=None) -> dict:
               if a != b and b in args.variants]
     if "zerocore_stage3" in args.variants and "zerocore_stage3_nocheck" in args.variants:
         pairs.append(("zerocore_stage3", "zerocore_stage3_nocheck"))
+    # the DeepSpeed face: against the native engine's same stage; its client SGD against DDP's SGD
+    pairs += [(a, a.replace("face_", "")) for a in args.variants
+              if a.startswith("zerocore_face_stage") and a.replace("face_", "") in args.variants]
+    if "zerocore_face_sgd_stage2" in args.variants and "ddp_torch_sgd" in args.variants:
+        pairs.append(("zerocore_face_sgd_stage2", "ddp_torch_sgd"))
     if pairs:
         print(f"\n{'ratio (median step time)':<52}{'overall':>9}{'per-round min':>15}{'median':>8}{'max':>8}")
     for a, b in pairs:

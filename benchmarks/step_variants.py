@@ -216,8 +216,19 @@ def _nvme_keys(a, name: str, params: bool, buffers: int) -> dict:
     return z
 
 
-def _zerocore(stage: int, check: bool = True, offload: bool = False, nvme: str | None = None):
-    """``nvme``: None, "opt" (optimizer state on NVMe) or "param" (and the parameter shards)."""
+def decay_groups(model) -> list[dict]:
+    """Two hyper-parameter groups as LLM recipes make them: decay on matrices, none (and half the
+    lr) on biases and norms."""
+    ps = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in ps if p.ndim >= 2]},
+            {"params": [p for p in ps if p.ndim < 2], "weight_decay": 0.0, "lr": LR / 2}]
+
+
+def _zerocore(stage: int, check: bool = True, offload: bool = False, nvme: str | None = None,
+              groups: bool = False, sgd: bool = False):
+    """``nvme``: None, "opt" (optimizer state on NVMe) or "param" (and the parameter shards).
+    ``groups``: two hyper-parameter groups and a WarmupLR schedule; ``sgd``: a client
+    torch.optim.SGD with momentum instead of the config's AdamW."""
     def build(model, ctx):
         import zerocore
 
@@ -234,7 +245,14 @@ def _zerocore(stage: int, check: bool = True, offload: bool = False, nvme: str |
             cfg["aio"] = aio_section(a)
         if ctx.cuda:
             cfg["bf16"] = {"enabled": True}
-        engine = zerocore.initialize(model, cfg)
+        kw = {}
+        if groups:
+            cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_num_steps": 1000, "warmup_max_lr": LR}}
+            kw["model_parameters"] = decay_groups(model)
+        if sgd:
+            del cfg["optimizer"]
+            kw["optimizer"] = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=WD)
+        engine = zerocore.initialize(model, cfg, **kw)
         return _engine_step(engine)
     return build
 
@@ -242,6 +260,9 @@ def _zerocore(stage: int, check: bool = True, offload: bool = False, nvme: str |
 for _s in range(4):
     variant(f"zerocore_stage{_s}")(_zerocore(_s))
 variant("zerocore_stage3_nocheck")(_zerocore(3, check=False))
+for _s in (1, 2, 3):
+    variant(f"zerocore_stage{_s}_groups")(_zerocore(_s, groups=True))
+variant("zerocore_stage2_sgd")(_zerocore(2, sgd=True))
 variant("zerocore_stage2_offload")(_zerocore(2, offload=True))
 variant("zerocore_stage3_offload")(_zerocore(3, offload=True))
 variant("zerocore_stage3_nvme")(_zerocore(3, nvme="opt"))
@@ -289,6 +310,47 @@ variant("deepspeed_stage3_offload", needs="deepspeed")(_deepspeed(3, offload=Tru
 variant("deepspeed_stage3_nvme", needs="deepspeed")(_deepspeed(3, nvme="opt"))
 variant("deepspeed_stage3_nvme_param", needs="deepspeed")(_deepspeed(3, nvme="param"))
 
+def _face(stage: int, client_sgd: bool = False):
+    """Through ``zerocore.deepspeed.initialize`` as a DeepSpeed script calls it: two hyper-parameter
+    groups (decay on matrices, none on biases and norms) and a WarmupLR schedule whose warm-up is
+    over (so the lr equals the single-group variant's), or a client torch SGD with momentum."""
+    def build(model, ctx):
+        import zerocore.deepspeed as deepspeed
+
+        a = ctx.args
+        z = {"stage": stage, "reduce_bucket_size": int(a.bucket), "overlap_comm": True}
+        if stage == 3:
+            z.update(stage3_config(model, UNIT_CLASS[a.model], a.persist))
+        cfg = {"train_micro_batch_size_per_gpu": a.batch, "gradient_clipping": 0.0, "zero_optimization": z,
+               "steps_per_print": 10 ** 9}
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        rest = [p for p in model.parameters() if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": WD}, {"params": rest, "weight_decay": 0.0}]
+        if client_sgd:
+            engine, *_ = deepspeed.initialize(model=model, config=cfg,
+                                              optimizer=torch.optim.SGD(groups, lr=LR, momentum=0.9))
+            return _engine_step(engine)
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}}
+        cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": LR,
+                                                           "warmup_num_steps": 1}}
+        if ctx.cuda:
+            cfg["bf16"] = {"enabled": True}
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=groups, config=cfg)
+        return _engine_step(engine)
+    return build
+
+
+for _s in (1, 2, 3):
+    variant(f"zerocore_face_stage{_s}")(_face(_s))
+variant("zerocore_face_sgd_stage2", devices=("cpu",))(_face(2, client_sgd=True))
+
+
+@variant("ddp_torch_sgd", devices=("cpu",))
+def _ddp_torch_sgd(model, ctx):
+    ddp = _ddp(model, ctx)
+    return _torch_step(ddp, torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9, weight_decay=WD))
+
+
 CPU_DEFAULT = ["ddp_torch_adamw", "ddp_fused_adam", "fsdp2", "zerocore_stage0", "zerocore_stage1", "zerocore_stage2",
                "zerocore_stage3", "zerocore_stage3_nocheck"]
 CUDA_DEFAULT = ["torch_amp", "fsdp2", "deepspeed_stage1", "deepspeed_stage2", "deepspeed_stage3", "zerocore_stage0",
@@ -300,4 +362,11 @@ OFFLOAD = ["zerocore_stage2", "zerocore_stage2_offload", "deepspeed_stage2", "de
 # configuration, with stage 3 in memory and DDP for scale
 NVME = ["ddp_torch_adamw", "zerocore_stage3", "zerocore_stage3_nvme", "deepspeed_stage3_nvme",
         "zerocore_stage3_nvme_param", "deepspeed_stage3_nvme_param"]
-PRESETS = {"offload": OFFLOAD, "nvme": NVME}
+# the DeepSpeed face: groups + schedule vs the single-group engine; a client SGD vs DDP with SGD
+FACE = ["zerocore_stage1", "zerocore_face_stage1", "zerocore_stage2", "zerocore_face_stage2", "zerocore_stage3",
+        "zerocore_face_stage3", "ddp_torch_sgd", "zerocore_face_sgd_stage2"]
+# two hyper-parameter groups + a schedule beside one group (the cost of groups), and a client SGD
+# at stage 2 beside DDP with the same SGD
+GROUPS = ["zerocore_stage1", "zerocore_stage1_groups", "zerocore_stage2", "zerocore_stage2_groups",
+          "zerocore_stage3", "zerocore_stage3_groups", "ddp_torch_sgd", "zerocore_stage2_sgd"]
+PRESETS = {"offload": OFFLOAD, "nvme": NVME, "face": FACE, "groups": GROUPS}

@@ -52,7 +52,7 @@ def wait_pending(engine) -> None:
 
 
 @torch.no_grad()
-def save_async(engine, save_dir: str, tag=None, client_state=None) -> AsyncSave:
+def save_async(engine, save_dir: str, tag=None, client_state=None, save_latest: bool = True) -> AsyncSave:
     wait_pending(engine)
     tag = check_can_save(engine, tag)
     comm = getattr(engine, "_zc_side_comm", None)
@@ -65,7 +65,7 @@ def save_async(engine, save_dir: str, tag=None, client_state=None) -> AsyncSave:
         for lo, hi, state in shard.state_tiles(TILE_ELEMS):
             staged.append((g.layout, g.lo + lo, g.lo + hi,
                            {k: t.detach().to("cpu", copy=True) for k, t in state.items()}))
-    plan = make_plan(engine, tag, client_state, comm, lambda: iter(staged))
+    plan = make_plan(engine, tag, client_state, comm, lambda: iter(staged), save_latest=save_latest)
     plan.extras = [(names, kind, t.detach().to("cpu", copy=True)) for names, kind, t in plan.extras]
     handle = engine._zc_pending_save = AsyncSave(plan, os.fspath(save_dir))
     return handle

@@ -12,8 +12,9 @@ import warnings
 import torch
 
 from ..sharding import ParamState
+from . import engine_state
 from .layout import CheckpointError, read_manifest, resolve
-from .manifest import KINDS, model_differences, set_rng_state
+from .manifest import model_differences, set_rng_state
 from .reader import CheckpointReader
 from .save import TILE_ELEMS, _agree, aio_handle
 
@@ -21,7 +22,7 @@ MAX_LISTED = 10
 
 
 def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool = True,
-                    load_module_only: bool = False):
+                    load_module_only: bool = False, load_lr_scheduler_states: bool = True):
     path = resolve(load_dir, tag)
     if path is None:
         return None, None
@@ -38,7 +39,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         with CheckpointReader(path, manifest, aio) as reader:  # checks every file's presence and size
             reader.check_complete(saved_name.values())
             writing = True
-            _read_state(engine, reader, saved_name, KINDS if with_state else KINDS[:1])
+            _read_state(engine, reader, saved_name, engine_state.kinds_to_read(engine, manifest, with_state))
             _read_extras(engine, reader)
             if not load_module_only:
                 client_state = reader.read_client_state()
@@ -53,6 +54,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
     _refresh_params(engine)
     if not load_module_only:
         _restore_counters(engine, manifest, with_state)
+        engine_state.restore(engine, manifest, load_lr_scheduler_states, with_state)
     return path, (client_state if not load_module_only else {})
 
 
@@ -62,8 +64,7 @@ def _read_state(engine, reader: CheckpointReader, saved_name: dict[str, str], ki
         g = shard.group
         for lo, hi, state in shard.state_tiles(TILE_ELEMS, write=True):
             base = g.lo + lo
-            for k in KINDS:
-                dst = state[k]
+            for k, dst in state.items():
                 host = dst if dst.device.type == "cpu" and dst.is_contiguous() else torch.empty(
                     dst.shape, dtype=torch.float32)
                 host.zero_()  # padding, and the moments when only weights are loaded
@@ -104,9 +105,10 @@ def _restore_counters(engine, manifest: dict, with_state: bool) -> None:
     engine.micro_steps = c["micro_steps"] if c["micro_steps"] % engine.gas == 0 else c["global_steps"] * engine.gas
     engine.global_steps = c["global_steps"]
     engine.skipped_steps = c["skipped_steps"]
+    batch = engine.train_batch_size()
+    engine.global_samples = c.get("global_samples", c["global_steps"] * (batch or 0))
     # Adam's bias correction counts the updates the moments have seen: none when they start afresh
     engine.optimizer_steps = c["optimizer_steps"] if with_state else 0
-    engine.hyper.lr = manifest["hyper"]["lr"]
     saved = manifest["scaler"]
     s = engine.scaler
     if saved.get("dynamic") and s.dynamic:

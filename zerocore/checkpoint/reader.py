@@ -71,7 +71,7 @@ class CheckpointReader:
     def read_param(self, name: str, start: int, stop: int, kind: str, out: torch.Tensor) -> None:
         """Fills ``out`` (fp32, contiguous, on CPU, ``stop - start`` elements) with elements
         [start, stop) of parameter ``name``'s flattened ``kind`` (master / exp_avg / exp_avg_sq)."""
-        k = 3 + KINDS.index(kind)
+        k = 3 + self.manifest.get("kinds", KINDS).index(kind)
         chunks, starts = self.chunks.get(name, []), self._starts.get(name, [])
         dst = byte_view(out)
         pos = start

@@ -35,6 +35,7 @@ from .blockio import BlockWriter, byte_view
 from .layout import (LATEST, MANIFEST, TMP_PREFIX, CheckpointError, check_tag, exchange, fsync_dir, rank_file,
                      write_atomic)
 from ..sharding import FlatGroup
+from . import engine_state
 from .manifest import FORMAT, KINDS, VERSION, dtype_name, extra_tensors, rng_state, trainable_records
 
 TILE_ELEMS = 1 << 22  # 16 MiB of fp32 per state tensor per write
@@ -74,6 +75,7 @@ class SavePlan:
     meta: dict  # the manifest's fields that describe the engine
     rng: dict
     aio: dict | None  # AsyncIO settings (the config's aio section); None: the page cache
+    save_latest: bool = True  # replace save_dir/latest with this tag once published
 
 
 def live_tiles(engine):
@@ -100,7 +102,7 @@ def aio_handle(settings: dict | None):
         return None
 
 
-def make_plan(engine, tag: str, client_state, comm, tiles, use_aio: bool = True) -> SavePlan:
+def make_plan(engine, tag: str, client_state, comm, tiles, use_aio: bool = True, save_latest: bool = True) -> SavePlan:
     client = None
     if client_state is not None and engine.comm.rank == 0:
         buf = io.BytesIO()
@@ -111,16 +113,19 @@ def make_plan(engine, tag: str, client_state, comm, tiles, use_aio: bool = True)
         "format": FORMAT, "version": VERSION, "tag": tag, "world_size": engine.comm.world,
         "stage": engine.policy.stage, "dtype": dtype_name(engine.dtype),
         "counters": {"micro_steps": engine.micro_steps, "global_steps": engine.global_steps,
-                     "optimizer_steps": engine.optimizer_steps, "skipped_steps": engine.skipped_steps},
+                     "optimizer_steps": engine.optimizer_steps, "skipped_steps": engine.skipped_steps,
+                     "global_samples": engine.global_samples},
         "scaler": {k: v for k, v in vars(s).items() if isinstance(v, (bool, int, float))},
         "hyper": {**dataclasses.asdict(engine.hyper), "betas": list(engine.hyper.betas)},
+        **engine_state.saved(engine),
         "config": dataclasses.asdict(engine.config),
         "params": trainable_records(engine),
     }
     return SavePlan(comm=comm, tag=tag, writes_state=engine.policy.partitions(engine.comm.world) > 1
                     or engine.comm.rank == 0, tiles=tiles,
                     extras=extra_tensors(engine) if engine.comm.rank == 0 else [], client_bytes=client, meta=meta,
-                    rng=rng_state(), aio=dataclasses.asdict(engine.config.aio) if use_aio else None)
+                    rng=rng_state(), aio=dataclasses.asdict(engine.config.aio) if use_aio else None,
+                    save_latest=save_latest)
 
 
 def _write_rank(plan: SavePlan, tmp: str) -> dict:
@@ -134,7 +139,7 @@ def _write_rank(plan: SavePlan, tmp: str) -> dict:
     try:
         for layout, lo, hi, state in plan.tiles():
             offs = []
-            for k in KINDS:
+            for k in plan.meta.get("kinds", KINDS):
                 held, view = _flat_bytes(state[k])
                 offs.append(w.write(view, held))
                 del held
@@ -187,9 +192,10 @@ def check_can_save(engine, tag):
     return check_tag(f"global_step{engine.global_steps}" if tag is None else tag)
 
 
-def save_checkpoint(engine, save_dir: str, tag=None, client_state=None) -> str:
+def save_checkpoint(engine, save_dir: str, tag=None, client_state=None, save_latest: bool = True) -> str:
     tag = check_can_save(engine, tag)
-    return run_save(make_plan(engine, tag, client_state, engine.comm, live_tiles(engine)), os.fspath(save_dir))
+    return run_save(make_plan(engine, tag, client_state, engine.comm, live_tiles(engine), save_latest=save_latest),
+                    os.fspath(save_dir))
 
 
 def run_save(plan: SavePlan, save_dir: str) -> str:
@@ -265,5 +271,6 @@ def _publish(plan: SavePlan, save_dir: str, tmp: str) -> str | None:
     else:
         os.rename(tmp, final)
     fsync_dir(save_dir)
-    write_atomic(os.path.join(save_dir, LATEST), tag.encode())
+    if plan.save_latest:
+        write_atomic(os.path.join(save_dir, LATEST), tag.encode())
     return old

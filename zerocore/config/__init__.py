@@ -3,8 +3,8 @@ ColossalAI form (``parse.py``), with its documentation generated from it (``docs
 from .options import ConfigError
 from .parse import ConfigWarning, load_config, pending_features, require_implemented
 from .schema import (AioConfig, BF16Config, FP16Config, OffloadOptimizerConfig, OffloadParamConfig,
-                     OptimizerConfig, OptimizerParams, ZeroConfig, ZeroOptimizationConfig)
+                     OptimizerConfig, OptimizerParams, SchedulerConfig, ZeroConfig, ZeroOptimizationConfig)
 
 __all__ = ["ConfigError", "ConfigWarning", "load_config", "pending_features", "require_implemented", "ZeroConfig",
            "ZeroOptimizationConfig", "OffloadOptimizerConfig", "OffloadParamConfig", "FP16Config", "BF16Config",
-           "OptimizerConfig", "OptimizerParams", "AioConfig"]
+           "OptimizerConfig", "OptimizerParams", "SchedulerConfig", "AioConfig"]

@@ -25,8 +25,31 @@ dynamic loss scaling (`static_loss_scale`: a static one; `dynamic_loss_args` its
 `clip_grad` is `gradient_clipping`. A number given as `offload_param_config.fast_init` (the
 seed's slip) is taken as `max_in_cpu`, with a warning.
 
-Unknown top-level keys are named in one warning (a DeepSpeed file carries other subsystems'
-settings there). An unknown key inside a known section is an error naming it (with the nearest
+Defaults are DeepSpeed 0.19's: a DeepSpeed config trains the same under zerocore. The column
+"DeepSpeed 0.19" gives DeepSpeed's default for each key (read from the installed DeepSpeed by
+a test); where zerocore's differs, the table below the main one says why that changes no
+result. `gradient_clipping` defaults to 1.0 in both (DeepSpeed 0.19's
+`GRADIENT_CLIPPING_DEFAULT`; older DeepSpeed releases defaulted to 0, off): write
+`"gradient_clipping": 0` to train unclipped.
+
+Top-level keys zerocore has no field for: those that change nothing training computes
+(DeepSpeed's logging, monitoring and profiling sections such as `steps_per_print`,
+`wall_clock_breakdown`, `tensorboard`, `wandb`, `csv_monitor`, `flops_profiler`,
+`comms_logger`; the `activation_checkpointing` memory knobs) are accepted and named in one
+warning; a feature section switched off (`{"enabled": false}`) is accepted silently; any other
+(model/pipeline/sequence parallelism, compression, curriculum learning, ...) is an error naming
+the key, since ignoring it would train something else than the file asks for. The full list
+is at the end of this file.
+
+`activation_checkpointing` is accepted as memory-only: its keys (`partition_activations`,
+`cpu_checkpointing`, `contiguous_memory_optimization`, `number_checkpoints`,
+`synchronize_checkpoint_boundary`, `profile`) say where DeepSpeed keeps the activations saved at
+checkpoint boundaries, which trades memory for time and changes no value. A model that calls
+`deepspeed.checkpointing.checkpoint(fn, *args)` gets `zerocore.deepspeed.checkpointing.checkpoint`,
+which recomputes through `torch.utils.checkpoint` (RNG state restored, so dropout matches):
+the same values, activations kept where torch keeps them.
+
+An unknown key inside a known section is an error naming it (with the nearest
 known spelling); DeepSpeed keys that zerocore has no field for are accepted only with the value
 that asks for what zerocore does anyway (e.g. `ignore_unused_parameters: true`,
 `zero_quantized_weights: false`). A wrong type or value raises `ConfigError` naming the
@@ -52,8 +75,13 @@ def _fmt(value) -> str:
 
 
 def render() -> str:
-    rows = ["| key | default | allowed | meaning | status |", "|---|---|---|---|---|"]
+    from .deepspeed_defaults import DEEPSPEED_DEFAULTS, DIFFERS, ONLY_ZEROCORE
+
+    rows = ["| key | default | DeepSpeed 0.19 | allowed | meaning | status |", "|---|---|---|---|---|---|"]
     for key, _, spec, default in walk(ZeroConfig):
+        ds = DEEPSPEED_DEFAULTS[key]
+        ds_text = "(zerocore only)" if ds is ONLY_ZEROCORE else f"`{_fmt(ds)}`" + (" (see below)" if key in DIFFERS
+                                                                                   else "")
         names = list(spec.aliases) + [f"{d} (deprecated)" for d in spec.deprecated]
         meaning = spec.doc + (f" Also accepted as: {', '.join(names)}." if names else "")
         if spec.pending:
@@ -64,12 +92,14 @@ def render() -> str:
             status = f"only with {spec.applies}"
         else:
             status = "works"
-        rows.append(f"| `{key}` | `{_fmt(default)}` | {allowed_text(spec)} | {meaning} | {status} |")
+        rows.append(f"| `{key}` | `{_fmt(default)}` | {ds_text} | {allowed_text(spec)} | {meaning} | {status} |")
     sections = []
     for key, f, spec, _ in _sections(ZeroConfig, ""):
         if spec.aliases:
             sections.append(f"- `{key}` is also accepted as `{'`, `'.join(spec.aliases)}`.")
     text = HEADER + "\n".join(rows) + "\n"
+    text += "\nWhere zerocore's default is not DeepSpeed's:\n\n" + "\n".join(
+        f"- `{k}`: {why}" for k, why in DIFFERS.items()) + "\n"
     if sections:
         text += "\nSection aliases:\n" + "\n".join(sections) + "\n"
     return text + _foreign_table()
@@ -84,6 +114,13 @@ def _foreign_table() -> str:
         for key, (allowed, why) in keys.items():
             accepted = "any value" if allowed is ANY else " or ".join(f"`{_fmt(a)}`" for a in allowed)
             rows.append(f"| `{path}.{key}` | {accepted} | {why} |")
+    from .foreign import TOP_LEVEL
+
+    rows += ["", "DeepSpeed top-level keys accepted (any other top-level key is an error unless its section has "
+             "`\"enabled\": false`):", "", "| key | accepted | why |", "|---|---|---|"]
+    for key, (allowed, why) in TOP_LEVEL.items():
+        accepted = "any value" if allowed is ANY else " or ".join(f"`{_fmt(a)}`" for a in allowed)
+        rows.append(f"| `{key}` | {accepted} | {why} |")
     return "\n".join(rows) + "\n"
 
 

@@ -5,10 +5,12 @@ be dropped): it names the key, says what is allowed and suggests the nearest kno
 The exceptions are listed here: keys whose value, as given, asks for what zerocore does anyway
 (accepted silently) and that are an error with any other value, naming why.
 
-Unknown *top-level* keys stay a warning: a DeepSpeed ``ds_config.json`` carries settings of
-other subsystems there (``steps_per_print``, ``wall_clock_breakdown``, ``tensorboard``,
-``flops_profiler``, ``activation_checkpointing``...) that do not change what training computes,
-and an existing file must load.
+At the top level, a DeepSpeed ``ds_config.json`` also carries settings of other subsystems.
+Those that do not change what training computes (logging, monitoring, profiling, timers,
+activation-checkpointing memory knobs) are accepted and named in one warning; those that do
+(another parallelism, compression, data sampling...) are an error naming the key, unless the
+section is switched off (``{"enabled": false}``) or has the value that asks for what zerocore
+does anyway (``TOP_LEVEL`` below).
 """
 from __future__ import annotations
 
@@ -40,6 +42,30 @@ FOREIGN: dict[str, dict[str, tuple]] = {
         "allreduce_always_fp32": ((False,), "zerocore reduces in the training dtype"),
         "postscale_gradients": ((True,), "zerocore divides by the world size after reducing"),
         "gradient_predivide_factor": ((1, 1.0), "zerocore divides by the world size after reducing"),
+        "compute_grad_norm": ((True,), "zerocore always computes the global gradient norm"),
+        "load_from_fp32_weights": ((True,), "zerocore's checkpoints restore the fp32 master"),
+        "stage3_model_persistence_threshold": (ANY, "a DeepSpeed performance knob"),
+        "model_persistence_threshold": (ANY, "a DeepSpeed performance knob"),
+        "stage3_module_granularity_threshold": (ANY, "a DeepSpeed performance knob (zerocore: "
+                                                     "stage3_unit_min_params)"),
+        "stage3_use_all_reduce_for_fetch_params": (ANY, "a DeepSpeed performance knob"),
+        "stage3_allgather_sequential": (ANY, "a DeepSpeed performance knob"),
+        "parameter_alignment": (ANY, "a DeepSpeed memory-layout knob"),
+        "pipeline_loading_checkpoint": (ANY, "a DeepSpeed loading knob"),
+        "override_module_apply": (ANY, "zerocore.init lets module.apply run on the module being built"),
+        "enable_sanity_checks": (ANY, "a DeepSpeed debugging knob"),
+        "save_muon_momentum_buffer_in_memory": (ANY, "a DeepSpeed Muon knob"),
+        "zenflow": ((None,), "ZenFlow (stale CPU updates) is not implemented"),
+    },
+    "zero_optimization.offload_optimizer": {
+        "super_offload": ((False,), "SuperOffload is not implemented"),
+        "cpuadam_cores_perc": (ANY, "a DeepSpeed performance knob"),
+    },
+    "bf16": {
+        "immediate_grad_update": (ANY, "a DeepSpeed performance knob"),
+        "check_grad_overflow": ((True,), "zerocore always skips a step whose gradients hold Inf/NaN"),
+        "bf16_master_weights_and_grads": ((False,), "zerocore keeps an fp32 master"),
+        "bf16_optimizer_states": ((False,), "zerocore keeps the optimizer state in fp32"),
     },
     "fp16": {
         "auto_cast": ((False,), "zerocore does not cast inputs: feed them in the training dtype"),
@@ -53,6 +79,55 @@ FOREIGN: dict[str, dict[str, tuple]] = {
 }
 
 
+LOGGING = "logging, monitoring or profiling of DeepSpeed: no effect on what training computes"
+
+# top-level keys of DeepSpeed's config that zerocore has no field for: (values honoured, why)
+TOP_LEVEL: dict[str, tuple] = {
+    **{k: (ANY, LOGGING) for k in ("steps_per_print", "wall_clock_breakdown", "memory_breakdown", "tensorboard",
+                                   "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger", "timers",
+                                   "dump_state", "log_level", "autotuning")},
+    "activation_checkpointing": (ANY, "settings of deepspeed.checkpointing (zerocore.deepspeed.checkpointing): "
+                                      "partitioning or offloading checkpointed activations saves memory and "
+                                      "changes no value; zerocore recomputes them with torch.utils.checkpoint"),
+    "zero_force_ds_cpu_optimizer": (ANY, "a DeepSpeed check on client optimizers under offload"),
+    "optimizer_legacy_fusion": (ANY, "a DeepSpeed performance knob"),
+    "disable_python_gc": (ANY, "a DeepSpeed performance knob"),
+    "disable_allgather": ((False,), "zerocore refreshes parameters with all-gather"),
+    "prescale_gradients": ((False,), "zerocore divides by the world size after reducing"),
+    "gradient_predivide_factor": ((1, 1.0), "zerocore divides by the world size after reducing"),
+    "sparse_gradients": ((False,), "zerocore reduces dense gradients"),
+    "fp32_allreduce": ((False,), "zerocore reduces in the training dtype; for fp32 sums set "
+                                 "zero_optimization.reduce_dtype to \"fp32\""),
+    "communication_data_type": ((None,), "zerocore reduces in the training dtype; for fp32 sums set "
+                                         "zero_optimization.reduce_dtype to \"fp32\""),
+    "managed_gradient_accumulation": ((True,), "zerocore counts micro-batches itself (or follows "
+                                               "engine.set_gradient_accumulation_boundary)"),
+    "checkpoint": (ANY, "DeepSpeed's checkpoint-engine settings (tag validation, storage): zerocore's "
+                        "checkpoints are verified and reshardable on their own"),
+}
+
+
+def check_top_level(key: str, value) -> None:
+    """Accepts an unknown top-level ``key`` that does not change what training computes (the caller
+    names it in a warning); raises ConfigError naming it otherwise."""
+    entry = TOP_LEVEL.get(key)
+    if entry is None:
+        if isinstance(value, dict) and "enabled" in value and value["enabled"] is False:
+            return  # a feature section switched off asks for nothing
+        raise ConfigError(f"{key}: zerocore does not implement this DeepSpeed setting and it would change what "
+                          "training computes; remove the key (or set \"enabled\": false in its section)")
+    allowed, why = entry
+    if allowed is ANY or _matches(value, allowed):
+        return
+    raise ConfigError(f"{key}: got {value!r}; zerocore cannot honour it ({why}); allowed: "
+                      f"{' or '.join(repr(a) for a in allowed)}, or remove the key")
+
+
+def _matches(value, allowed) -> bool:
+    return any(value == a and type(value) is type(a) or
+               (isinstance(a, float) and not isinstance(value, bool) and value == a) for a in allowed)
+
+
 def check_unknown(path: str, key: str, value, known: list[str]) -> None:
     """Accepts ``key`` of section ``path`` when FOREIGN lists it with this value; raises
     ConfigError otherwise."""
@@ -60,9 +135,7 @@ def check_unknown(path: str, key: str, value, known: list[str]) -> None:
     entry = FOREIGN.get(path, {}).get(key)
     if entry is not None:
         allowed, why = entry
-        if allowed is ANY or any(value == a and type(value) is type(a) or
-                                 (isinstance(a, float) and not isinstance(value, bool) and value == a)
-                                 for a in allowed):
+        if allowed is ANY or _matches(value, allowed):
             return
         raise ConfigError(f"{full}: got {value!r}; zerocore cannot honour it ({why}); allowed: "
                           f"{' or '.join(repr(a) for a in allowed)}, or remove the key")

@@ -68,7 +68,7 @@ def _allowed(spec: Spec) -> str:
         text = ", ".join(repr(c) for c in spec.choices)
     else:
         text = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
-                list: "a list"}.get(spec.kind, str(spec.kind))
+                list: "a list", dict: "an object"}.get(spec.kind, str(spec.kind))
         bounds = []
         if spec.ge is not None:
             bounds.append(f">= {spec.ge:g}")
@@ -131,6 +131,10 @@ def coerce(key: str, value: Any, spec: Spec) -> Any:
         if not isinstance(value, (list, tuple)):
             raise bad()
         value = list(value)
+    elif kind is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise bad()
+        value = dict(value)
     if spec.choices is not None:
         if isinstance(value, str):
             match = [c for c in spec.choices if isinstance(c, str) and c.lower() == value.lower()]

@@ -4,8 +4,9 @@ ColossalAI form (``zero=dict(type='ZeroRedundancyOptimizer_Level_3', ...)``, tra
 
 An unknown key inside a known section is an error (``foreign.py`` lists the other libraries'
 keys accepted with a harmless value). Everything else a user might have got wrong is reported
-at once: one warning names every unknown top-level key, one every deprecated spelling, one
-every value that cannot take effect.
+at once: one warning names every accepted unknown top-level key (``foreign.TOP_LEVEL``: those
+that change nothing training computes; any other is an error), one every deprecated spelling,
+one every value that cannot take effect.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import os
 import warnings
 from typing import Any
 
-from .foreign import check_unknown
+from .foreign import check_top_level, check_unknown
 from .options import ConfigError, default_of, is_section, spec_of, walk
 from .schema import ZeroConfig
 from .seed_form import translate
@@ -68,11 +69,14 @@ def from_dict(data: dict) -> ZeroConfig:
     unknown: list[str] = []
     deprecated: list[str] = []
     notes: list[str] = []
-    cfg = _build(ZeroConfig, translate(data, notes), "", unknown, deprecated)
+    given = translate(data, notes)
+    cfg = _build(ZeroConfig, given, "", unknown, deprecated)
+    cfg.given_sections = frozenset(given)  # which top-level keys the file had (an optimizer section, ...)
     if notes:
         warnings.warn(f"zerocore config: {'; '.join(notes)}", ConfigWarning, stacklevel=3)
     if unknown:
-        warnings.warn(f"zerocore config: unknown keys ignored: {', '.join(unknown)}", ConfigWarning, stacklevel=3)
+        warnings.warn(f"zerocore config: unknown keys ignored (they change nothing zerocore computes): "
+                      f"{', '.join(unknown)}", ConfigWarning, stacklevel=3)
     if deprecated:
         warnings.warn(f"zerocore config: deprecated keys (still accepted): {', '.join(deprecated)}", ConfigWarning,
                       stacklevel=3)
@@ -101,7 +105,8 @@ def _build(cls, data: Any, path: str, unknown: list[str], deprecated: list[str])
         if key not in names:
             if path:  # inside a known section: dropping it would train something else than asked
                 check_unknown(path, key, value, [f.name for f in dataclasses.fields(cls)])
-            else:
+            else:  # another subsystem's setting: accepted only where it changes no result
+                check_top_level(key, value)
                 unknown.append(full)
             continue
         f, old = names[key]

@@ -277,6 +277,29 @@ class OptimizerConfig(_Section):
 
 
 @dataclasses.dataclass
+class SchedulerConfig(_Section):
+    PATH = "scheduler"
+    type: str | None = option(None, "Learning-rate schedule stepped at each accumulation boundary: WarmupLR, "
+                              "WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest (DeepSpeed's formulas) or the "
+                              "name of a torch.optim.lr_scheduler class; null: none. A scheduler passed to "
+                              "initialize wins over this section.", kind=str, optional=True)
+    params: dict = option({}, "The schedule's parameters (keyword arguments of its class, checked against it).",
+                          kind=dict)
+
+    def check(self):
+        from ..schedules import check_params
+
+        if self.type is None:
+            if self.params:
+                raise ConfigError("scheduler.params: given without scheduler.type; name the schedule")
+            return
+        try:
+            check_params(self.type, self.params)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+@dataclasses.dataclass
 class AioConfig(_Section):
     """Used by NVMe offload and by checkpoint save/load (its O_DIRECT files): no key is ever without effect."""
 
@@ -303,9 +326,16 @@ class ZeroConfig(_Section):
     gradient_accumulation_steps: int | None = option(None, "Micro-batches per optimizer step (null: derived from "
                                                      "the batch sizes, else 1).", kind=int, ge=1, le=MAX_ACCUMULATION,
                                                      optional=True)
-    gradient_clipping: float = option(1.0, "Clip the global gradient norm (over all ranks) to this; 0: off.",
+    gradient_clipping: float = option(1.0, "Clip the global gradient norm (over all ranks) to this; 0: off. "
+                                      "DeepSpeed 0.19's default is 1.0 too (GRADIENT_CLIPPING_DEFAULT).",
                                       kind=float, ge=0.0)
+    dataloader_drop_last: bool = option(False, "The training data loader (initialize(training_data=...)) drops "
+                                        "each rank's last incomplete micro-batch.", kind=bool)
     optimizer: OptimizerConfig = section(OptimizerConfig, "The optimizer.")
+    scheduler: SchedulerConfig = section(SchedulerConfig, "The learning-rate schedule.")
+    zero_allow_untested_optimizer: bool = option(False, "Accepted for DeepSpeed configs: zerocore steps any "
+                                                 "torch.optim.Optimizer passed to initialize on its flat shards "
+                                                 "whatever this says.", kind=bool)
     fp16: FP16Config = section(FP16Config, "fp16 mixed precision.")
     bf16: BF16Config = section(BF16Config, "bf16 mixed precision.", aliases=("bfloat16",))
     zero_optimization: ZeroOptimizationConfig = section(ZeroOptimizationConfig, "ZeRO sharding.",

@@ -12,24 +12,26 @@ offload), else into a host staging buffer copied to the device on a side stream 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 
 import torch
 
 from .. import ops
 from ..sharding.group import ShardedGroup
-from ..sharding.optimizer import AdamHyper
+from ..sharding.optimizer import clip_plan, step_plan
 from .host_memory import host_copy, host_empty, host_zeros
 from .stepper import Ready
 
 
-def _adam(master, grad, m, v, out, hp: AdamHyper, step: int, grad_scale: float, tile: int) -> None:
+def _adam(master, grad, m, v, out, plan, step: int, grad_scale: float, tile: int, base: int = 0) -> None:
+    """Adam over tensors holding the owned range's elements [base, base + len): ``plan`` (see
+    ``step_plan``, owned-range coordinates) says which hyper-parameters each element takes."""
     n = master.numel()
-    for a in range(0, n, tile):
-        b = min(n, a + tile)
-        ops.adam_step(master[a:b], grad[a:b], m[a:b], v[a:b], lr=hp.lr, betas=hp.betas, eps=hp.eps,
-                      weight_decay=hp.weight_decay, step=step, adamw_mode=hp.decoupled, grad_scale=grad_scale,
-                      param_out=None if out is None else out[a:b])
+    for lo, hi, hp in clip_plan(plan, base, base + n):
+        for a in range(lo, hi, tile):
+            b = min(hi, a + tile)
+            ops.adam_step(master[a:b], grad[a:b], m[a:b], v[a:b], lr=hp.lr, betas=hp.betas, eps=hp.eps,
+                          weight_decay=hp.weight_decay, step=step, adamw_mode=hp.decoupled, grad_scale=grad_scale,
+                          param_out=None if out is None else out[a:b])
 
 
 class HostOptimizerShard:
@@ -76,6 +78,8 @@ class HostOptimizerShard:
         self.poison = False  # test hook: NaN into the device copy before the host step writes it
         self.enqueue = None  # (group index, host step, ready) -> None: set by OffloadPlan at stage 3
         self.param_swap = None  # set by OffloadPlan when this group's parameter shard rests on NVMe
+        self.pieces = None  # hyper-parameter groups of the owned range (sharding.optimizer.Pieces)
+        self.kernel = None  # (master, grad, out, grad_scale) -> None replacing Adam: a client torch optimizer
 
     # -- gradients arrive ------------------------------------------------------------------
     def land(self, grad: torch.Tensor) -> None:
@@ -132,11 +136,11 @@ class HostOptimizerShard:
         """Steps the device part now; the host part now too, or (with ``enqueue`` set, stage 3) hands
         it to be queued for the worker. ``grad``: the device's owned gradient (the device part reads it;
         the host part reads its landed copy)."""
-        hp = dataclasses.replace(hp)  # the worker must see this step's lr even if the user changes it
+        plan = step_plan(self.pieces, grad.numel(), hp)  # copies: the worker sees this step's values
         h = self.split
         if h < grad.numel():
             with self._params(step, whole=h == 0) as target:
-                self._device_part(grad, hp, step, grad_scale, target)
+                self._device_part(grad, plan, step, grad_scale, target)
         if h == 0:
             return None
         target = self.group.owned_params_raw()
@@ -151,19 +155,22 @@ class HostOptimizerShard:
                 self._copy_event = None
             with self._params(step, whole=whole) as target:
                 out = target[:h] if self.half and self.out_h is None else self.out_h
-                _adam(self.master_h, self.grad_h, self.exp_avg_h, self.exp_avg_sq_h, out, hp, step, grad_scale,
-                      self.tile)
+                if self.kernel is not None:  # a client torch optimizer (runtime/torch_shard_step.py)
+                    self.kernel(self.master_h, self.grad_h, out, grad_scale)
+                else:
+                    _adam(self.master_h, self.grad_h, self.exp_avg_h, self.exp_avg_sq_h, out, plan, step, grad_scale,
+                          self.tile)
                 return self._copy_back(target[:h])
 
         return self._run_host(host_part)
 
-    def _device_part(self, grad, hp: AdamHyper, step: int, grad_scale: float, target: torch.Tensor) -> None:
+    def _device_part(self, grad, plan, step: int, grad_scale: float, target: torch.Tensor) -> None:
         h = self.split
         dev_out = target[h:] if self.half else None
         if dev_out is not None and dev_out.device != self.master_d.device:
             dev_out = torch.empty_like(self.master_d, dtype=target.dtype)
-        _adam(self.master_d, grad[h:], self.exp_avg_d, self.exp_avg_sq_d, dev_out, hp, step, grad_scale,
-              self.tile)
+        _adam(self.master_d, grad[h:], self.exp_avg_d, self.exp_avg_sq_d, dev_out, plan, step, grad_scale,
+              self.tile, base=h)
         if not self.half and self.master_d.data_ptr() != target[h:].data_ptr():
             target[h:].copy_(self.master_d)
         elif dev_out is not None and dev_out.data_ptr() != target[h:].data_ptr():

@@ -28,17 +28,27 @@ from .grad_norm import grad_sumsq, reduce_dtype, sum_across
 from .model_setup import convert_rest, named_params, training_dtype
 from .gathered import register_engine
 from .partition_init import check_unchanged, initial_value
-from .group_specs import GroupSpec, size_groups, stage3_groups
+from .group_specs import GroupSpec, hyper_pieces, size_groups, stage3_groups
+from .client_optimizer import check_torch_optimizer, classify as classify_optimizer
+from .optimizer_face import ZeroOptimizer
+from .torch_shard_step import TorchBatch, TorchShardStep
+from .param_groups import resolve as resolve_groups
+from .. import schedules
 from . import weights
 from .agreement import agree
 from .misuse import (RequiresGradWatch, check_loss, checked_lr, explain_dtype_error, keeps_counters_on_failure,
                      own_module_zero_grad, reports_stalls)
 from .preflight import check_config, check_model
 from .release import release
+from .deepspeed_methods import DeepSpeedMethods
 
 
-class Engine:
-    def __init__(self, module: torch.nn.Module, config: ZeroConfig, comm: Comm):
+class Engine(DeepSpeedMethods):
+    def __init__(self, module: torch.nn.Module, config: ZeroConfig, comm: Comm, *, model_parameters=None,
+                 optimizer=None, lr_scheduler=None):
+        """``model_parameters``: the parameters to train, or hyper-parameter groups (``param_groups.py``);
+        ``optimizer``: a client optimizer (``client_optimizer.py``); ``lr_scheduler``: a client
+        schedule (``zerocore.schedules``). See ``zerocore.initialize``."""
         # every rank checks its model and config, then all compare them: any failure raises on every rank
         self._tag = agree(comm, module, config, lambda: (check_config(config), check_model(module)))
         self.module = module
@@ -52,22 +62,35 @@ class Engine:
         trainable, frozen = named_params(module)
         if not trainable:
             raise ValueError("zerocore: the model has no trainable parameters")
+        client = classify_optimizer(optimizer, config, lambda: model_parameters if model_parameters is not None
+                                    else [p for _, p in trainable])
+        hyper = resolve_groups(module, client.optimizer.param_groups if client.optimizer is not None
+                               else model_parameters, client.defaults,
+                               source="optimizer.param_groups" if client.optimizer is not None else "model_parameters",
+                               checked=("lr", "betas", "eps", "weight_decay") if client.fused_adam else ("lr",))
+        if not client.fused_adam:
+            check_torch_optimizer(client, config)
+        # requires_grad parameters in no group are not trained: kept whole, like frozen ones
+        self._ungrouped = hyper.ungrouped
+        skip = {id(p) for _, p in hyper.ungrouped}
+        trainable = [(n, p) for n, p in trainable if id(p) not in skip]
         self.device = trainable[0][1].device
         self._requires_grad = RequiresGradWatch(trainable, frozen)
         own_module_zero_grad(self)
         # CPU offload: where the optimizer shard (and stage-3 parameter shards) rest; None: the device
-        self.offload = OffloadPlan.build(config, self.device, lambda: (self.micro_steps + 1) % self.gas == 0)
+        self.offload = OffloadPlan.build(config, self.device, self.is_gradient_accumulation_boundary)
         for names, p in trainable + frozen:
             check_unchanged(p, names[0])
         self.groups: list[ShardedGroup] = []
         self.shards: list[OptimizerShard] = []
         self.gatherer: ParamGatherer | None = None
         units = []
-        for spec in self._group_specs(module, trainable, z):
+        for spec in self._group_specs(module, trainable, z, hyper.index):
             g = self._add_group(spec.layout, spec.params, spec.policy)
+            self.shards[-1].pieces = hyper_pieces(spec, g.lo, g.hi)
             if spec.unit is not None:
                 units.append((spec.unit[0], spec.unit[1], g))
-        convert_rest(module, frozen, self.dtype, comm)
+        convert_rest(module, frozen + hyper.ungrouped, self.dtype, comm)
         # which group and slot hold each parameter (zerocore.gathered finds them here)
         self.param_index = {id(p): (g.index, i) for g in self.groups for i, p in enumerate(g.params)}
         register_engine(self)
@@ -87,9 +110,17 @@ class Engine:
         if self.gatherer is not None:
             self.gatherer.on_unit_done = self.reducer.group_done
         self.scaler = LossScaler(config.fp16 if config.fp16.enabled else None)
-        p = config.optimizer.params
-        self.hyper = AdamHyper(lr=p.lr, betas=tuple(p.betas), eps=p.eps, weight_decay=p.weight_decay,
-                               decoupled=config.optimizer.decoupled)
+        # the optimizer face: its param_groups are the hyper-parameter groups the update reads
+        self.optimizer = ZeroOptimizer(self, hyper.groups, client.defaults, decoupled=client.decoupled,
+                                       shared=client.optimizer.param_groups if client.optimizer is not None else None)
+        self.client_optimizer = client.optimizer
+        # a client optimizer other than Adam steps the flat fp32 shards itself
+        self._torch_step = (None if client.fused_adam else
+                            TorchShardStep(client.optimizer, self.shards, self.optimizer.param_groups))
+        self.overflow = False  # the last accumulation boundary skipped its update
+        self.lr_scheduler = schedules.client_schedule(lr_scheduler, self.optimizer, client.optimizer)
+        if self.lr_scheduler is None:  # a client schedule wins over the config's section (DeepSpeed's rule)
+            self.lr_scheduler = schedules.from_config(config.scheduler.type, config.scheduler.params, self.optimizer)
         self.micro_steps = 0
         self.global_steps = 0  # accumulation boundaries reached (including skipped updates)
         self.optimizer_steps = 0  # updates applied (Adam's step count)
@@ -97,14 +128,15 @@ class Engine:
         self.global_grad_norm: float | None = None
         self._backward_done = False
         self._dropped = False  # zero_grad() between backward() and step() (named by step())
-        self._batches = self._step_batches()
+        self._batches = self._step_batches()  # after the face and _torch_step: the batches use them
 
-    def _group_specs(self, module, trainable, z) -> list[GroupSpec]:
+    def _group_specs(self, module, trainable, z, hyper: dict[int, int]) -> list[GroupSpec]:
         if z.stage == 3:
-            return stage3_groups(module, trainable, z, self.comm.world, self.dtype)
+            return stage3_groups(module, trainable, z, self.comm.world, self.dtype, hyper)
         # Groups in reverse registration order: close to the order backward produces gradients,
         # so buckets fill (and launch) one after another.
-        return size_groups(list(reversed(trainable)), z.reduce_bucket_size, self.comm.world, self.dtype, self.policy)
+        return size_groups(list(reversed(trainable)), z.reduce_bucket_size, self.comm.world, self.dtype, self.policy,
+                           hyper=hyper)
 
     def _add_group(self, layout, params, policy) -> ShardedGroup:
         # The initial values, in fp32, broadcast from rank 0 so every rank starts identical;
@@ -136,18 +168,23 @@ class Engine:
         gather = self.policy.shard_optimizer and self.comm.world > 1
         cap = self.config.zero_optimization.allgather_bucket_size
         batches, run, elems = [], [], 0
+        def batch(run):
+            if self._torch_step is not None:
+                return TorchBatch(self._torch_step, run, self.optimizer.param_groups)
+            return MultiShardStep([self.shards[k] for k in run], run)
+
         for i, (g, shard) in enumerate(zip(self.groups, self.shards)):
             if type(shard) is not OptimizerShard:
                 batches.append((None, [i]))
                 continue
             size = g.layout.padded if gather and not g.partitioned else 0
             if gather and run and elems + size > cap:
-                batches.append((MultiShardStep([self.shards[k] for k in run], run), run))
+                batches.append((batch(run), run))
                 run, elems = [], 0
             run.append(i)
             elems += size
         if run:
-            batches.append((MultiShardStep([self.shards[k] for k in run], run), run))
+            batches.append((batch(run), run))
         return batches
 
     def _describe(self, op, index: int) -> str:
@@ -175,21 +212,24 @@ class Engine:
             raise better from e
 
     @reports_stalls
-    def backward(self, loss: torch.Tensor) -> torch.Tensor:
-        """Backpropagates ``loss`` (divided by the accumulation steps, times the fp16 loss scale)
-        and reduces gradients; returns ``loss``."""
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
+        """Backpropagates ``loss`` (divided by the accumulation steps unless ``scale_wrt_gas`` is
+        false, times the fp16 loss scale) and reduces gradients; returns the loss divided by the
+        accumulation steps (``loss`` itself without ``scale_wrt_gas``), as DeepSpeed does.
+        Inside ``no_sync()`` (stages 0/1) gradients accumulate on each rank without a reduction."""
         self._alive()
         check_loss(loss)
-        if self._backward_done:
+        if self._backward_done and not self._in_no_sync:
             raise RuntimeError("zerocore: backward() called twice without step(); call engine.step() after "
                                "every micro-batch's backward (it only updates at the accumulation boundary)")
-        boundary = (self.micro_steps + 1) % self.gas == 0
+        boundary = self.is_gradient_accumulation_boundary() and not self._in_no_sync
+        div = self.gas if scale_wrt_gas else 1
         if self.gatherer is not None:
             self.gatherer.begin_backward()
         self.reducer.begin_backward(boundary)
         try:
             with label("zerocore.backward"):
-                (loss.float() * (self.scaler.scale / self.gas)).backward()
+                (loss.float() * (self.scaler.scale / div)).backward(retain_graph=retain_graph)
             self.reducer.finish_backward()
         except BaseException:
             self.reducer.abort()
@@ -198,16 +238,22 @@ class Engine:
             raise
         if self.gatherer is not None:
             self.gatherer.end_backward()
-        self._backward_done = True
+        if not self._in_no_sync:
+            self._backward_done = True
         self._dropped = False
-        return loss
+        return loss / div if scale_wrt_gas else loss
 
     @reports_stalls
     @keeps_counters_on_failure
-    def step(self) -> None:
-        """Ends a micro-batch; at the accumulation boundary updates the parameters."""
+    def step(self, lr_kwargs: dict | None = None) -> None:
+        """Ends a micro-batch; at the accumulation boundary updates the parameters and steps the
+        lr schedule (with ``lr_kwargs``), except when the update is skipped (fp16 overflow)."""
+        if self._in_no_sync:
+            raise RuntimeError("zerocore: step() inside no_sync(); leave the context for the last micro-batch's "
+                               "backward (it reduces the accumulated gradients) and call step() after it")
         self._requires_grad.check()  # before anything changes: fix it and call step() again
-        if self.reducer.window_lost and (self.micro_steps + 1) % self.gas == 0:
+        boundary = self.is_gradient_accumulation_boundary()
+        if self.reducer.window_lost and boundary:
             raise RuntimeError(f"zerocore: {self.reducer.window_lost} (stages 2/3 with gradient accumulation): this "
                                "window's gradients cannot be restored; call engine.zero_grad() to drop the window's "
                                "gradients (nothing was updated)")
@@ -217,9 +263,12 @@ class Engine:
                                   "them itself, call zero_grad() only before a backward)" if self._dropped else ""))
         self._backward_done = False
         self.micro_steps += 1
-        if self.micro_steps % self.gas:
+        if not boundary:
             return
         self.global_steps += 1
+        self._count_samples()
+        for _, p in self._ungrouped:  # in no hyper-parameter group: never updated, gradients not kept
+            p.grad = None
         if self.gatherer is not None:
             self.gatherer.free_all()  # no full buffer may outlive the update of its chunk
         self.guard.check(Op.STEP, 0)
@@ -236,6 +285,7 @@ class Engine:
         if bad or not math.isfinite(sumsq):
             self._skip()
             return
+        hypers = self.optimizer.hypers()  # the groups' values now (edits and schedules take effect here)
         norm = math.sqrt(sumsq) / denom
         self.global_grad_norm = norm
         coef = 1.0 / denom
@@ -244,20 +294,29 @@ class Engine:
             coef *= min(1.0, clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s coefficient
         self.optimizer_steps += 1
         with label("zerocore.optimizer_step"):
-            self._update(coef, grads)
+            self._update(coef, grads, hypers)
         self.scaler.update(False)
         self.reducer.clear()
+        self.overflow = False
+        sched = self.lr_scheduler
+        if sched is not None:
+            opt = getattr(sched, "optimizer", None)  # the face, or the client optimizer it shares groups with
+            if opt is not None:
+                opt._opt_called = True  # what torch's LRScheduler checks optimizer.step() set
+            sched.step(**(lr_kwargs or {}))
 
-    def _update(self, coef: float, grads: list[torch.Tensor]) -> None:
-        """``grads[i]``: group i's owned gradient."""
+    def _update(self, coef: float, grads: list[torch.Tensor], hypers: list[AdamHyper]) -> None:
+        """``grads[i]``: group i's owned gradient; ``hypers[h]``: hyper-parameter group h's values."""
         gather = self.policy.shard_optimizer and self.comm.world > 1
         cap = self.config.zero_optimization.allgather_bucket_size
         inflight, elems = [], 0
+        if self._torch_step is not None:
+            self._torch_step.sync(self.optimizer.param_groups)
         for multi, index in self._batches:
             if multi is not None:
-                multi.step(grads, self.hyper, step=self.optimizer_steps, grad_scale=coef)
+                multi.step(grads, hypers, step=self.optimizer_steps, grad_scale=coef)
             else:
-                self.shards[index[0]].step(grads[index[0]], self.hyper, step=self.optimizer_steps, grad_scale=coef)
+                self.shards[index[0]].step(grads[index[0]], hypers, step=self.optimizer_steps, grad_scale=coef)
             if not gather:
                 continue
             for i in index:
@@ -283,6 +342,7 @@ class Engine:
 
     def _skip(self) -> None:
         self.skipped_steps += 1
+        self.overflow = True
         self.global_grad_norm = math.inf
         if self.scaler.dynamic:
             self.scaler.update(True)  # lowers the scale; warns (and goes on) at the minimum
@@ -294,6 +354,8 @@ class Engine:
     def zero_grad(self) -> None:
         """Discards the gradients accumulated so far (step() already does this after updating)."""
         self.reducer.clear()
+        for _, p in self._ungrouped:
+            p.grad = None
         self._dropped = self._backward_done  # between backward and step: that micro-batch is gone
         self._backward_done = False
 
@@ -304,11 +366,23 @@ class Engine:
 
     @property
     def lr(self) -> float:
-        return self.hyper.lr
+        """The first group's learning rate; setting it sets every group's."""
+        return float(self.optimizer.param_groups[0]["lr"])
 
     @lr.setter
     def lr(self, value: float) -> None:
-        self.hyper.lr = checked_lr(value)
+        value = checked_lr(value)
+        for g in self.optimizer.param_groups:
+            g["lr"] = value
+
+    def get_lr(self) -> list[float]:
+        """Every hyper-parameter group's learning rate (DeepSpeed's ``get_lr``)."""
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    @property
+    def hyper(self) -> AdamHyper:
+        """The first group's hyper-parameters as the next update reads them."""
+        return self.optimizer.hypers()[0]
 
     @property
     def world_size(self) -> int:
@@ -342,13 +416,6 @@ class Engine:
         """Model-state bytes this rank holds, by role, counted from its tensors."""
         return held_bytes(self)
 
-    def train(self, mode: bool = True):
-        self.module.train(mode)
-        return self
-
-    def eval(self):
-        return self.train(False)
-
     # -- weights out -----------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's state dict with full fp32 weights on CPU, under the model's own names (every
@@ -360,30 +427,3 @@ class Engine:
         (atomically); at stage 3 only with ``stage3_gather_16bit_weights_on_model_save``. A
         collective: call it on all ranks. Returns whether a file was written (on rank 0)."""
         return weights.save_16bit_model(self, save_dir, save_filename)
-
-    # -- checkpoints (zerocore/checkpoint/) -------------------------------------------------
-    def save_checkpoint(self, save_dir: str, tag=None, client_state=None, async_save: bool = False):
-        """DeepSpeed's ``save_checkpoint``: every rank writes the optimizer state it owns, rank 0 the
-        manifest; ``save_dir/<tag>`` (default ``global_step<N>``) appears, and ``save_dir/latest``
-        names it, only once complete. A collective. Returns the tag directory; with ``async_save``
-        a handle whose ``wait()`` returns it (the state is copied to host memory first, then written
-        in the background; the next save or load waits for it)."""
-        from ..checkpoint import async_save as asv
-        from ..checkpoint.save import save_checkpoint
-
-        if async_save:
-            return asv.save_async(self, save_dir, tag, client_state)
-        asv.wait_pending(self)
-        return save_checkpoint(self, save_dir, tag, client_state)
-
-    def load_checkpoint(self, load_dir: str, tag=None, load_optimizer_states: bool = True,
-                        load_module_only: bool = False):
-        """DeepSpeed's ``load_checkpoint``: ``(path, client_state)``; ``(None, None)`` with a warning
-        when ``tag`` is None and there is no checkpoint. Loads a checkpoint of any world size and
-        stage. ``load_module_only``: weights only (optimizer, counters, lr and scaler stay as
-        they are). A collective."""
-        from ..checkpoint.async_save import wait_pending
-        from ..checkpoint.load import load_checkpoint
-
-        wait_pending(self)
-        return load_checkpoint(self, load_dir, tag, load_optimizer_states, load_module_only)

@@ -25,6 +25,35 @@ class AdamHyper:
     decoupled: bool  # AdamW
 
 
+# A shard's owned range in pieces of one hyper-parameter group each: (a, b, group) relative to the
+# owned range, covering it. The engine sets ``shard.pieces``; one piece of group 0 by default.
+Pieces = list[tuple[int, int, int]]
+
+
+def step_plan(pieces: Pieces | None, n: int, hp) -> list[tuple[int, int, AdamHyper]]:
+    """(a, b, hyper-parameters) over the owned range of ``n`` elements. ``hp``: one AdamHyper for
+    every piece, or a list indexed by hyper group. Copies, so a step queued for a worker keeps
+    this step's values whatever the user changes meanwhile."""
+    if isinstance(hp, AdamHyper):
+        one = dataclasses.replace(hp)
+        return [(a, b, one) for a, b, _ in pieces] if pieces else [(0, n, one)]
+    copies = {}
+    plan = []
+    for a, b, h in pieces or [(0, n, 0)]:
+        if h not in copies:
+            copies[h] = dataclasses.replace(hp[h])
+        plan.append((a, b, copies[h]))
+    return plan
+
+
+def clip_plan(plan, lo: int, hi: int):
+    """The pieces of ``plan`` inside [lo, hi), relative to ``lo``."""
+    for a, b, hp in plan:
+        a2, b2 = max(a, lo), min(b, hi)
+        if a2 < b2:
+            yield a2 - lo, b2 - lo, hp
+
+
 class OptimizerShard:
     def __init__(self, group: ShardedGroup, init_fp32: torch.Tensor, *, tile: int | None = None):
         """``init_fp32``: the group's initial parameters in fp32, either full (only the owned range is
@@ -42,9 +71,11 @@ class OptimizerShard:
         self.exp_avg = torch.zeros_like(self.master)
         self.exp_avg_sq = torch.zeros_like(self.master)
         self.tile = tile or self.master.numel() or 1
+        self.pieces: Pieces | None = None
 
-    def step(self, grad: torch.Tensor, hp: AdamHyper, *, step: int, grad_scale: float) -> None:
-        """This shard alone (the engine steps all resident shards together: MultiShardStep)."""
+    def step(self, grad: torch.Tensor, hp, *, step: int, grad_scale: float) -> None:
+        """This shard alone (the engine steps all resident shards together: MultiShardStep).
+        ``hp``: an AdamHyper, or one per hyper group (see ``step_plan``)."""
         MultiShardStep([self], [0]).step([grad], hp, step=step, grad_scale=grad_scale)
 
     def state_tiles(self, max_elems: int, *, write: bool = False
@@ -84,9 +115,9 @@ def owned_grads(groups: list[ShardedGroup]) -> list[torch.Tensor]:
 
 
 class MultiShardStep:
-    """The Adam step of many device-resident shards that share hyper-parameters and the step
-    count, as one multi-tensor native call (one per kind of output: with or without 16-bit
-    ``param_out``) instead of a call per group and tile. Each shard's ``tile`` still caps the
+    """The Adam step of many device-resident shards that share the step count, as one
+    multi-tensor native call per hyper-parameter group and kind of output (with or without
+    16-bit ``param_out``) instead of a call per group and tile. Each shard's ``tile`` still caps the
     elements of one kernel tensor (``sub_group_size``): a shard contributes one tensor per tile.
 
     The state-tensor lists are built once; ``step`` only slices the gradients, and rebuilds the
@@ -96,24 +127,25 @@ class MultiShardStep:
         """``index[k]``: where shard k's gradient is in the list ``step`` gets."""
         self.shards, self.index = shards, index
         self._tensors: list[torch.Tensor | None] = []
-        self._calls: list[tuple[list, list, list, list | None, list]] = []
+        self._calls: list[tuple[int, list, list, list, list | None, list]] = []
 
     def _plan(self) -> None:
         self._tensors = [t for s in self.shards for t in (s.master, s.exp_avg, s.exp_avg_sq, s.param_out)]
         calls = {}
         for k, s in enumerate(self.shards):
             out = s.param_out is not None
-            params, ms, vs, outs, cuts = calls.setdefault(out, ([], [], [], [] if out else None, []))
             n = s.master.numel()
-            for a in range(0, n, s.tile):
-                b = min(n, a + s.tile)
-                params.append(s.master[a:b])
-                ms.append(s.exp_avg[a:b])
-                vs.append(s.exp_avg_sq[a:b])
-                if out:
-                    outs.append(s.param_out[a:b])
-                cuts.append((self.index[k], a, b, a == 0 and b == n))
-        self._calls = list(calls.values())
+            for lo, hi, h in s.pieces or [(0, n, 0)]:
+                params, ms, vs, outs, cuts = calls.setdefault((h, out), ([], [], [], [] if out else None, []))
+                for a in range(lo, hi, s.tile):
+                    b = min(hi, a + s.tile)
+                    params.append(s.master[a:b])
+                    ms.append(s.exp_avg[a:b])
+                    vs.append(s.exp_avg_sq[a:b])
+                    if out:
+                        outs.append(s.param_out[a:b])
+                    cuts.append((self.index[k], a, b, a == 0 and b == n))
+        self._calls = [(h,) + c for (h, _), c in calls.items()]
 
     def _stale(self) -> bool:
         if len(self._tensors) != 4 * len(self.shards):
@@ -127,16 +159,19 @@ class MultiShardStep:
             i += 4
         return False
 
-    def step(self, grads: list[torch.Tensor], hp: AdamHyper, *, step: int, grad_scale: float) -> None:
-        """``grads[index[k]]``: shard k's owned gradient."""
+    def step(self, grads: list[torch.Tensor], hp, *, step: int, grad_scale: float) -> None:
+        """``grads[index[k]]``: shard k's owned gradient. ``hp``: an AdamHyper for every shard, or
+        a list of them indexed by hyper group."""
         if self._stale():
             self._plan()
-        for params, ms, vs, outs, cuts in self._calls:
+        one = hp if isinstance(hp, AdamHyper) else None
+        for h, params, ms, vs, outs, cuts in self._calls:
             if not params:
                 continue
             gs = []
             for k, a, b, whole in cuts:
                 gs.append(grads[k] if whole else grads[k][a:b])
-            ops.adam_step_multi(params, gs, ms, vs, steps=[step] * len(params), lr=hp.lr, betas=hp.betas,
-                                eps=hp.eps, weight_decay=hp.weight_decay, adamw_mode=hp.decoupled,
+            p = one or hp[h]
+            ops.adam_step_multi(params, gs, ms, vs, steps=[step] * len(params), lr=p.lr, betas=p.betas,
+                                eps=p.eps, weight_decay=p.weight_decay, adamw_mode=p.decoupled,
                                 grad_scale=grad_scale, param_outs=outs)

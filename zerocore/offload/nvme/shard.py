@@ -28,7 +28,7 @@ import dataclasses
 import torch
 
 from ...sharding.group import ShardedGroup
-from ...sharding.optimizer import AdamHyper
+from ...sharding.optimizer import AdamHyper, step_plan
 from ..host_memory import host_empty, host_zeros
 from ..host_shard import HostOptimizerShard, _adam
 from ..stepper import Ready
@@ -73,6 +73,7 @@ class NvmeOptimizerShard(HostOptimizerShard):
         self.poison = False
         self.enqueue = None
         self.param_swap = None  # set by OffloadPlan when the parameter shard rests on NVMe too
+        self.pieces = None  # hyper-parameter groups of the owned range (sharding.optimizer.Pieces)
         self.then: NvmeOptimizerShard | None = None  # the shard the worker steps next (OffloadPlan.launch)
         owned = init_fp32 if init_fp32.numel() == n else init_fp32[group.lo:group.hi]
         self._swap_out(owned.detach().to("cpu", torch.float32))
@@ -194,7 +195,7 @@ class NvmeOptimizerShard(HostOptimizerShard):
 
     # -- the step --------------------------------------------------------------------------
     def step(self, grad: torch.Tensor, hp: AdamHyper, *, step: int, grad_scale: float):
-        hp = dataclasses.replace(hp)
+        plan = step_plan(self.pieces, self.group.hi - self.group.lo, hp)
 
         def host_part():
             if self._copy_event is not None:  # last step's copy back still reads the staging buffer
@@ -203,7 +204,8 @@ class NvmeOptimizerShard(HostOptimizerShard):
             for lo, hi, rec in self._tiles_io(step, write=True, then=self.then):
                 m, a, v = rec.arrays(hi - lo)
                 out = self.staging[lo:hi]
-                _adam(m, self.grad_h[lo:hi], a, v, out if self.half else None, hp, step, grad_scale, hi - lo)
+                _adam(m, self.grad_h[lo:hi], a, v, out if self.half else None, plan, step, grad_scale, hi - lo,
+                      base=lo)
                 if not self.half:
                     out.copy_(m)
             self.last_step = step

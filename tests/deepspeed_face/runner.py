@@ -1,0 +1,52 @@
+"""Runs train_script.py under ``torchrun --nproc_per_node 2`` (CPU, gloo) with the real DeepSpeed
+and with zerocore.deepspeed, several cases per launch, and reads back each rank's record."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "train_script.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(face: str, out: str, cases: list[dict], timeout: int = 1500) -> dict[str, list[dict]]:
+    """{case name: [rank 0 record, rank 1 record]} of one torchrun of ``face`` (deepspeed|zerocore)."""
+    env = {**os.environ, "ZC_FACE": face, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), "--master_port",
+           str(_free_port()), SCRIPT, "--out", out, "--cases", json.dumps(cases)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        pytest.fail(f"{face} run failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return {c["name"]: [json.load(open(os.path.join(out, c["name"], f"rank{r}.json"))) for r in range(WORLD)]
+            for c in cases}
+
+
+def assert_same_training(ours: list[dict], theirs: list[dict], rtol: float = 2e-5) -> None:
+    """Per rank: every boundary's lr equal, every micro-batch's loss and every gradient norm equal
+    to fp32 reduction-order tolerance, the same sample counts, and the resumed run continuing as the
+    uninterrupted one did."""
+    for rank, (a, b) in enumerate(zip(ours, theirs)):
+        assert len(a["loss"]) == len(b["loss"]) > 0 and len(a["lr"]) == len(b["lr"]) > 0
+        assert a["lr"] == pytest.approx(b["lr"], rel=1e-12, abs=0), f"rank {rank}: lr"
+        assert a["samples"] == b["samples"], f"rank {rank}: global_samples"
+        assert a["loss"] == pytest.approx(b["loss"], rel=rtol, abs=rtol), f"rank {rank}: losses"
+        assert a["norm"] == pytest.approx(b["norm"], rel=rtol * 5, abs=rtol), f"rank {rank}: gradient norms"
+        if b["resumed_loss"]:
+            assert a["resumed_loss"] == pytest.approx(b["resumed_loss"], rel=rtol, abs=rtol)
+            assert a["resumed_lr"] == pytest.approx(b["resumed_lr"], rel=1e-12, abs=0)
+            # and the resumed run is the uninterrupted run's tail
+            tail = a["loss"][-len(a["resumed_loss"]):]
+            assert a["resumed_loss"] == pytest.approx(tail, rel=1e-6, abs=1e-6), f"rank {rank}: resume"

@@ -1,0 +1,17 @@
+"""DeepSpeed's public surface over zerocore: ``import zerocore.deepspeed as deepspeed`` and a script
+written for DeepSpeed 0.19 runs on zerocore's engine.
+
+A face, not a second engine: each name maps onto zerocore's own API (``zerocore.initialize``,
+``zerocore.init``, ``zerocore.gathered``, the checkpoint module). What zerocore cannot honour
+(model parallelism through ``mpu``, pipeline modules, a mesh) is an error naming it, never
+silently ignored.
+"""
+from __future__ import annotations
+
+from . import accelerator, checkpointing, comm, ops, runtime, utils, zero  # noqa: F401
+from .comm import init_distributed  # noqa: F401
+from .launch import add_config_arguments, initialize  # noqa: F401
+from .runtime.engine import DeepSpeedEngine  # noqa: F401
+
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "DeepSpeedEngine", "zero", "comm", "ops",
+           "utils", "runtime", "accelerator", "checkpointing"]

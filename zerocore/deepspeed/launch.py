@@ -1,0 +1,108 @@
+"""``deepspeed.initialize`` and ``deepspeed.add_config_arguments`` with DeepSpeed 0.19's meanings."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+from ..config import ConfigError
+from .comm import init_distributed
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds DeepSpeed's command-line flags: ``--deepspeed`` (a flag for the script's own use) and
+    ``--deepspeed_config`` (the JSON config file ``initialize(args=...)`` reads), plus their
+    deprecated ``--deepscale`` spellings."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="Enable DeepSpeed (a flag for user code; no effect on the engine)")
+    group.add_argument("--deepspeed_config", default=None, type=str, help="DeepSpeed JSON configuration file.")
+    group.add_argument("--deepscale", default=False, action="store_true", help="Deprecated: --deepspeed")
+    group.add_argument("--deepscale_config", default=None, type=str, help="Deprecated: --deepspeed_config")
+    return parser
+
+
+def _resolve_config(args, config, config_params):
+    """DeepSpeed's order: ``config``, else ``config_params``; ``args.deepspeed_config`` (or the
+    deprecated ``args.deepscale_config``) when neither is given; two sources at once are an error."""
+    if config is None and config_params is not None:
+        config = config_params
+    from_args = getattr(args, "deepspeed_config", None)
+    old = getattr(args, "deepscale_config", None)
+    if old is not None:
+        if from_args is not None:
+            raise ValueError("zerocore.deepspeed.initialize: args has both deepspeed_config and deepscale_config; "
+                             "give one (deepscale_config is deprecated)")
+        from_args = old
+    if from_args is not None:
+        if config is not None:
+            raise ValueError("zerocore.deepspeed.initialize: a config was given both in args.deepspeed_config "
+                             f"({from_args!r}) and as config/config_params; give one")
+        config = from_args
+    if config is None:
+        raise ValueError("zerocore.deepspeed.initialize: no config; pass config= (a dict or a JSON path) or "
+                         "args with --deepspeed_config")
+    return config
+
+
+def _raw_dict(config) -> dict | None:
+    """The config as the user wrote it (to see which sections they gave), or None for a ZeroConfig."""
+    if isinstance(config, dict):
+        return config
+    if isinstance(config, (str, os.PathLike)):
+        try:
+            with open(config, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            return None  # zerocore's loader names the problem with the file
+        return data if isinstance(data, dict) else None
+    return None
+
+
+def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
+               training_data=None, lr_scheduler=None, distributed_port: int = 29500, mpu=None,
+               dist_init_required: bool | None = None, collate_fn=None, config=None, mesh_param=None,
+               config_params=None):
+    """``deepspeed.initialize``: returns ``(engine, optimizer, training_dataloader, lr_scheduler)``.
+
+    ``optimizer``: a ``torch.optim.Optimizer``, or a callable taking ``model_parameters`` (the
+    model's parameters when None) and returning one; not together with an ``optimizer`` section
+    in the config. ``training_data``: a torch Dataset, read through a loader over the
+    data-parallel ranks as DeepSpeed's (``engine.training_dataloader``). ``mpu`` and
+    ``mesh_param`` (model/sequence parallelism) are refused: zerocore is data parallel only."""
+    if model is None:
+        raise ValueError("zerocore.deepspeed.initialize requires a model")
+    if mpu is not None:
+        raise ValueError("zerocore.deepspeed.initialize: mpu (a model-parallel unit) is not supported: zerocore "
+                         "shards over data-parallel ranks only and cannot honour tensor/pipeline parallel groups; "
+                         "pass mpu=None")
+    if mesh_param is not None:
+        raise ValueError("zerocore.deepspeed.initialize: mesh_param (sequence/data parallel mesh) is not supported; "
+                         "pass mesh_param=None")
+    config = _resolve_config(args, config, config_params)
+    raw = _raw_dict(config)
+    if optimizer is not None:
+        if raw is not None and raw.get("optimizer") is not None:
+            raise ConfigError("optimizer: the config has an optimizer section and an optimizer was passed to "
+                              "initialize; give one of them (remove the config's optimizer section to use yours)")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            if not callable(optimizer) or isinstance(optimizer, type):
+                raise TypeError(f"zerocore.deepspeed.initialize: optimizer must be a torch.optim.Optimizer or a "
+                                f"callable taking the model parameters and returning one; got "
+                                f"{type(optimizer).__name__}")
+            params = model_parameters if model_parameters is not None else model.parameters()
+            optimizer = optimizer(params)
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                raise TypeError(f"zerocore.deepspeed.initialize: the optimizer callable returned a "
+                                f"{type(optimizer).__name__}, not a torch.optim.Optimizer")
+    if dist_init_required is not False:
+        init_distributed(distributed_port=distributed_port)
+    from ..runtime import initialize as zc_initialize
+
+    if optimizer is not None:
+        model_parameters = None  # the optimizer's param_groups say what is trained, as in DeepSpeed
+    engine = zc_initialize(model, config, model_parameters=model_parameters, optimizer=optimizer,
+                           lr_scheduler=lr_scheduler, training_data=training_data, collate_fn=collate_fn)
+    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -1,0 +1,67 @@
+"""``deepspeed.zero``: ``Init`` (partition parameters while the model is built) and
+``GatheredParameters`` (full parameters for a while), over ``zerocore.init`` and
+``zerocore.gathered``."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..runtime.gathered import gathered
+from ..runtime.partition_init import init as _zc_init
+
+
+class Init:
+    """``with deepspeed.zero.Init(config_dict_or_path=cfg):`` builds the model with its parameters
+    partitioned across the ranks (stage 3), through ``zerocore.init``. ``dtype`` converts the
+    parameters before partitioning. ``module=``: a model already built is partitioned by
+    ``initialize`` itself, so the context has nothing to do for it. ``enabled=False``: a plain
+    build. Model-parallel groups (``mpu``, ``data_parallel_group`` other than the world),
+    ``remote_device`` nvme and quantized weights are refused."""
+
+    def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear: bool = True, remote_device=None,
+                 pin_memory: bool = False, config_dict_or_path=None, config=None, enabled: bool = True, dtype=None,
+                 mpu=None, zero_param_parallel_group=None, zero_quantized_weights: bool = False,
+                 zero_quantized_nontrainable_weights: bool = False, sequence_data_parallel_group=None,
+                 param_swapper=None, **_tensor_overrides):
+        if mpu is not None or zero_param_parallel_group is not None or sequence_data_parallel_group is not None:
+            raise ValueError("zerocore.deepspeed.zero.Init: model-parallel groups (mpu, zero_param_parallel_group, "
+                             "sequence_data_parallel_group) are not supported; zerocore partitions over the world")
+        if data_parallel_group is not None and data_parallel_group is not torch.distributed.group.WORLD:
+            raise ValueError("zerocore.deepspeed.zero.Init: data_parallel_group other than the world is not "
+                             "supported")
+        if zero_quantized_weights or zero_quantized_nontrainable_weights:
+            raise ValueError("zerocore.deepspeed.zero.Init: quantized weights (ZeRO++) are not implemented")
+        if remote_device not in (None, "none", "cpu"):
+            raise ValueError(f"zerocore.deepspeed.zero.Init: remote_device={remote_device!r} is not supported at "
+                             "build time; set zero_optimization.offload_param in the config (applied at initialize)")
+        cfg = config_dict_or_path if config_dict_or_path is not None else config
+        self._enabled = bool(enabled) and module is None
+        self._ctx = _zc_init(cfg, dtype=dtype) if self._enabled else contextlib.nullcontext()
+
+    def __enter__(self):
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+
+class GatheredParameters:
+    """``with deepspeed.zero.GatheredParameters(params, modifier_rank=0):`` full values of ``params``
+    inside the context; the modifier rank's edits are kept on exit (``zerocore.gathered``).
+    ``enabled=False``: nothing is gathered. ``fwd_module`` is accepted (zerocore registers
+    nothing on the module for gathered parameters)."""
+
+    def __init__(self, params, modifier_rank: int | None = None, fwd_module=None, enabled: bool = True):
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        params = [p for p in params if p is not None]
+        self._ctx = gathered(params, modifier_rank) if enabled and params else contextlib.nullcontext()
+
+    def __enter__(self):
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)

@@ -1,0 +1,225 @@
+"""The methods and attributes DeepSpeed's engine offers scripts and trainers, with DeepSpeed 0.19's
+meanings, mixed into :class:`zerocore.Engine`.
+
+They read the engine's state; the training loop itself (``backward``, ``step``) stays in
+``engine.py`` and asks :meth:`is_gradient_accumulation_boundary` and ``_in_no_sync`` here.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+
+class DeepSpeedMethods:
+    # class-level defaults: the engine sets these as instance attributes when they change
+    _boundary_override: bool | None = None  # set_gradient_accumulation_boundary(); None: the counter decides
+    _in_no_sync = False
+    global_samples = 0  # samples of the global batches stepped so far (skipped steps included, as DeepSpeed)
+    training_dataloader = None
+
+    # -- accumulation ---------------------------------------------------------------------
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether the micro-batch under way ends an accumulation window (its step() updates): the
+        value given to :meth:`set_gradient_accumulation_boundary`, else the micro-step counter."""
+        if self._boundary_override is not None:
+            return self._boundary_override
+        return (self.micro_steps + 1) % self.gas == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """Overrides the counter: the next backward/step pairs are (True) or are not (False) the end of
+        the window, until set again. As in DeepSpeed, the loss is still divided by
+        ``gradient_accumulation_steps``."""
+        if not isinstance(is_boundary, bool):
+            raise TypeError(f"zerocore: set_gradient_accumulation_boundary takes a bool; got "
+                            f"{type(is_boundary).__name__}")
+        self._boundary_override = is_boundary
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Micro-batches whose backward does not reduce gradients across ranks (each rank accumulates
+        its own; the next backward outside the context reduces the sum). Stages 0 and 1 only: stages
+        2 and 3 keep only each rank's slice of the gradients, so every backward must reduce, and
+        step() is refused inside the context, both as in DeepSpeed."""
+        stage = self.zero_optimization_stage()
+        if stage >= 2:
+            raise RuntimeError(f"zerocore: no_sync() is incompatible with ZeRO stage {stage}: its gradients are "
+                               "partitioned, so every backward reduces them across ranks; use stage 0 or 1, or "
+                               "gradient_accumulation_steps to accumulate without a step")
+        if self._in_no_sync:
+            raise RuntimeError("zerocore: no_sync() entered again inside no_sync(); nesting is not supported")
+        self._in_no_sync = True
+        try:
+            yield
+        finally:
+            self._in_no_sync = False
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.gas
+
+    def train_micro_batch_size_per_gpu(self) -> int | None:
+        return self.config.batch_sizes(self.comm.world)[1]
+
+    def train_batch_size(self) -> int | None:
+        return self.config.batch_sizes(self.comm.world)[2]
+
+    def _count_samples(self) -> None:
+        """At each boundary (updated or skipped), as DeepSpeed counts global_samples."""
+        batch = self.train_batch_size()
+        if batch is not None:
+            self.global_samples += batch
+
+    # -- facts ------------------------------------------------------------------------------
+    def get_global_grad_norm(self) -> float | None:
+        """The global gradient norm of the last boundary, before clipping (None before the first)."""
+        return self.global_grad_norm
+
+    def zero_optimization_stage(self) -> int:
+        return self.config.zero_optimization.stage
+
+    def zero_optimization(self) -> bool:
+        return self.zero_optimization_stage() > 0
+
+    def zero_optimization_partition_gradients(self) -> bool:
+        return self.zero_optimization_stage() >= 2
+
+    def zero_optimization_partition_weights(self) -> bool:
+        return self.zero_optimization_stage() >= 3
+
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        return self.config.zero_optimization.stage3_gather_16bit_weights_on_model_save
+
+    def zero_offload_optimizer(self) -> bool:
+        return self.config.zero_optimization.offload_optimizer.device != "none"
+
+    def zero_offload_param(self) -> bool:
+        return self.config.zero_optimization.offload_param.device != "none"
+
+    def fp16_enabled(self) -> bool:
+        return self.config.fp16.enabled
+
+    def bfloat16_enabled(self) -> bool:
+        return self.config.bf16.enabled
+
+    def gradient_clipping(self) -> float:
+        return self.config.gradient_clipping
+
+    @property
+    def global_rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def local_rank(self) -> int:
+        """The rank on this node: torchrun's LOCAL_RANK, else the global rank (one node)."""
+        return int(os.environ.get("LOCAL_RANK", self.comm.rank))
+
+    @property
+    def dp_world_size(self) -> int:
+        return self.comm.world
+
+    @property
+    def mp_world_size(self) -> int:
+        return 1
+
+    # -- weights ----------------------------------------------------------------------------
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
+        """Stage 3: the full weights in the training dtype, on CPU, as an ordered state dict on rank 0
+        (None on the others). A collective."""
+        from collections import OrderedDict
+
+        from . import weights
+
+        if self.zero_optimization_stage() != 3:
+            raise ValueError("zerocore: _zero3_consolidated_16bit_state_dict requires ZeRO stage 3 (at stages 0-2 "
+                             "the module's own state_dict() holds the full weights)")
+        state = weights.full_state_dict(self, self.dtype)
+        if self.comm.rank != 0:
+            return None
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        return OrderedDict(state)
+
+    # -- checkpoints (zerocore/checkpoint/) -------------------------------------------------
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
+                        exclude_frozen_parameters: bool = False, async_save: bool = False):
+        """DeepSpeed's ``save_checkpoint``: every rank writes the optimizer state it owns, rank 0 the
+        manifest; ``save_dir/<tag>`` (default ``global_step<N>``) appears, and ``save_dir/latest``
+        names it (unless ``save_latest`` is false), only once complete. A collective. Returns the
+        tag directory; with ``async_save`` a handle whose ``wait()`` returns it (the state is copied
+        to host memory first, then written in the background; the next save or load waits for it).
+        ``exclude_frozen_parameters`` is accepted: frozen parameters are always saved (they are
+        whole on rank 0 and small beside the optimizer state), so a load finds them."""
+        from ..checkpoint import async_save as asv
+        from ..checkpoint.save import save_checkpoint
+
+        if async_save:
+            return asv.save_async(self, save_dir, tag, client_state, save_latest=save_latest)
+        asv.wait_pending(self)
+        return save_checkpoint(self, save_dir, tag, client_state, save_latest=save_latest)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
+                        load_lr_scheduler_states: bool = True, load_module_only: bool = False, custom_load_fn=None):
+        """DeepSpeed's ``load_checkpoint``: ``(path, client_state)``; ``(None, None)`` with a warning
+        when ``tag`` is None and there is no checkpoint. Loads a checkpoint of any world size and
+        stage. ``load_module_only``: weights only (optimizer, counters, lr and scaler stay as they
+        are). ``load_lr_scheduler_states``: restore the schedule's state too. A collective.
+        ``load_module_strict=False`` is refused: a checkpoint of another model is always an error
+        naming its differences. ``custom_load_fn`` is not supported."""
+        from ..checkpoint.async_save import wait_pending
+        from ..checkpoint.load import load_checkpoint
+
+        if not load_module_strict:
+            raise ValueError("zerocore: load_checkpoint(load_module_strict=False) is not supported: the checkpoint "
+                             "must hold the same model (its differences are named); load the weights yourself with "
+                             "zerocore.gathered(..., modifier_rank=0) to copy a partial state dict")
+        if custom_load_fn is not None:
+            raise ValueError("zerocore: load_checkpoint(custom_load_fn=...) is not supported")
+        wait_pending(self)
+        return load_checkpoint(self, load_dir, tag, load_optimizer_states, load_module_only,
+                               load_lr_scheduler_states=load_lr_scheduler_states)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def train(self, mode: bool = True):
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def compile(self, backend=None, compile_kwargs=None, schedule=None, compiled_autograd_enabled: bool = False):
+        """``torch.compile`` of the wrapped module's forward (the engine's hooks and collectives stay
+        outside the compiled graph at stage 3). Called once; returns nothing, as DeepSpeed's."""
+        if self.is_compiled:
+            return
+        kwargs = dict(compile_kwargs or {})
+        if backend is not None:
+            kwargs["backend"] = backend
+        self.module.compile(**kwargs)
+        self._is_compiled = True
+
+    @property
+    def is_compiled(self) -> bool:
+        return getattr(self, "_is_compiled", False)
+
+    def get_accelerator_device_name(self) -> str:
+        return self.device.type
+
+
+def build_dataloader(dataset, micro_batch: int | None, comm, collate_fn=None, drop_last: bool = False):
+    """DeepSpeed's training loader: each data-parallel rank reads its part of ``dataset`` through a
+    ``DistributedSampler`` with torch's defaults (shuffled with seed 0, the same order every epoch
+    unless ``loader.sampler.set_epoch`` is called), ``micro_batch`` samples per batch, the same
+    batches DeepSpeed's loader yields (read in the main process)."""
+    from torch.utils.data import DataLoader, Dataset, IterableDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    if not isinstance(dataset, (Dataset, IterableDataset)):
+        raise ValueError(f"zerocore: training_data must be a torch.utils.data.Dataset; got {type(dataset).__name__}")
+    if micro_batch is None:
+        raise ValueError("zerocore: training_data needs the micro-batch size: set train_micro_batch_size_per_gpu "
+                         "(or train_batch_size) in the config")
+    sampler = DistributedSampler(dataset, num_replicas=comm.world, rank=comm.rank)
+    return DataLoader(dataset, batch_size=micro_batch, sampler=sampler, collate_fn=collate_fn, drop_last=drop_last,
+                      pin_memory=torch.cuda.is_available())

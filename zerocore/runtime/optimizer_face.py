@@ -1,0 +1,87 @@
+"""``engine.optimizer``: a ``torch.optim.Optimizer`` whose ``param_groups`` are the engine's
+hyper-parameter groups, so schedules, trainers and scripts read and edit them as with torch.
+
+The engine reads every group's lr, betas, eps and weight decay at each update (an edit of
+``param_groups[i]["lr"]`` takes effect at the next step); the state lives in the engine's
+sharded optimizer shards, so ``step()`` and ``zero_grad()`` here do nothing (the engine steps
+and clears at each accumulation boundary, as DeepSpeed's engine does). With a client optimizer
+the face shares that optimizer's ``param_groups`` list: a scheduler built over the client
+optimizer drives the engine too. ``state_dict()`` holds the groups' hyper-parameters (the
+sharded state is saved by ``engine.save_checkpoint``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..sharding import AdamHyper
+
+
+class ZeroOptimizer(torch.optim.Optimizer):
+    def __init__(self, engine, groups: list[dict], defaults: dict, *, decoupled: bool, shared: list | None = None):
+        """``groups``: resolved param groups (every key present); ``shared``: a client optimizer's
+        ``param_groups`` list to use as this face's own (same dict objects)."""
+        super().__init__(groups if shared is None else shared, defaults)
+        if shared is not None:
+            self.param_groups = shared
+        self._engine = engine
+        self._decoupled = decoupled
+        self._hypers = [self._hyper_of(g, i) for i, g in enumerate(self.param_groups)]
+
+    def _hyper_of(self, g: dict, i: int) -> AdamHyper:
+        hp = AdamHyper(lr=0.0, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=self._decoupled)
+        self._read(g, hp, i)
+        return hp
+
+    def _read(self, g: dict, hp: AdamHyper, i: int) -> None:
+        lr = g["lr"]
+        if type(lr) is not float:  # a tensor (some schedules), an int
+            lr = float(lr.item() if isinstance(lr, torch.Tensor) else lr)
+        if not math.isfinite(lr) or lr < 0:
+            raise ValueError(f"zerocore: optimizer.param_groups[{i}]['lr'] is {lr!r}; it must be a finite number >= 0 "
+                             "(nothing was updated)")
+        hp.lr = lr
+        b = g.get("betas")
+        if b is not None:
+            hp.betas = (float(b[0]), float(b[1]))
+        hp.eps = float(g.get("eps", hp.eps))
+        hp.weight_decay = float(g.get("weight_decay", hp.weight_decay))
+        hp.decoupled = bool(g.get("decoupled_weight_decay", self._decoupled))
+
+    def hypers(self) -> list[AdamHyper]:
+        """Every group's hyper-parameters as they are now (read at each update)."""
+        groups, hypers = self.param_groups, self._hypers
+        if len(groups) != len(hypers):
+            raise RuntimeError(f"zerocore: optimizer.param_groups has {len(groups)} groups, the engine was built with "
+                               f"{len(hypers)}; groups cannot be added or removed after initialize")
+        for i, (g, hp) in enumerate(zip(groups, hypers)):
+            self._read(g, hp, i)
+        return hypers
+
+    # -- torch.optim.Optimizer's face ------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):
+        """A no-op: the engine updates at ``engine.step()`` on the accumulation boundary."""
+        if closure is not None:
+            with torch.enable_grad():
+                return closure()
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """A no-op: the engine clears gradients after each update (``engine.zero_grad()`` drops a window)."""
+
+    def add_param_group(self, param_group: dict) -> None:
+        if getattr(self, "_engine", None) is not None:
+            raise RuntimeError("zerocore: optimizer.add_param_group after initialize: the engine's flat buffers are "
+                               "built from the groups given to initialize (pass every group as model_parameters)")
+        super().add_param_group(param_group)
+
+    @property
+    def overflow(self) -> bool:
+        """Whether the last accumulation boundary skipped its update (fp16 overflow, Inf/NaN)."""
+        return self._engine.overflow
+
+    def __repr__(self) -> str:
+        lrs = ", ".join(f"{g['lr']:g}" if isinstance(g["lr"], float) else str(g["lr"]) for g in self.param_groups)
+        return f"ZeroOptimizer({len(self.param_groups)} groups, lr [{lrs}])"
