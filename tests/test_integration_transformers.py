@@ -124,3 +124,12 @@ def test_stage3_evaluates_and_loads_best_model(tmp_path):
     # the final weights are the best checkpoint's (only the first 64 values of each are reported)
     assert max(max(abs(a - b) for a, b in zip(saved[k].reshape(-1)[:64].tolist(), got["weights"][k]))
                for k in saved) == 0.0
+
+
+@pytest.mark.slow
+def test_weight_decay_groups_match_ddp(tmp_path):
+    # weight_decay > 0: the Trainer's decay / no-decay groups become the engine's parameter groups
+    ref = run(tmp_path, "wd_ddp", "backend=ddp", "wd=0.1", "steps=12")
+    got = run(tmp_path, "wd_z2", "stage=2", "wd=0.1", "steps=12")
+    assert max_diff(ref["losses"], got["losses"]) < TOL
+    assert max_diff(ref["weights"], got["weights"]) < TOL
