@@ -1,0 +1,30 @@
+"""Runs a script of tests/integrations/ under torchrun on CPU ranks and reads the JSON it writes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "integrations")
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def torchrun(script: str, args: list[str], out: str, nproc: int = 2, timeout: float = 900) -> dict:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           os.path.join(HERE, script), *args]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=os.path.dirname(out))
+    if r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def max_diff(a, b) -> float:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), (sorted(a), sorted(b))
+        return max(max_diff(a[k], b[k]) for k in a)
+    assert len(a) == len(b), (len(a), len(b))
+    return max((abs(x - y) for x, y in zip(a, b)), default=0.0)

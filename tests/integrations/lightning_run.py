@@ -1,0 +1,79 @@
+"""One Lightning run under torchrun (or alone): prints a JSON line with rank 0's losses, learning
+rates and final weights. argv: strategy out.json [steps] [accumulate] [ckpt_every] [resume_dir]."""
+import json
+import os
+import sys
+
+import torch
+from torch import nn
+
+import lightning.pytorch as pl
+
+import zerocore.integrations.lightning  # noqa: F401  (registers the zerocore_* strategies)
+
+
+class Net(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.losses, self.lrs = [], []
+
+    def configure_model(self):
+        if hasattr(self, "body"):
+            return
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(24, 48), nn.Tanh(), nn.Linear(48, 48), nn.Tanh(), nn.Linear(48, 5))
+
+    def training_step(self, batch, _):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.body(x), y)
+        self.losses.append(loss.item())
+        self.lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
+        return loss
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.05)
+        warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=4)
+        decay = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0, end_factor=0.2, total_iters=20)
+        sched = torch.optim.lr_scheduler.SequentialLR(opt, [warm, decay], milestones=[4])
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def data(n=320):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 24, generator=g)
+    y = (x[:, :5] * 3).argmax(-1)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def main():
+    strategy, out = sys.argv[1], sys.argv[2]
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
+    acc = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+    ckpt_every = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+    resume = sys.argv[6] if len(sys.argv) > 6 and sys.argv[6] != "-" else None
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    torch.set_num_threads(1)
+    callbacks = []
+    if ckpt_every:
+        callbacks.append(pl.callbacks.ModelCheckpoint(dirpath=os.path.dirname(out) + "/ckpt", every_n_train_steps=ckpt_every,
+                                                      save_top_k=-1, filename="s{step}"))
+    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=world, max_steps=steps,
+                         accumulate_grad_batches=acc, gradient_clip_val=0.5, logger=False,
+                         enable_checkpointing=bool(ckpt_every), callbacks=callbacks, enable_progress_bar=False,
+                         enable_model_summary=False, deterministic=True)
+    model = Net()
+    loader = torch.utils.data.DataLoader(data(), batch_size=8, shuffle=False)
+    trainer.fit(model, loader, ckpt_path=resume)
+    eng = getattr(trainer.strategy, "engine", None)
+    if eng is not None:
+        sd = eng.full_state_dict()
+    else:
+        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if trainer.global_rank == 0:
+        with open(out, "w") as f:
+            json.dump({"losses": model.losses, "lrs": model.lrs, "global_step": trainer.global_step,
+                       "weights": {k: v.reshape(-1).tolist() for k, v in sd.items()}}, f)
+
+
+if __name__ == "__main__":
+    main()

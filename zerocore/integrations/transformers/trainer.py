@@ -1,0 +1,188 @@
+"""Hugging Face ``Trainer`` (and its subclasses: TRL's ``SFTTrainer``, ...) driving a zerocore engine.
+
+``ZeroTrainerMixin`` goes first among the bases (``make_zero_trainer(SFTTrainer)`` builds that
+class) and overrides the Trainer's overridable methods, nothing in the library itself:
+
+- ``create_optimizer``: the Trainer's own optimizer (or the config's ``optimizer`` section) gives
+  the engine its hyperparameters and parameter groups; the engine is built here, and the Trainer
+  keeps an optimizer face whose ``param_groups`` its scheduler writes and the engine reads;
+- ``_wrap_model``: the model is driven through the engine instead of DDP (a thin module whose
+  forward is the engine's, so Accelerate does not wrap it again);
+- ``training_step``: the Trainer's own step (loss, accumulation scaling, logging), with its
+  ``backward`` going to the engine, which steps at each accumulation boundary (as Accelerate does
+  for DeepSpeed); ``_clip_grad_norm`` / ``_get_grad_norm`` report the engine's (it clips);
+- checkpoints: ``_save_optimizer_and_scheduler`` / ``_load_optimizer_and_scheduler`` write and
+  read a zerocore checkpoint (loadable at any world size) plus the scheduler's state;
+- ``save_model``: full weights gathered from the shards, written by ``save_pretrained`` as
+  safetensors (PEFT models: the adapters only).
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+from .._common import EngineOptimizer, backward_divided, global_grad_norm, initialize, optimizer_section, sync_lr
+from .._wrapping import EngineModule, read_config
+from .config import fill_auto
+
+SCHEDULER_NAME = "scheduler.pt"
+
+
+class _EngineScheduler:
+    """The Trainer's view of a schedule the engine steps itself (the config's ``scheduler``)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def step(self, *args, **kwargs) -> None:
+        pass
+
+    def get_last_lr(self):
+        return self.engine.get_lr()
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state) -> None:
+        pass
+
+
+class ZeroTrainerMixin:
+    """Put first among a Trainer class's bases; give ``zerocore_config`` (dict or JSON path).
+
+    Leave ``TrainingArguments.deepspeed`` unset: the config goes here, its ``"auto"`` values are
+    filled from the arguments as Transformers fills DeepSpeed's."""
+
+    def __init__(self, *args, zerocore_config=None, **kwargs):
+        if zerocore_config is None:
+            raise TypeError(f"{type(self).__name__} needs zerocore_config= (a zerocore/DeepSpeed config dict or "
+                            "JSON path)")
+        self.zerocore_config = read_config(zerocore_config)
+        self.zerocore_engine = None
+        self._zc_wrapper = None
+        super().__init__(*args, **kwargs)
+        if getattr(self.args, "deepspeed", None):
+            raise ValueError("TrainingArguments(deepspeed=...) is set: with zerocore pass the config as "
+                             "zerocore_config= and leave deepspeed unset (it would import DeepSpeed)")
+        # fail on contradictions now rather than when training starts
+        fill_auto(self.zerocore_config, self.args, self.model)
+
+    # -- the engine ----------------------------------------------------------------------
+    def create_optimizer(self, model=None):
+        if self.zerocore_engine is None:
+            self._zc_build()
+        return self.optimizer
+
+    def _zc_build(self) -> None:
+        steps = getattr(getattr(self, "state", None), "max_steps", None) or None
+        cfg = fill_auto(self.zerocore_config, self.args, self.model, steps)
+        if "optimizer" in cfg:  # DeepSpeed's way: every trainable parameter in one group
+            p = cfg["optimizer"].get("params", {})
+            trainable = [q for q in self.model.parameters() if q.requires_grad]
+            groups = [{"params": trainable, "lr": p.get("lr", 1e-3), "betas": tuple(p.get("betas", (0.9, 0.999))),
+                       "eps": p.get("eps", 1e-8), "weight_decay": p.get("weight_decay", 0.0)}]
+        else:  # the Trainer's optimizer (its decay / no-decay groups) read as a client optimizer
+            if self.optimizer is None:
+                super().create_optimizer()
+            cfg["optimizer"], groups = optimizer_section(self.optimizer)
+        engine = initialize(self.model, cfg, groups)
+        self.zerocore_engine = engine
+        self._zc_wrapper = EngineModule(engine)
+        self._zc_owns_schedule = "scheduler" in cfg
+        if self._zc_owns_schedule:
+            if getattr(engine, "lr_scheduler", None) is None:
+                raise ValueError("zerocore config: the 'scheduler' section needs a zerocore engine with LR schedules; "
+                                 "remove it to use the Trainer's lr_scheduler_type / warmup arguments")
+            self.lr_scheduler = _EngineScheduler(engine)
+        face = getattr(engine, "optimizer", None)
+        self.optimizer = face if hasattr(face, "param_groups") else EngineOptimizer(groups)
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        if self.zerocore_engine is not None and self._zc_owns_schedule:
+            return self.lr_scheduler
+        return super().create_scheduler(num_training_steps, optimizer)
+
+    def _wrap_model(self, model, training: bool = True, dataloader=None):
+        if self.zerocore_engine is None:
+            self._zc_build()  # evaluation before training: the engine runs the (partitioned) forward
+        return self._zc_wrapper
+
+    # -- one micro-batch -----------------------------------------------------------------
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        acc = self.accelerator
+        acc.backward = self._zc_backward  # this Accelerator instance only, for this call
+        try:
+            return super().training_step(model, inputs, num_items_in_batch)
+        finally:
+            del acc.backward
+
+    def _zc_backward(self, loss, **kwargs) -> None:
+        engine = self.zerocore_engine
+        backward_divided(engine, loss)  # the Trainer divided it for accumulation already
+        if (engine.micro_steps + 1) % engine.gas == 0 and not self._zc_owns_schedule:
+            sync_lr(engine, self.optimizer)
+        engine.step()  # updates at the accumulation boundary only
+
+    def _clip_grad_norm(self, model):
+        return global_grad_norm(self.zerocore_engine)  # the engine clipped (gradient_clipping = max_grad_norm)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        return grad_norm if grad_norm is not None else global_grad_norm(self.zerocore_engine)
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        self.zerocore_engine.save_checkpoint(output_dir)
+        if self.args.should_save and not self._zc_owns_schedule:
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
+
+    def _load_optimizer_and_scheduler(self, checkpoint) -> None:
+        if checkpoint is None:
+            return
+        path, _ = self.zerocore_engine.load_checkpoint(checkpoint)
+        if path is None:
+            raise FileNotFoundError(f"zerocore: {checkpoint} holds no zerocore checkpoint (no 'latest' file); "
+                                    "resume from a checkpoint written by a zerocore Trainer")
+        sched = os.path.join(checkpoint, SCHEDULER_NAME)
+        if not self._zc_owns_schedule and os.path.isfile(sched):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.lr_scheduler.load_state_dict(torch.load(sched, weights_only=True))
+            # the optimizer state is the engine's: the groups' current lr comes from the schedule
+            for g, lr in zip(self.optimizer.param_groups, self.lr_scheduler.get_last_lr()):
+                g["lr"] = lr
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        if self.zerocore_engine is None:
+            return  # the engine's checkpoint brings the weights once the engine exists
+        from .loading import load_pretrained_weights
+
+        load_pretrained_weights(self.model, resume_from_checkpoint)
+
+    def _load_best_model(self) -> None:
+        # load_best_model_at_end: the weights of the best checkpoint's zerocore checkpoint, into the
+        # engine's shards and master copy (a load_state_dict on the module would miss the master)
+        best = self.state.best_model_checkpoint
+        path, _ = self.zerocore_engine.load_checkpoint(best, load_module_only=True)
+        if path is None:
+            raise FileNotFoundError(f"zerocore: the best checkpoint {best} holds no zerocore checkpoint")
+
+    # -- weights out ---------------------------------------------------------------------
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        engine = self.zerocore_engine
+        if engine is None:
+            return super().save_model(output_dir, _internal_call)
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        state = engine.full_state_dict()  # a collective: every rank gathers
+        if engine.dtype != torch.float32:
+            state = {k: v.to(engine.dtype) if v.is_floating_point() else v for k, v in state.items()}
+        self._save(output_dir, state_dict=state)
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+
+def make_zero_trainer(trainer_cls: type) -> type:
+    """``trainer_cls`` (``Trainer`` or a subclass) driving zerocore: ``ZeroTrainerMixin`` first."""
+    if issubclass(trainer_cls, ZeroTrainerMixin):
+        return trainer_cls
+    return type(f"Zero{trainer_cls.__name__}", (ZeroTrainerMixin, trainer_cls), {"__module__": __name__})
