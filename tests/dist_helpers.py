@@ -337,7 +337,10 @@ def reference(case: Case, world: int) -> dict:
 
 
 # -- spawning -------------------------------------------------------------------------------------
-def _entry(rank: int, world: int, init_file: str, out_dir: str, cases: list[Case]) -> None:
+def _entry(rank: int, world: int, init_file: str, out_dir: str, cases: list, run=None) -> None:
+    """One rank: every case through ``run(case, rank, world)`` (``run_case`` by default), each
+    result (or the traceback of its failure) saved for the parent."""
+    run = run_case if run is None else run
     torch.set_num_threads(1)  # ranks share 2 cores
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
@@ -345,7 +348,7 @@ def _entry(rank: int, world: int, init_file: str, out_dir: str, cases: list[Case
         for case in cases:
             t0 = time.perf_counter()
             try:
-                r = run_case(case, rank, world)
+                r = run(case, rank, world)
             except Exception:
                 r = {"error": traceback.format_exc()}
             r["seconds"] = time.perf_counter() - t0
@@ -357,11 +360,12 @@ def _entry(rank: int, world: int, init_file: str, out_dir: str, cases: list[Case
         dist.destroy_process_group()
 
 
-def spawn_cases(cases: list[Case], world: int, tmp_dir, timeout: float = 600) -> list[list[dict]]:
-    """Runs ``cases`` on ``world`` gloo ranks; returns results[rank][case]."""
+def spawn_cases(cases: list, world: int, tmp_dir, timeout: float = 600, run=None) -> list[list[dict]]:
+    """Runs ``cases`` on ``world`` gloo ranks, each through ``run(case, rank, world)`` (a
+    module-level function; ``run_case`` by default); returns results[rank][case]."""
     tmp_dir = str(tmp_dir)
     init_file = os.path.join(tmp_dir, "pg_init")
-    ctx = mp.start_processes(_entry, args=(world, init_file, tmp_dir, cases), nprocs=world, join=False,
+    ctx = mp.start_processes(_entry, args=(world, init_file, tmp_dir, cases, run), nprocs=world, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=2):

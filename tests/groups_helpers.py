@@ -5,16 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import time
-import traceback
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import zerocore
-from dist_helpers import loss_fn, make_batch, make_model
+from dist_helpers import loss_fn, make_batch, make_model, spawn_cases
 
 
 @dataclasses.dataclass
@@ -138,39 +133,9 @@ def reference(case: GCase, world: int) -> dict:
     return out
 
 
-def _entry(rank: int, world: int, init_file: str, out_dir: str, cases: list[GCase]) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        results = []
-        for case in cases:
-            t0 = time.perf_counter()
-            try:
-                r = run_gcase(case, rank, world)
-            except Exception:
-                r = {"error": traceback.format_exc()}
-            r["seconds"] = time.perf_counter() - t0
-            results.append(r)
-            if "error" in r:
-                break
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
 def spawn_gcases(cases: list[GCase], world: int, tmp_dir, timeout: float = 900) -> dict[str, list[dict]]:
     """{case name: [rank results]} (a failed case's entry raises with its traceback when read)."""
-    tmp_dir = str(tmp_dir)
-    ctx = mp.start_processes(_entry, args=(world, os.path.join(tmp_dir, "pg_init"), tmp_dir, cases), nprocs=world,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.terminate()
-            raise TimeoutError(f"{world} ranks did not finish {len(cases)} cases in {timeout:.0f} s")
-    per_rank = [torch.load(os.path.join(tmp_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+    per_rank = spawn_cases(cases, world, tmp_dir, timeout=timeout, run=run_gcase)
     out = {}
     for i, c in enumerate(cases):
         out[c.name] = [rs[i] if i < len(rs) else {"error": "an earlier case failed"} for rs in per_rank]

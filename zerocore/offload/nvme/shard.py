@@ -204,7 +204,7 @@ class NvmeOptimizerShard(HostOptimizerShard):
                 self._copy_event.synchronize()
                 self._copy_event = None
             if self._direct():
-                return self._step_direct(hp, step, grad_scale)
+                return self._step_direct(plan, step, grad_scale)
             if self.staging is None:
                 self.staging = host_empty(self.n, self.group.layout.dtype, self.pin)
             for lo, hi, rec in self._tiles_io(step, write=True, then=self.then):
@@ -226,13 +226,13 @@ class NvmeOptimizerShard(HostOptimizerShard):
         that fails puts the tiles it wrote back from the current state's records (``_undo``)."""
         return not self.half and self.param_swap is None and self.group.owned_params_raw().device.type == "cpu"
 
-    def _step_direct(self, hp: AdamHyper, step: int, grad_scale: float) -> None:
+    def _step_direct(self, plan, step: int, grad_scale: float) -> None:
         target = self.group.owned_params_raw()
         done = 0  # parameters [0, done) hold this step's values
         try:
             for lo, hi, rec in self._tiles_io(step, write=True, then=self.then):
                 m, a, v = rec.arrays(hi - lo)
-                _adam(m, self.grad_h[lo:hi], a, v, None, hp, step, grad_scale, hi - lo)
+                _adam(m, self.grad_h[lo:hi], a, v, None, plan, step, grad_scale, hi - lo, base=lo)
                 target[lo:hi].copy_(m[:hi - lo])
                 done = hi
         except BaseException as e:
