@@ -37,7 +37,7 @@ def test_nvme_preset():
         step.parse_args(["--preset", "nvme", "--variants", "zerocore_stage3"])
 
 
-@pytest.mark.parametrize("preset", sorted(sv.PRESETS))
+@pytest.mark.parametrize("preset", sorted(p for p, vs in sv.PRESETS.items() if any(v.startswith("deepspeed") for v in vs)))
 def test_preset_leaves_out_peers_that_are_not_installed(preset, monkeypatch, capsys):
     """On a machine without DeepSpeed a preset runs zerocore's part and names what it left out;
     a variant asked for by name that cannot run is still an error."""

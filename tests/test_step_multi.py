@@ -115,6 +115,7 @@ class _Shard:
         self.exp_avg_sq = torch.rand(n, generator=g)
         self.param_out = torch.empty(n, dtype=torch.bfloat16) if out else None
         self.tile = tile
+        self.pieces = None  # one hyper-parameter group over the whole shard
 
 
 def _per_tile(shard, grad, hp, step, scale):

@@ -190,9 +190,23 @@ def _at_exit() -> None:
         # already non-zero
         for w in list(_R.workers):
             w.close(10.0)
+        _never_finalize_groups()
         return
     teardown()
     _R.base_store = None
+
+
+def _never_finalize_groups() -> None:
+    """After an uncaught exception: every live process group gets one reference that is never
+    given back, so finalization (whose garbage collection reaches groups held in reference cycles)
+    never runs gloo's destructor, which would first wait for a queued collective whose peers went
+    elsewhere. The process is ending; the operating system closes the group's sockets."""
+    import ctypes
+
+    groups = list(getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", {}) or {})
+    groups += [g for g in list(_R.side.values()) if g is not None]
+    for g in groups:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(g))
 
 
 def _say(text: str) -> None:
