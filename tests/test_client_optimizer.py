@@ -86,12 +86,22 @@ def test_client_adam_modes_read():
     ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}},
      lambda m: torch.optim.Adagrad(m.parameters()), r"offload_optimizer.ratio.*Adagrad"),
     ({}, lambda m: "sgd", "optimizer must be a torch.optim.Optimizer"),
-    ({"optimizer": {"type": "AdamW"}}, lambda m: torch.optim.AdamW(m.parameters()), "'optimizer' section too"),
 ])
 def test_what_cannot_work_is_named(cfg, opt, match):
     m = _model()
     with pytest.raises((ValueError, TypeError), match=match):
         zerocore.initialize(m, cfg, optimizer=opt(m))
+
+
+def test_passed_optimizer_wins_over_the_config_section_with_a_warning():
+    """DeepSpeed 0.19 trains with the passed optimizer and ignores the config's section: so does zerocore,
+    and says so."""
+    m = _model()
+    with pytest.warns(UserWarning, match="'optimizer' section too; the passed one is used"):
+        e = zerocore.initialize(m, {"optimizer": {"type": "AdamW", "params": {"lr": 0.5}}},
+                                optimizer=torch.optim.SGD(m.parameters(), lr=0.01))
+    assert e.get_lr() == [0.01]
+    e.destroy()
 
 
 def test_untested_optimizer_key_accepted():

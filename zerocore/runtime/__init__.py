@@ -24,7 +24,7 @@ def initialize(model: torch.nn.Module, config=None, *, model_parameters=None, op
     ``weight_decay`` (defaults: the config's ``optimizer.params``); a parameter of the model in
     no group is not trained. ``optimizer``: a ``torch.optim.Optimizer`` (or a callable taking the
     parameters and returning one) whose class, defaults and param_groups are used instead of the
-    config's ``optimizer`` section (giving both is an error). ``lr_scheduler``: a torch
+    config's ``optimizer`` section (given both, the passed one wins, as with DeepSpeed). ``lr_scheduler``: a torch
     ``LRScheduler`` over ``engine.optimizer`` (or over ``optimizer``), or a callable taking
     ``engine.optimizer`` and returning one; it wins over the config's ``scheduler`` section.
 

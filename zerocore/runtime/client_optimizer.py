@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 
@@ -62,9 +63,11 @@ def classify(optimizer, config, params_for_callable) -> ClientOptimizer:
     if optimizer is None:
         return from_config(config)
     if "optimizer" in getattr(config, "given_sections", ()):
-        raise ValueError(f"zerocore.initialize: an optimizer was passed ({type(optimizer).__name__}) and the config "
-                         "has an 'optimizer' section too; keep one of them (remove the section, or do not pass "
-                         "optimizer=)")
+        # DeepSpeed 0.19 trains with the passed optimizer and ignores the section (silently): the
+        # same here, so a DeepSpeed script computes the same, but said
+        warnings.warn(f"zerocore.initialize: an optimizer was passed ({type(optimizer).__name__}) and the config has "
+                      "an 'optimizer' section too; the passed one is used and the section is ignored, as DeepSpeed "
+                      "does (remove the section to silence this)", UserWarning, stacklevel=3)
     if not isinstance(optimizer, torch.optim.Optimizer) and callable(optimizer):
         optimizer = optimizer(params_for_callable())
     if not isinstance(optimizer, torch.optim.Optimizer):
