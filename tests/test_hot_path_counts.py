@@ -9,7 +9,8 @@ Per training step of a 100-block model (LayerNorm + Linear + residual, 400 param
 
 Measured before this was fixed (issue 11, same model): aten ops plain 1,405, stage 1 2,207,
 stage 2 2,212, stage 3 2,807; Python calls 6.1 / 11.2 / 93.6 per parameter at stages 1/2/3.
-``python tests/test_hot_path_counts.py`` prints today's numbers.
+``python tests/test_hot_path_counts.py`` prints today's numbers. Whether stage 3's cost is per
+unit rather than per parameter is tested differentially in ``test_per_unit_counts.py``.
 """
 from __future__ import annotations
 
@@ -134,12 +135,6 @@ def test_backward_and_step_costs_scale_with_units_not_parameters(stage):
         # ~86 constant calls per step: the engine (~25), the ops argument checks (~20), the misuse
         # bookkeeping of issue 15 (~10), the norm and the reduction.
         assert u == 1 and r["python_calls_per_step"] <= 100, r
-
-
-def test_stage3_python_calls_meet_the_issue_target():
-    torch.set_num_threads(1)
-    r = measure(3)
-    assert r["python_calls_per_step"] <= r["params"] + 20 * r["units"] + 60, r
 
 
 if __name__ == "__main__":
