@@ -9,8 +9,9 @@ import warnings
 
 import pytest
 
-from zerocore.config import ConfigError, ConfigWarning, load_config
-from zerocore.config.compat import colossalai, deepspeed, other_spellings, to_canonical
+from zerocore.config import ConfigError, ConfigWarning, ZeroConfig, load_config
+from zerocore.config.compat import (accepted_keys, colossalai, deepspeed, other_spellings, to_canonical,
+                                    top_level_keys)
 
 
 def _same_config(foreign: dict, canonical: dict) -> None:
@@ -191,3 +192,19 @@ def test_docs_list_every_other_spelling_with_its_library():
     assert ("stage3_gather_fp16_weights_on_model_save", "DeepSpeed, deprecated") in spellings[
         "zero_optimization.stage3_gather_16bit_weights_on_model_save"]
     assert spellings["aio.intra_op_parallelism"] == [("thread_count", "DeepSpeed")]
+
+
+def _schema_keys(path: str) -> set[str]:
+    cls = ZeroConfig
+    for part in path.split(".") if path else ():
+        cls = {f.name: f for f in dataclasses.fields(cls)}[part].default_factory
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def test_tables_map_onto_schema_keys_and_accept_only_keys_the_schema_lacks():
+    for key in other_spellings():  # every other spelling names a key the schema has
+        path, _, name = key.rpartition(".")
+        assert name in _schema_keys(path), key
+    for path, keys in accepted_keys().items():  # a foreign key never shadows a schema key
+        assert not set(keys) & _schema_keys(path), path
+    assert not set(top_level_keys()) & _schema_keys("")

@@ -40,7 +40,7 @@ Top-level keys zerocore has no field for: those that change nothing training com
 (DeepSpeed's logging, monitoring and profiling sections such as `steps_per_print`,
 `wall_clock_breakdown`, `tensorboard`, `wandb`, `csv_monitor`, `flops_profiler`,
 `comms_logger`; the `activation_checkpointing` memory knobs) are accepted and named in one
-warning; a feature section switched off (`{"enabled": false}`) is accepted silently; any other
+warning, as is a feature section switched off (`{"enabled": false}`); any other
 (model/pipeline/sequence parallelism, compression, curriculum learning, ...) is an error naming
 the key, since ignoring it would train something else than the file asks for. The full list
 is at the end of this file.
