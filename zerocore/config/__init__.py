@@ -1,5 +1,6 @@
-"""zerocore's config: one schema (``schema.py``) read from DeepSpeed JSON, dicts, or the
-ColossalAI form (``parse.py``), with its documentation generated from it (``docs.py``)."""
+"""zerocore's config: one schema (``schema.py``) read from DeepSpeed JSON, dicts, or ColossalAI's
+form (``parse.py``; other libraries' spellings are translated in ``compat/``), with its
+documentation generated from it (``docs.py``)."""
 from .options import ConfigError
 from .parse import ConfigWarning, load_config, pending_features, require_implemented
 from .schema import (AioConfig, BF16Config, FP16Config, OffloadOptimizerConfig, OffloadParamConfig,

@@ -13,17 +13,21 @@ Generated from the schema in `zerocore/config/schema.py` by `zerocore config-doc
 edit by hand (a test checks that this file matches the generator).
 
 A config is a dict, a path to a JSON file, or a `zerocore.ZeroConfig`, in DeepSpeed's
-`ds_config.json` layout. Also accepted: the aliases listed below, DeepSpeed's deprecated
-`zero_optimization.cpu_offload` / `cpu_offload_param` / `cpu_offload_use_pin_memory` (mapped
-onto the offload sections, with a warning), and the ColossalAI form
-`zero=dict(level=..., offload_optimizer_config=dict(...), offload_param_config=dict(...))`,
-including the seed's `optimizer=dict(type='Adam', lr=0.001, weight_decay=0)` and
-`zero=dict(type='ZeroRedundancyOptimizer_Level_3', dynamic_loss_scale=True, clip_grad=1.0)`:
-`type` ZeroRedundancyOptimizer_Level_N is stage N, flat optimizer keys go to `optimizer.params`
-(flat `type='Adam'` is torch.optim.Adam: `adam_w_mode` false), `dynamic_loss_scale` is fp16 with
-dynamic loss scaling (`static_loss_scale`: a static one; `dynamic_loss_args` its knobs),
-`clip_grad` is `gradient_clipping`. A number given as `offload_param_config.fast_init` (the
-seed's slip) is taken as `max_in_cpu`, with a warning.
+`ds_config.json` layout. Other spellings are written in zerocore's key names before the schema
+checks them (`zerocore/config/compat/`):
+
+- DeepSpeed's: the aliases listed below and its deprecated `zero_optimization.cpu_offload` /
+  `cpu_offload_param` / `cpu_offload_use_pin_memory` (mapped onto the offload sections, with a
+  warning).
+- ColossalAI's form: `zero=dict(level=..., offload_optimizer_config=dict(...),
+  offload_param_config=dict(...))`, and ColossalAI's `optimizer=dict(type='Adam', lr=0.001,
+  weight_decay=0)` with `zero=dict(type='ZeroRedundancyOptimizer_Level_3',
+  dynamic_loss_scale=True, clip_grad=1.0)`: `type` ZeroRedundancyOptimizer_Level_N is stage N,
+  flat optimizer keys go to `optimizer.params` (flat `type='Adam'` is torch.optim.Adam:
+  `adam_w_mode` false), `dynamic_loss_scale` is fp16 with dynamic loss scaling
+  (`static_loss_scale`: a static one; `dynamic_loss_args` its knobs), `clip_grad` is
+  `gradient_clipping`. `offload_param_config` has no `fast_init`; a number written there is
+  taken as `max_in_cpu` (the host-memory bound of the parameter shards), with a warning.
 
 Defaults are DeepSpeed 0.19's: a DeepSpeed config trains the same under zerocore. The column
 "DeepSpeed 0.19" gives DeepSpeed's default for each key (read from the installed DeepSpeed by
@@ -36,7 +40,7 @@ Top-level keys zerocore has no field for: those that change nothing training com
 (DeepSpeed's logging, monitoring and profiling sections such as `steps_per_print`,
 `wall_clock_breakdown`, `tensorboard`, `wandb`, `csv_monitor`, `flops_profiler`,
 `comms_logger`; the `activation_checkpointing` memory knobs) are accepted and named in one
-warning; a feature section switched off (`{"enabled": false}`) is accepted silently; any other
+warning, as is a feature section switched off (`{"enabled": false}`); any other
 (model/pipeline/sequence parallelism, compression, curriculum learning, ...) is an error naming
 the key, since ignoring it would train something else than the file asks for. The full list
 is at the end of this file.
@@ -53,8 +57,10 @@ An unknown key inside a known section is an error naming it (with the nearest
 known spelling); DeepSpeed keys that zerocore has no field for are accepted only with the value
 that asks for what zerocore does anyway (e.g. `ignore_unused_parameters: true`,
 `zero_quantized_weights: false`). A wrong type or value raises `ConfigError` naming the
-key and what is allowed. Settings whose implementation has not landed raise
-`NotImplementedError` from `zerocore.initialize` naming them, instead of being ignored.
+key and what is allowed; so does a combination of keys that cannot work together (e.g.
+`offload_optimizer.device` other than none at stage 0, `offload_param.device` other than none
+below stage 3, `ratio` below 1 with `device` nvme). Whether an `nvme_path` exists, is writable
+and supports direct I/O is checked at `zerocore.initialize`, on the machine that trains.
 
 Gradient reduction on gloo: with `reduce_scatter: true` each rank receives only its reduced
 slice. gloo's own reduce-scatter took 1.8-2.9x (2 ranks) and 1.1-1.8x (4 ranks) as long as an
@@ -75,17 +81,20 @@ def _fmt(value) -> str:
 
 
 def render() -> str:
+    from .compat import other_spellings
     from .deepspeed_defaults import DEEPSPEED_DEFAULTS, DIFFERS, ONLY_ZEROCORE
+
+    spellings = other_spellings()
 
     rows = ["| key | default | DeepSpeed 0.19 | allowed | meaning | status |", "|---|---|---|---|---|---|"]
     for key, _, spec, default in walk(ZeroConfig):
         ds = DEEPSPEED_DEFAULTS[key]
         ds_text = "(zerocore only)" if ds is ONLY_ZEROCORE else f"`{_fmt(ds)}`" + (" (see below)" if key in DIFFERS
                                                                                    else "")
-        names = list(spec.aliases) + [f"{d} (deprecated)" for d in spec.deprecated]
+        names = [f"{name} ({whose})" for name, whose in spellings.get(key, [])]
         meaning = spec.doc + (f" Also accepted as: {', '.join(names)}." if names else "")
         if spec.pending:
-            status = f"validated; values that need {spec.pending} raise NotImplementedError until it lands"
+            status = f"validated; values that need {spec.pending} raise NotImplementedError (not implemented yet)"
         elif spec.no_effect:
             status = f"accepted; {spec.no_effect}"
         elif spec.applies:
@@ -94,9 +103,10 @@ def render() -> str:
             status = "works"
         rows.append(f"| `{key}` | `{_fmt(default)}` | {ds_text} | {allowed_text(spec)} | {meaning} | {status} |")
     sections = []
-    for key, f, spec, _ in _sections(ZeroConfig, ""):
-        if spec.aliases:
-            sections.append(f"- `{key}` is also accepted as `{'`, `'.join(spec.aliases)}`.")
+    for key in _sections(ZeroConfig, ""):
+        if key in spellings:
+            names = ", ".join(f"`{name}` ({whose})" for name, whose in spellings[key])
+            sections.append(f"- `{key}` is also accepted as {names}.")
     text = HEADER + "\n".join(rows) + "\n"
     text += "\nWhere zerocore's default is not DeepSpeed's:\n\n" + "\n".join(
         f"- `{k}`: {why}" for k, why in DIFFERS.items()) + "\n"
@@ -106,31 +116,32 @@ def render() -> str:
 
 
 def _foreign_table() -> str:
-    from .foreign import ANY, FOREIGN
+    from .compat import ANY, accepted_keys, top_level_keys
 
     rows = ["", "Other libraries' keys accepted inside these sections (any other value is an error):", "",
             "| key | accepted | why |", "|---|---|---|"]
-    for path, keys in FOREIGN.items():
+    for path, keys in accepted_keys().items():
         for key, (allowed, why) in keys.items():
-            accepted = "any value" if allowed is ANY else " or ".join(f"`{_fmt(a)}`" for a in allowed)
-            rows.append(f"| `{path}.{key}` | {accepted} | {why} |")
-    from .foreign import TOP_LEVEL
-
+            rows.append(f"| `{path}.{key}` | {_accepted(allowed, ANY)} | {why} |")
     rows += ["", "DeepSpeed top-level keys accepted (any other top-level key is an error unless its section has "
              "`\"enabled\": false`):", "", "| key | accepted | why |", "|---|---|---|"]
-    for key, (allowed, why) in TOP_LEVEL.items():
-        accepted = "any value" if allowed is ANY else " or ".join(f"`{_fmt(a)}`" for a in allowed)
-        rows.append(f"| `{key}` | {accepted} | {why} |")
+    for key, (allowed, why) in top_level_keys().items():
+        rows.append(f"| `{key}` | {_accepted(allowed, ANY)} | {why} |")
     return "\n".join(rows) + "\n"
 
 
+def _accepted(allowed, any_value) -> str:
+    return "any value" if allowed is any_value else " or ".join(f"`{_fmt(a)}`" for a in allowed)
+
+
 def _sections(cls, prefix):
+    """The dotted key of every nested section of ``cls``, depth first."""
     import dataclasses
 
-    from .options import is_section, spec_of
+    from .options import is_section
 
     for f in dataclasses.fields(cls):
         if is_section(f):
             key = f"{prefix}.{f.name}" if prefix else f.name
-            yield key, f, spec_of(f), None
+            yield key
             yield from _sections(f.default_factory, key)

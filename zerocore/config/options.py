@@ -24,10 +24,9 @@ class Spec:
     gt: float | None = None
     le: float | None = None
     optional: bool = False  # None (JSON null) allowed
-    aliases: tuple[str, ...] = ()  # other accepted spellings, silently mapped
-    deprecated: tuple[str, ...] = ()  # old spellings, mapped with a deprecation warning
-    # Later issues: a predicate on the value telling whether this config *uses* a feature that
-    # is not implemented yet, and the name of that work (so the error can say where it lands).
+    # Other libraries' spellings of a key are not declared here: ``compat`` maps them.
+    # A predicate on the value telling whether this config *uses* a feature that zerocore
+    # validates but does not implement yet, and what that feature is (named in the error).
     pending_if: Callable[[Any], bool] | None = None
     pending: str = ""
     # Accepted for compatibility but changes nothing in zerocore: setting a non-default value

@@ -2,8 +2,10 @@
 (the file users already have); every section validates itself on construction, so a
 ``ZeroConfig`` built in Python is checked exactly like one read from JSON.
 
-Read with :func:`zerocore.config.load_config` (dict, JSON path, or ZeroConfig); the ColossalAI
-``zero=dict(...)`` form and DeepSpeed's deprecated spellings are mapped in ``parse.py``.
+Read with :func:`zerocore.config.load_config` (dict, JSON path, or ZeroConfig); other spellings
+(DeepSpeed's aliases and deprecated keys, ColossalAI's ``zero=dict(...)`` form) are written in
+these names by ``compat/`` first. Every check that involves more than one key is a section's
+``check`` (the section that holds all the keys involved), so it runs at construction too.
 """
 from __future__ import annotations
 
@@ -96,8 +98,13 @@ class OffloadOptimizerConfig(_Section):
                                   **_OPT)
 
     def check(self):
+        # nvme_path's existence, writability and O_DIRECT support are facts of the machine at
+        # zerocore.initialize, not of the config: offload/nvme checks them there
         if self.device == "nvme" and not self.nvme_path:
             raise ConfigError(f"{self.PATH}.nvme_path: required when device is 'nvme'")
+        if self.device == "nvme" and self.ratio < 1.0:
+            raise ConfigError(f"{self.PATH}.ratio: {self.ratio} with device 'nvme': the device part of twin-flow is "
+                              "not swapped; use ratio 1.0 with nvme, or device 'cpu' for ratio < 1")
 
 
 @dataclasses.dataclass
@@ -119,6 +126,7 @@ class OffloadParamConfig(_Section):
                              "stays on NVMe.", kind=int, ge=0, **_PAR)
 
     def check(self):
+        # as for the optimizer's: the path itself is checked at zerocore.initialize (offload/placement.py)
         if self.device == "nvme" and not self.nvme_path:
             raise ConfigError(f"{self.PATH}.nvme_path: required when device is 'nvme'")
 
@@ -127,7 +135,7 @@ class OffloadParamConfig(_Section):
 class ZeroOptimizationConfig(_Section):
     PATH = "zero_optimization"
     stage: int = option(0, "0: plain data parallel; 1: shard optimizer state; 2: + gradients; "
-                        "3: + parameters.", kind=int, choices=(0, 1, 2, 3), aliases=("level",))
+                        "3: + parameters.", kind=int, choices=(0, 1, 2, 3))
     contiguous_gradients: bool = option(True, "Copy gradients into flat buckets as they are produced.", kind=bool,
                                         no_effect="zerocore always packs gradients into flat buckets")
     reduce_scatter: bool = option(True, "Each rank receives only its reduced slice of the gradients; false: "
@@ -154,22 +162,18 @@ class ZeroOptimizationConfig(_Section):
                                  kind=int, ge=1, applies_if=lambda c: _only_stage3(c) or _uses_nvme(c),
                                  applies="stage 3 or NVMe offload")
     stage3_prefetch_bucket_size: int = option(50_000_000, "Elements prefetched ahead of use (stage 3).", kind=int,
-                                              ge=0, aliases=("prefetch_bucket_size",), applies_if=_only_stage3,
-                                              applies="stage 3")
+                                              ge=0, applies_if=_only_stage3, applies="stage 3")
     stage3_param_persistence_threshold: int = option(100_000, "Parameters this small are never partitioned "
                                                      "(stage 3).", kind=int, ge=0,
-                                                     aliases=("param_persistence_threshold",),
                                                      applies_if=_only_stage3, applies="stage 3")
     stage3_max_live_parameters: int = option(1_000_000_000, "Cap on gathered elements resident (stage 3).",
-                                             kind=int, ge=0, aliases=("max_live_parameters",),
-                                             applies_if=_only_stage3, applies="stage 3")
+                                             kind=int, ge=0, applies_if=_only_stage3, applies="stage 3")
     stage3_max_reuse_distance: int = option(0, "Keep a unit gathered after its forward when its next use (a "
                                             "second call, or its backward) comes within this many gathered "
                                             "elements. DeepSpeed's default, 1e9, keeps every block of a model "
                                             "under a billion parameters gathered from its forward to its backward "
                                             "(stage 2's memory); zerocore's default 0 frees after each use.",
-                                            kind=int, ge=0, aliases=("max_reuse_distance",),
-                                            applies_if=_only_stage3, applies="stage 3")
+                                            kind=int, ge=0, applies_if=_only_stage3, applies="stage 3")
     stage3_unit_classes: list = option([], "zerocore: class names of the modules that gather their parameters "
                                        "together (one collective per module), e.g. [\"Block\"], as with FSDP2's "
                                        "fully_shard per block. Empty: chosen by size (stage3_unit_min_params).",
@@ -194,13 +198,10 @@ class ZeroOptimizationConfig(_Section):
                                       "arrive and compare models and configs, before raising naming the ranks "
                                       "that did not.", kind=float, gt=0, le=MAX_TIMEOUT_S)
     stage3_gather_16bit_weights_on_model_save: bool = option(
-        False, "Gather full 16-bit weights when saving (stage 3).", kind=bool,
-        aliases=("gather_16bit_weights_on_model_save",), deprecated=("stage3_gather_fp16_weights_on_model_save",),
-        applies_if=_only_stage3, applies="stage 3")
-    offload_optimizer: OffloadOptimizerConfig = section(
-        OffloadOptimizerConfig, "Optimizer state offload.", aliases=("offload_optimizer_config",))
-    offload_param: OffloadParamConfig = section(OffloadParamConfig, "Parameter offload (stage 3 only).",
-                                                aliases=("offload_param_config",))
+        False, "Gather full 16-bit weights when saving (stage 3).", kind=bool, applies_if=_only_stage3,
+        applies="stage 3")
+    offload_optimizer: OffloadOptimizerConfig = section(OffloadOptimizerConfig, "Optimizer state offload.")
+    offload_param: OffloadParamConfig = section(OffloadParamConfig, "Parameter offload (stage 3 only).")
 
     def check(self):
         bad = [c for c in self.stage3_unit_classes if not isinstance(c, str) or not c]
@@ -210,6 +211,10 @@ class ZeroOptimizationConfig(_Section):
         if self.offload_param.device != "none" and self.stage != 3:
             raise ConfigError(f"{self.PATH}.offload_param.device: {self.offload_param.device!r} needs stage 3 "
                               f"(got stage {self.stage}); allowed at this stage: 'none'")
+        if self.offload_optimizer.device != "none" and self.stage == 0:
+            raise ConfigError(f"{self.PATH}.offload_optimizer.device: {self.offload_optimizer.device!r} needs stage "
+                              "1, 2 or 3 (got stage 0: the optimizer state is not sharded); allowed at stage 0: "
+                              "'none'")
 
     @property
     def overlap(self) -> bool:
@@ -306,7 +311,7 @@ class AioConfig(_Section):
     PATH = "aio"
     block_size: int = option(1_048_576, "Bytes per NVMe read/write request.", kind=int, ge=4096)
     queue_depth: int = option(8, "Requests in flight per worker.", kind=int, ge=1)
-    intra_op_parallelism: int = option(1, "I/O worker threads.", kind=int, ge=1, aliases=("thread_count",))
+    intra_op_parallelism: int = option(1, "I/O worker threads.", kind=int, ge=1)
     single_submit: bool = option(False, "Submit requests one at a time instead of in batches.", kind=bool)
     overlap_events: bool = option(True, "Overlap submission and completion handling.", kind=bool)
     backend: str = option("auto", "How the NVMe engine issues its I/O: libaio, io_uring, or threadpool (blocking "
@@ -337,9 +342,8 @@ class ZeroConfig(_Section):
                                                  "torch.optim.Optimizer passed to initialize on its flat shards "
                                                  "whatever this says.", kind=bool)
     fp16: FP16Config = section(FP16Config, "fp16 mixed precision.")
-    bf16: BF16Config = section(BF16Config, "bf16 mixed precision.", aliases=("bfloat16",))
-    zero_optimization: ZeroOptimizationConfig = section(ZeroOptimizationConfig, "ZeRO sharding.",
-                                                        aliases=("zero",))
+    bf16: BF16Config = section(BF16Config, "bf16 mixed precision.")
+    zero_optimization: ZeroOptimizationConfig = section(ZeroOptimizationConfig, "ZeRO sharding.")
     aio: AioConfig = section(AioConfig, "NVMe I/O engine settings (NVMe offload and checkpoint files).")
 
     def check(self):

@@ -22,7 +22,8 @@ from ..config.options import ConfigError
 from ..sharding.optimizer import OptimizerShard
 from .host_memory import should_pin
 from .host_shard import HostOptimizerShard
-from .nvme import NvmeSwap, ParamReady, ParamSwap, check_param_path
+from .nvme import NvmeSwap, ParamReady, ParamSwap
+from .nvme.checks import check_nvme_path
 from .stepper import HostStepper
 
 
@@ -38,13 +39,11 @@ class OffloadPlan:
     def __init__(self, config, device: torch.device, boundary):
         z = config.zero_optimization
         opt, par = z.offload_optimizer, z.offload_param
-        if opt.device != "none" and z.stage == 0:
-            raise ConfigError(f"zero_optimization.offload_optimizer.device: '{opt.device}' needs stage 1, 2 or 3 (got "
-                              "stage 0: the optimizer state is not sharded); allowed at stage 0: 'none'")
         self.optimizer = opt.device in ("cpu", "nvme")
         self.params = par.device in ("cpu", "nvme")
         self.params_device = par.device
-        check_param_path(config)
+        if par.device == "nvme":  # the config's checks are the schema's; the path's are this machine's, now
+            check_nvme_path("zero_optimization.offload_param.nvme_path", par.nvme_path)
         self.nvme = NvmeSwap.build(config)  # optimizer state in swap files (zerocore/offload/nvme)
         self._config = config
         self.param_swap: ParamSwap | None = None  # stage-3 parameter shards beyond max_in_cpu (made on first need)

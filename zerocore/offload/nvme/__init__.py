@@ -9,11 +9,11 @@ plan.py     NvmeSwap: what OffloadPlan asks of the NVMe side
 params.py   ParamSwap: stage-3 parameter shards beyond max_in_cpu, read ahead and written behind
 """
 from .params import ParamReady, ParamSwap
-from .plan import NvmeSwap, check_param_path
+from .plan import NvmeSwap
 from .records import SwapCorruptError, SwapError
 from .shard import NvmeOptimizerShard, SwapOptions
 from .store import SwapStore
 
-__all__ = ["ParamReady", "ParamSwap", "NvmeSwap", "check_param_path", "SwapCorruptError", "SwapError",
+__all__ = ["ParamReady", "ParamSwap", "NvmeSwap", "SwapCorruptError", "SwapError",
            "NvmeOptimizerShard", "SwapOptions",
            "SwapStore"]

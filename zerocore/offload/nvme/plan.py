@@ -9,7 +9,6 @@ import torch
 import torch.distributed as dist
 
 from ...config.aio import aio_settings
-from ...config.options import ConfigError
 from ...config.schema import ZeroOptimizationConfig
 from .checks import check_free_space, check_nvme_path, free_bytes
 from .records import record_bytes
@@ -20,16 +19,12 @@ log = logging.getLogger("zerocore.offload")
 OPT_KEY = "zero_optimization.offload_optimizer"
 DEFAULT_SUB_GROUP = next(f.default for f in dataclasses.fields(ZeroOptimizationConfig) if f.name == "sub_group_size")
 NVME_TILE = 1 << 24  # elements per tile when sub_group_size is left at its default: 192 MiB buffers
-PAR_KEY = "zero_optimization.offload_param"
 
 
 class NvmeSwap:
     def __init__(self, config):
         z = config.zero_optimization
-        opt = z.offload_optimizer
-        if opt.ratio < 1.0:
-            raise ConfigError(f"{OPT_KEY}.ratio: {opt.ratio} with device 'nvme': the device part of twin-flow is "
-                              "not swapped; use ratio 1.0 with nvme, or device 'cpu' for ratio < 1")
+        opt = z.offload_optimizer  # ratio 1 with nvme: checked by the schema (OffloadOptimizerConfig.check)
         check_nvme_path(f"{OPT_KEY}.nvme_path", opt.nvme_path)
         self.path = opt.nvme_path
         tile = z.sub_group_size
@@ -65,9 +60,3 @@ class NvmeSwap:
     def close(self) -> None:
         if self.store is not None:
             self.store.close()
-
-
-def check_param_path(config) -> None:
-    par = config.zero_optimization.offload_param
-    if par.device == "nvme":
-        check_nvme_path(f"{PAR_KEY}.nvme_path", par.nvme_path)

@@ -1,21 +1,26 @@
-"""The ColossalAI 0.0.x form that the project's seed writes, translated into the schema's keys
-before parsing, so that it means what it says:
+"""ColossalAI 0.0.x's config form -> zerocore's keys, so that it means what it says:
 
     optimizer = dict(type='Adam', lr=0.001, weight_decay=0)
-    zero = dict(type='ZeroRedundancyOptimizer_Level_3', dynamic_loss_scale=True, clip_grad=1.0)
+    zero = dict(type='ZeroRedundancyOptimizer_Level_3', dynamic_loss_scale=True, clip_grad=1.0,
+                offload_optimizer_config=dict(device='cpu', pin_memory=True, fast_init=True),
+                offload_param_config=dict(device='nvme', max_in_cpu=..., nvme_path=...))
 
+- ``zero`` is ``zero_optimization``; in it ``level`` is ``stage`` and ``offload_*_config`` are
+  the ``offload_*`` sections;
 - ``zero.type`` ``ZeroRedundancyOptimizer_Level_N`` -> ``zero_optimization.stage`` N;
 - optimizer hyper-parameters given flat -> ``optimizer.params``; in that form ``type='Adam'`` is
   ``torch.optim.Adam`` (what ColossalAI builds from it): L2 decay, ``adam_w_mode`` false;
 - ``dynamic_loss_scale`` -> fp16 with dynamic loss scaling, ``static_loss_scale`` -> fp16 with
   that scale, ``dynamic_loss_args`` -> the fp16 section's knobs;
 - ``clip_grad`` -> ``gradient_clipping``; ``gradient_accumulation_steps`` inside ``zero`` moves
-  to the top level.
+  to the top level;
+- ``partition_grads: true`` (Level_2 always partitions gradients) is accepted, any other value is
+  an error.
 
-A translated key that contradicts a key given in the DeepSpeed spelling is an error naming both.
-The seed's third example passes ``OFFLOAD_PARAM_MAX_IN_CPU`` as ``offload_param_config.fast_init``
-(offload_param has no fast_init; offload_optimizer's is a bool): a number there is taken as
-``max_in_cpu`` with a warning that says so; a bool there is an error.
+A translated key that contradicts a key given in DeepSpeed's spelling is an error naming both.
+``offload_param_config`` has no ``fast_init`` (``offload_optimizer_config``'s is a bool), but a
+number written there is most likely the host-memory bound (``max_in_cpu``) in the wrong place:
+it is taken as ``max_in_cpu`` with a warning that says so; a bool there is an error.
 """
 from __future__ import annotations
 
@@ -23,7 +28,22 @@ import math
 import re
 from typing import Any
 
-from .options import ConfigError
+from ..options import ConfigError
+from .translation import Translation, drop_accepted, rename_at
+
+# section path -> {ColossalAI's spelling: zerocore's key}
+ALIASES: dict[str, dict[str, str]] = {
+    "": {"zero": "zero_optimization"},
+    "zero_optimization": {"level": "stage", "offload_optimizer_config": "offload_optimizer",
+                          "offload_param_config": "offload_param"},
+}
+# section path -> key -> (values zerocore honours, what zerocore does)
+ACCEPTED: dict[str, dict[str, tuple]] = {
+    "zero_optimization": {
+        "partition_grads": ((True,), "ColossalAI's Level_2 always partitions gradients; for whole gradients "
+                                     "use stage 1"),
+    },
+}
 
 _LEVEL = re.compile(r"^ZeroRedundancyOptimizer_Level_([123])$", re.IGNORECASE)
 _ZERO_KEYS = ("zero_optimization", "zero")
@@ -32,13 +52,14 @@ _LOSS_ARGS = {"scale_window": "loss_scale_window", "delayed_shift": "hysteresis"
               "consecutive_hysteresis": "consecutive_hysteresis", "min_scale": "min_loss_scale"}
 
 
-def translate(data: dict, notes: list[str]) -> dict:
-    """A copy of ``data`` with the seed form's keys moved onto the schema's; ``notes`` collects
-    warnings (what was guessed)."""
+def translate(data: dict) -> Translation:
+    """``data`` with ColossalAI's keys written as zerocore's (keys it does not know are left for
+    the DeepSpeed translator and the schema)."""
+    notes: list[str] = []
     data = dict(data)
     present = [k for k in _ZERO_KEYS if k in data]
     if len(present) == 1 and isinstance(data[present[0]], dict):
-        zkey = present[0]
+        zkey = present[0]  # messages name the section as the user wrote it
         z = dict(data[zkey])
         _zero_type(z, zkey)
         _loss_scaling(data, z, zkey)
@@ -48,7 +69,9 @@ def translate(data: dict, notes: list[str]) -> dict:
         data[zkey] = z
     if isinstance(data.get("optimizer"), dict):
         data["optimizer"] = _flat_optimizer(data["optimizer"])
-    return data
+    for path, names in ALIASES.items():
+        data = rename_at(data, path, names)
+    return Translation(drop_accepted(data, ACCEPTED), notes=tuple(notes))
 
 
 def _zero_type(z: dict, zkey: str) -> None:
@@ -153,8 +176,8 @@ def _param_fast_init(z: dict, zkey: str, notes: list[str]) -> None:
             raise ConfigError(f"{key}: got {value!r} and max_in_cpu {p['max_in_cpu']!r}; offload_param has no "
                               "fast_init: remove it")
         p["max_in_cpu"] = value
-        notes.append(f"{key}={value!r} taken as {zkey}.{sec}.max_in_cpu={value!r} (offload_param has no fast_init; "
-                     "the seed's example passes OFFLOAD_PARAM_MAX_IN_CPU there by mistake): write max_in_cpu")
+        notes.append(f"{key}={value!r} taken as {zkey}.{sec}.max_in_cpu={value!r} (offload_param has no fast_init, "
+                     "and a number there reads as the host-memory bound of the parameter shards): write max_in_cpu")
         z[sec] = p
 
 

@@ -1,27 +1,50 @@
-"""Keys of DeepSpeed's (and ColossalAI's) sections that zerocore has no field for.
+"""DeepSpeed's config -> zerocore's keys. zerocore's schema already uses DeepSpeed's main
+spellings; this maps the rest:
 
-Inside a section zerocore knows, an unknown key is an error (a key we cannot honour must not
-be dropped): it names the key, says what is allowed and suggests the nearest known spelling.
-The exceptions are listed here: keys whose value, as given, asks for what zerocore does anyway
-(accepted silently) and that are an error with any other value, naming why.
-
-At the top level, a DeepSpeed ``ds_config.json`` also carries settings of other subsystems.
-Those that do not change what training computes (logging, monitoring, profiling, timers,
-activation-checkpointing memory knobs) are accepted and named in one warning; those that do
-(another parallelism, compression, data sampling...) are an error naming the key, unless the
-section is switched off (``{"enabled": false}``) or has the value that asks for what zerocore
-does anyway (``TOP_LEVEL`` below).
+- DeepSpeed's other accepted spellings (``bfloat16``, the stage-3 keys without their ``stage3_``
+  prefix, ``aio.thread_count``), silently;
+- its deprecated keys, with one warning naming each: ``stage3_gather_fp16_weights_on_model_save``
+  and the ``cpu_offload`` / ``cpu_offload_param`` booleans (-> the offload sections' ``device``)
+  and ``cpu_offload_use_pin_memory`` (-> their ``pin_memory``);
+- its keys that zerocore has no field for. Inside a section zerocore knows, a key listed in
+  ``ACCEPTED`` is dropped when its value asks for what zerocore does anyway, and is an error
+  naming why with any other value (any other unknown key is the schema's error, with the nearest
+  known spelling). At the top level, the keys in ``TOP_LEVEL`` (logging, monitoring, profiling,
+  activation-checkpointing memory knobs: they change nothing training computes) and sections
+  switched off (``{"enabled": false}``) are dropped and named in one warning; any other unknown
+  top-level key is an error naming it, since ignoring it would train something else than asked.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 
-from .options import ConfigError
+from ..options import ConfigError
+from ..schema import ZeroConfig
+from .translation import ANY, Translation, drop_accepted, matches, refusal, rename_at, section_at, with_section
 
-ANY = object()  # every value is harmless (a performance or logging knob of the other library)
+# section path -> {DeepSpeed's other spelling: zerocore's key}
+ALIASES: dict[str, dict[str, str]] = {
+    "": {"bfloat16": "bf16"},
+    "zero_optimization": {
+        "prefetch_bucket_size": "stage3_prefetch_bucket_size",
+        "param_persistence_threshold": "stage3_param_persistence_threshold",
+        "max_live_parameters": "stage3_max_live_parameters",
+        "max_reuse_distance": "stage3_max_reuse_distance",
+        "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+    },
+    "aio": {"thread_count": "intra_op_parallelism"},
+}
+# section path -> {deprecated spelling: zerocore's key}
+DEPRECATED: dict[str, dict[str, str]] = {
+    "zero_optimization": {"stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save"},
+}
+# zero_optimization's deprecated booleans that became offload sections: key -> its section
+OFFLOAD_BOOLEANS = {"cpu_offload": "offload_optimizer", "cpu_offload_param": "offload_param"}
+PIN_MEMORY = "cpu_offload_use_pin_memory"
 
 # section path -> key -> (values zerocore honours, what zerocore does)
-FOREIGN: dict[str, dict[str, tuple]] = {
+ACCEPTED: dict[str, dict[str, tuple]] = {
     "zero_optimization": {
         "ignore_unused_parameters": ((True,), "zerocore always trains models with unused parameters (their "
                                               "gradient is zero)"),
@@ -37,8 +60,6 @@ FOREIGN: dict[str, dict[str, tuple]] = {
         "memory_efficient_linear": (ANY, "a DeepSpeed performance knob"),
         "log_trace_cache_warnings": (ANY, "a DeepSpeed logging knob"),
         "verbose": (ANY, "a logging knob"),
-        "partition_grads": ((True,), "ColossalAI's Level_2 always partitions gradients; for whole gradients "
-                                     "use stage 1"),
         "allreduce_always_fp32": ((False,), "zerocore reduces in the training dtype"),
         "postscale_gradients": ((True,), "zerocore divides by the world size after reducing"),
         "gradient_predivide_factor": ((1, 1.0), "zerocore divides by the world size after reducing"),
@@ -78,7 +99,6 @@ FOREIGN: dict[str, dict[str, tuple]] = {
     },
 }
 
-
 LOGGING = "logging, monitoring or profiling of DeepSpeed: no effect on what training computes"
 
 # top-level keys of DeepSpeed's config that zerocore has no field for: (values honoured, why)
@@ -106,39 +126,67 @@ TOP_LEVEL: dict[str, tuple] = {
                         "checkpoints are verified and reshardable on their own"),
 }
 
+_SCHEMA_TOP = tuple(f.name for f in dataclasses.fields(ZeroConfig))
 
-def check_top_level(key: str, value) -> None:
-    """Accepts an unknown top-level ``key`` that does not change what training computes (the caller
-    names it in a warning); raises ConfigError naming it otherwise."""
+
+def translate(data: dict) -> Translation:
+    """``data`` with DeepSpeed's other and deprecated spellings written as zerocore's keys and its
+    keys without a zerocore field dropped where they change nothing (an error where they would)."""
+    deprecated: list[str] = []
+    for path, names in ALIASES.items():
+        data = rename_at(data, path, names, DEPRECATED.get(path), deprecated)
+    z = section_at(data, "zero_optimization")
+    if z is not None:
+        data = with_section(data, "zero_optimization", _offload_booleans(z, "zero_optimization", deprecated))
+    data = drop_accepted(data, ACCEPTED)
+    data, ignored = _top_level(data)
+    return Translation(data, deprecated=tuple(deprecated), ignored=tuple(ignored))
+
+
+def _offload_booleans(z: dict, path: str, deprecated: list[str]) -> dict:
+    z = dict(z)
+    for old, sec in OFFLOAD_BOOLEANS.items():
+        if old in z:
+            value = z.pop(old)
+            if not isinstance(value, bool):
+                raise ConfigError(f"{path}.{old}: got {value!r}; allowed: true or false")
+            deprecated.append(f"{path}.{old} (use {path}.{sec}.device)")
+            if z.get(sec) is not None and not isinstance(z[sec], dict):
+                continue  # the parser names the section of the wrong type
+            target = dict(z.get(sec) or {})  # null: DeepSpeed's "no offload section"
+            target.setdefault("device", "cpu" if value else "none")  # the section's own device wins
+            z[sec] = target
+    if PIN_MEMORY in z:
+        value = z.pop(PIN_MEMORY)
+        deprecated.append(f"{path}.{PIN_MEMORY} (use {path}.offload_*.pin_memory)")
+        for sec in OFFLOAD_BOOLEANS.values():
+            if isinstance(z.get(sec), dict):  # null or absent: no offload, nothing to pin
+                z[sec] = {**z[sec], "pin_memory": z[sec].get("pin_memory", value)}
+    return z
+
+
+def _top_level(data: dict) -> tuple[dict, list[str]]:
+    kept, ignored = {}, []
+    for key, value in data.items():
+        if key in _SCHEMA_TOP:
+            kept[key] = value
+            continue
+        _check_top_level(key, value)
+        ignored.append(key)
+    return kept, ignored
+
+
+def _check_top_level(key: str, value) -> None:
+    """Accepts an unknown top-level ``key`` that does not change what training computes (the
+    caller names it in a warning); raises ConfigError naming it otherwise."""
     entry = TOP_LEVEL.get(key)
     if entry is None:
         if isinstance(value, dict) and "enabled" in value and value["enabled"] is False:
             return  # a feature section switched off asks for nothing
+        near = difflib.get_close_matches(key, _SCHEMA_TOP, n=1, cutoff=0.8)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
         raise ConfigError(f"{key}: zerocore does not implement this DeepSpeed setting and it would change what "
-                          "training computes; remove the key (or set \"enabled\": false in its section)")
+                          f"training computes{hint}; remove the key (or set \"enabled\": false in its section)")
     allowed, why = entry
-    if allowed is ANY or _matches(value, allowed):
-        return
-    raise ConfigError(f"{key}: got {value!r}; zerocore cannot honour it ({why}); allowed: "
-                      f"{' or '.join(repr(a) for a in allowed)}, or remove the key")
-
-
-def _matches(value, allowed) -> bool:
-    return any(value == a and type(value) is type(a) or
-               (isinstance(a, float) and not isinstance(value, bool) and value == a) for a in allowed)
-
-
-def check_unknown(path: str, key: str, value, known: list[str]) -> None:
-    """Accepts ``key`` of section ``path`` when FOREIGN lists it with this value; raises
-    ConfigError otherwise."""
-    full = f"{path}.{key}"
-    entry = FOREIGN.get(path, {}).get(key)
-    if entry is not None:
-        allowed, why = entry
-        if allowed is ANY or _matches(value, allowed):
-            return
-        raise ConfigError(f"{full}: got {value!r}; zerocore cannot honour it ({why}); allowed: "
-                          f"{' or '.join(repr(a) for a in allowed)}, or remove the key")
-    near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    hint = f" (did you mean {near[0]!r}?)" if near else ""
-    raise ConfigError(f"{full}: unknown key{hint}; {path} has: {', '.join(known)}")
+    if allowed is not ANY and not matches(value, allowed):
+        raise refusal(key, value, allowed, why)

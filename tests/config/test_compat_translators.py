@@ -1,0 +1,210 @@
+"""zerocore/config/compat: each translator turns another library's form into the canonical dict
+(zerocore's own key names) that the schema reads, as a pure function; the canonical dict trains
+exactly what the foreign one asked for."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import warnings
+
+import pytest
+
+from zerocore.config import ConfigError, ConfigWarning, ZeroConfig, load_config
+from zerocore.config.compat import (accepted_keys, colossalai, deepspeed, other_spellings, to_canonical,
+                                    top_level_keys)
+
+
+def _same_config(foreign: dict, canonical: dict) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigWarning)
+        assert dataclasses.asdict(load_config(foreign)) == dataclasses.asdict(load_config(canonical))
+
+
+# -- DeepSpeed -----------------------------------------------------------------------------------------------
+def test_deepspeed_aliases_become_zerocore_keys():
+    given = {"bfloat16": {"enabled": True}, "aio": {"thread_count": 3},
+             "zero_optimization": {"stage": 3, "prefetch_bucket_size": 7, "param_persistence_threshold": 8,
+                                   "max_live_parameters": 9, "max_reuse_distance": 10,
+                                   "gather_16bit_weights_on_model_save": True}}
+    before = copy.deepcopy(given)
+    t = deepspeed.translate(given)
+    assert given == before  # pure: the input is not changed
+    assert t.config == {"bf16": {"enabled": True}, "aio": {"intra_op_parallelism": 3},
+                        "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 7,
+                                              "stage3_param_persistence_threshold": 8,
+                                              "stage3_max_live_parameters": 9, "stage3_max_reuse_distance": 10,
+                                              "stage3_gather_16bit_weights_on_model_save": True}}
+    assert (t.notes, t.deprecated, t.ignored) == ((), (), ())
+    _same_config(given, t.config)
+
+
+def test_deepspeed_deprecated_keys_map_onto_the_offload_sections():
+    given = {"zero_optimization": {"stage": 3, "cpu_offload": True, "cpu_offload_param": True,
+                                   "cpu_offload_use_pin_memory": False,
+                                   "stage3_gather_fp16_weights_on_model_save": True}}
+    t = deepspeed.translate(given)
+    assert t.config == {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True,
+                                              "offload_optimizer": {"device": "cpu", "pin_memory": False},
+                                              "offload_param": {"device": "cpu", "pin_memory": False}}}
+    assert t.deprecated == (
+        "zero_optimization.stage3_gather_fp16_weights_on_model_save (use stage3_gather_16bit_weights_on_model_save)",
+        "zero_optimization.cpu_offload (use zero_optimization.offload_optimizer.device)",
+        "zero_optimization.cpu_offload_param (use zero_optimization.offload_param.device)",
+        "zero_optimization.cpu_offload_use_pin_memory (use zero_optimization.offload_*.pin_memory)")
+    _same_config(given, t.config)
+    # the section's own values win over the deprecated booleans; false means no offload
+    t = deepspeed.translate({"zero_optimization": {"stage": 2, "cpu_offload": False, "cpu_offload_use_pin_memory": True,
+                                                   "offload_optimizer": {"device": "cpu", "pin_memory": False}}})
+    assert t.config["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": False}
+    assert deepspeed.translate({"zero_optimization": {"cpu_offload": False}}).config == {
+        "zero_optimization": {"offload_optimizer": {"device": "none"}}}
+    with pytest.raises(ConfigError, match="zero_optimization.cpu_offload: got 'yes'; allowed: true or false"):
+        deepspeed.translate({"zero_optimization": {"cpu_offload": "yes"}})
+
+
+def test_deepspeed_keys_without_a_field_are_dropped_when_harmless_and_refused_otherwise():
+    given = {
+        "steps_per_print": 10, "wall_clock_breakdown": False, "pipeline": {"enabled": False},
+        "zero_optimization": {"stage": 2, "ignore_unused_parameters": True, "mics_shard_size": -1,
+                              "offload_optimizer": {"device": "cpu", "super_offload": False}},
+        "fp16": {"enabled": True, "auto_cast": False}, "optimizer": {"params": {"bias_correction": True}}}
+    t = deepspeed.translate(given)
+    assert t.config == {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                        "fp16": {"enabled": True}, "optimizer": {"params": {}}}
+    assert t.ignored == ("steps_per_print", "wall_clock_breakdown", "pipeline")
+    for bad, named in [
+        ({"zero_optimization": {"zero_quantized_weights": True}}, "zero_optimization.zero_quantized_weights: got True"),
+        ({"zero_optimization": {"offload_optimizer": {"super_offload": True}}},
+         "zero_optimization.offload_optimizer.super_offload: got True"),
+        ({"prescale_gradients": True}, "prescale_gradients: got True; zerocore cannot honour it"),
+        ({"pipeline": {"stages": 2}}, "pipeline: zerocore does not implement this DeepSpeed setting"),
+        ({"zero_optimisation": {"stage": 2}}, "zero_optimisation: zerocore does not implement this DeepSpeed "
+                                              "setting and it would change what training computes (did you mean "
+                                              "'zero_optimization'?)"),
+        ({"zero_optimization": {"prefetch_bucket_size": 1, "stage3_prefetch_bucket_size": 2}},
+         "zero_optimization.stage3_prefetch_bucket_size: given twice (as 'prefetch_bucket_size' and "
+         "'stage3_prefetch_bucket_size')"),
+        ({"bf16": {"enabled": True}, "bfloat16": {"enabled": True}}, "bf16: given twice"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            deepspeed.translate(bad)
+        assert named in str(e.value), (bad, str(e.value))
+
+
+def test_deepspeed_translator_leaves_sections_of_the_wrong_type_to_the_schema():
+    assert deepspeed.translate({"zero_optimization": 3}).config == {"zero_optimization": 3}
+    with pytest.raises(ConfigError, match="zero_optimization: got int; allowed: a JSON object"):
+        load_config({"zero_optimization": 3})
+    with pytest.raises(ConfigError, match="zero_optimization.offload_optimizer: got str"):
+        load_config({"zero_optimization": {"stage": 2, "cpu_offload": True, "offload_optimizer": "cpu"}})
+
+
+# -- ColossalAI ----------------------------------------------------------------------------------------------
+MAX_IN_CPU = 2_000_000
+
+
+def _colossal_forms(nvme_path):
+    optimizer = dict(type='Adam', lr=0.001, weight_decay=0)
+    first = dict(type='ZeroRedundancyOptimizer_Level_3', dynamic_loss_scale=True, clip_grad=1.0)
+    second = dict(offload_optimizer_config=dict(device='cpu', pin_memory=True, fast_init=True), **first)
+    third = dict(offload_optimizer_config=dict(device='cpu', pin_memory=True, fast_init=True),
+                 offload_param_config=dict(device='cpu', pin_memory=True, fast_init=MAX_IN_CPU), **first)
+    fourth = dict(offload_optimizer_config=dict(device='nvme', pin_memory=True, fast_init=True, nvme_path=nvme_path),
+                  offload_param_config=dict(device='nvme', pin_memory=True, max_in_cpu=MAX_IN_CPU,
+                                            nvme_path=nvme_path), **first)
+    return [dict(optimizer=optimizer, zero=z) for z in (first, second, third, fourth)]
+
+
+def test_colossalai_forms_become_canonical_dicts():
+    first, second, third, fourth = _colossal_forms("/nvme")
+    common = {"optimizer": {"params": {"lr": 0.001, "weight_decay": 0, "adam_w_mode": False}, "type": "Adam"},
+              "fp16": {"enabled": True, "loss_scale": 0}, "gradient_clipping": 1.0}
+    expected = [
+        {"zero_optimization": {"stage": 3}},
+        {"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": True, "fast_init": True},
+                               "stage": 3}},
+        {"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": True, "fast_init": True},
+                               "offload_param": {"device": "cpu", "pin_memory": True, "max_in_cpu": MAX_IN_CPU},
+                               "stage": 3}},
+        {"zero_optimization": {"offload_optimizer": {"device": "nvme", "pin_memory": True, "fast_init": True,
+                                                     "nvme_path": "/nvme"},
+                               "offload_param": {"device": "nvme", "pin_memory": True, "max_in_cpu": MAX_IN_CPU,
+                                                 "nvme_path": "/nvme"},
+                               "stage": 3}},
+    ]
+    for given, want in zip((first, second, third, fourth), expected):
+        before = copy.deepcopy(given)
+        t = colossalai.translate(given)
+        assert given == before
+        assert t.config == {**want, **common}, given
+        assert bool(t.notes) == (given is third)
+        _same_config(given, t.config)
+    note = colossalai.translate(third).notes[0]
+    assert note.startswith(f"zero.offload_param_config.fast_init={MAX_IN_CPU} taken as "
+                           f"zero.offload_param_config.max_in_cpu={MAX_IN_CPU}")
+    assert "seed" not in note
+
+
+def test_colossalai_spellings_and_their_conflicts():
+    t = colossalai.translate({"zero": {"level": 2, "partition_grads": True, "gradient_accumulation_steps": 4},
+                              "optimizer": {"type": "AdamW", "lr": 0.5}})
+    assert t.config == {"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 4,
+                        "optimizer": {"params": {"lr": 0.5}, "type": "AdamW"}}
+    t = colossalai.translate({"zero_optimization": {"type": "ZeroRedundancyOptimizer_Level_1", "static_loss_scale": 64}})
+    assert t.config == {"zero_optimization": {"stage": 1}, "fp16": {"enabled": True, "loss_scale": 64.0}}
+    for bad, named in [
+        ({"zero": {"stage": 1}, "zero_optimization": {"stage": 1}}, "zero_optimization: given twice"),
+        ({"zero": {"level": 1, "stage": 1}}, "zero_optimization.stage: given twice (as 'level' and 'stage')"),
+        ({"zero": {"partition_grads": False}}, "zero_optimization.partition_grads: got False; zerocore cannot "
+                                              "honour it (ColossalAI's Level_2 always partitions gradients"),
+        ({"zero": {"type": "ZeroRedundancyOptimizer_Level_3", "level": 2}}, "means stage 3 but zero.level is 2"),
+        ({"zero": {"offload_param_config": {"fast_init": 5, "max_in_cpu": 6}}},
+         "zero.offload_param_config.fast_init: got 5 and max_in_cpu 6"),
+        ({"zero": {"dynamic_loss_args": {"init_scale": 8}}}, "zero.dynamic_loss_args: given without "
+                                                             "dynamic_loss_scale: true"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            colossalai.translate(bad)
+        assert named in str(e.value), (bad, str(e.value))
+
+
+# -- both, in one place ----------------------------------------------------------------------------------------
+def test_to_canonical_runs_both_and_its_output_is_a_fixed_point():
+    given = {"zero": {"level": 3, "prefetch_bucket_size": 5, "cpu_offload": True,
+                      "offload_param_config": {"device": "cpu"}},
+             "bfloat16": {"enabled": True}, "steps_per_print": 1}
+    t = to_canonical(given)
+    assert t.config == {"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5,
+                                              "offload_param": {"device": "cpu"},
+                                              "offload_optimizer": {"device": "cpu"}},
+                        "bf16": {"enabled": True}}
+    assert t.deprecated == ("zero_optimization.cpu_offload (use zero_optimization.offload_optimizer.device)",)
+    assert t.ignored == ("steps_per_print",)
+    again = to_canonical(t.config)
+    assert (again.config, again.notes, again.deprecated, again.ignored) == (t.config, (), (), ())
+    _same_config(given, t.config)
+
+
+def test_docs_list_every_other_spelling_with_its_library():
+    spellings = other_spellings()
+    assert spellings["zero_optimization"] == [("zero", "ColossalAI")]
+    assert spellings["zero_optimization.stage"] == [("level", "ColossalAI")]
+    assert ("stage3_gather_fp16_weights_on_model_save", "DeepSpeed, deprecated") in spellings[
+        "zero_optimization.stage3_gather_16bit_weights_on_model_save"]
+    assert spellings["aio.intra_op_parallelism"] == [("thread_count", "DeepSpeed")]
+
+
+def _schema_keys(path: str) -> set[str]:
+    cls = ZeroConfig
+    for part in path.split(".") if path else ():
+        cls = {f.name: f for f in dataclasses.fields(cls)}[part].default_factory
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def test_tables_map_onto_schema_keys_and_accept_only_keys_the_schema_lacks():
+    for key in other_spellings():  # every other spelling names a key the schema has
+        path, _, name = key.rpartition(".")
+        assert name in _schema_keys(path), key
+    for path, keys in accepted_keys().items():  # a foreign key never shadows a schema key
+        assert not set(keys) & _schema_keys(path), path
+    assert not set(top_level_keys()) & _schema_keys("")
