@@ -1,4 +1,4 @@
-"""A short training job for tests/test_clean_exit.py, launched by torchrun: trains a few steps
+"""A short training job for tests/comm/test_clean_exit.py, launched by torchrun: trains a few steps
 with the process group left to zerocore (the script never initializes it), prints, and ends,
 with or without engine.destroy(). Usage: exit_job.py STAGE OFFLOAD(none|cpu|nvme) DESTROY(0|1)
 [SWAP_DIR]; with DESTROY 2 it destroys, builds a second engine on the same model and trains again;

@@ -1,7 +1,7 @@
 """Runs the README's python code blocks exactly as written, in order and in one namespace (as a
 reader pasting them into one script would: the checkpoint block uses the ``engine`` of the blocks
 before it), on every rank of a torchrun job, then records what they left behind in
-``<out>/rank<N>.json`` for tests/test_readme_examples.py.
+``<out>/rank<N>.json`` for tests/project/test_readme_examples.py.
 
 The only names the README leaves to the reader are given here, and nothing else is changed:
 ``MyTransformer`` is a small model with ``Block`` units (the class name the stage-3 block's

@@ -8,7 +8,7 @@ import pytest
 
 from zerocore.ops import NativeBuildError, _loader
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _python(code, env_extra, timeout=600):

@@ -18,7 +18,7 @@ from zerocore.planner import model_source
 from zerocore.planner.core import plan_one
 from zerocore.config import load_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _bench():

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import zerocore
 from zerocore.comm import Comm, lifetime
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JOB = os.path.join(ROOT, "tests", "exit_job.py")
 
 

@@ -7,7 +7,7 @@ the CUDA storage resize / gather / free path runs.
 
 Tolerances (not yet calibrated on a GPU; GPU and CPU matmuls round differently, TF32 is off):
 fp32: losses rtol 1e-4, each tensor's training update within 1e-3 of the reference's
-(relative delta error, as tests/test_stages.py uses); bf16 (16-bit compute, fp32 master):
+(relative delta error, as tests/sharding/test_stages.py uses); bf16 (16-bit compute, fp32 master):
 relative delta error <= 0.15 and losses rtol 3e-2, the bounds test_stages.py uses for bf16.
 """
 from __future__ import annotations

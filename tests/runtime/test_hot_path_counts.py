@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import zerocore
 
 # the model and configs of benchmarks/backward_overhead.py: what is counted here is what is timed there
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")))
 from backward_overhead import make_model as _make_model, stage_config as config  # noqa: E402
 
 PKG = os.path.dirname(zerocore.__file__) + os.sep

@@ -184,7 +184,7 @@ def test_bad_sources():
 
 
 def test_docs_match_the_schema():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(root, "docs", "config.md"), encoding="utf-8") as f:
         committed = f.read()
     assert committed == render(), "docs/config.md is stale: run `python -m zerocore config-docs --write docs/config.md`"
