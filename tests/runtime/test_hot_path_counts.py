@@ -9,7 +9,7 @@ Per training step of a 100-block model (LayerNorm + Linear + residual, 400 param
 
 Measured before this was fixed (issue 11, same model): aten ops plain 1,405, stage 1 2,207,
 stage 2 2,212, stage 3 2,807; Python calls 6.1 / 11.2 / 93.6 per parameter at stages 1/2/3.
-``python tests/test_hot_path_counts.py`` prints today's numbers. Whether stage 3's cost is per
+``python tests/runtime/test_hot_path_counts.py`` prints today's numbers. Whether stage 3's cost is per
 unit rather than per parameter is tested differentially in ``test_per_unit_counts.py``.
 """
 from __future__ import annotations
