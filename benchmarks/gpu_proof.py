@@ -29,7 +29,7 @@ target was missed:
 Under a per-command time limit, split it: `--steps build,native`, then `--steps tests,bench`; the
 second call keeps the first one's steps in the report.
 
-Targets (from issue 5): fp32 Adam >= 90% of the copy bandwidth at 28 B/param; fp32 not slower than
+Targets: fp32 Adam >= 90% of the copy bandwidth at 28 B/param; fp32 not slower than
 torch fused AdamW (median within 2%); one-pass mixed precision >= 1.3x the usual way.
 Timing protocol: CUDA events around each call, variants interleaved (rotated order each round),
 median of --rounds after warm-up; arrays far larger than L2, so every step streams from HBM.

@@ -26,7 +26,7 @@ stay whole on every rank, the matrices are partitioned; ``stage3_prefetch_bucket
 block's partitioned elements (prefetch one block ahead). ``zerocore_stage3_nocheck`` is the same
 with ``stage3_check_divergence: false``: the difference is the divergence guard's cost.
 
-NVMe offload (issue 13, ``--preset nvme``): zerocore and DeepSpeed stage 3 with the optimizer
+NVMe offload (``--preset nvme``): zerocore and DeepSpeed stage 3 with the optimizer
 state (``*_nvme``) and also the parameter shards beyond ``--max-in-cpu`` (``*_nvme_param``) in swap
 files under ``--nvme-dir``, the same ``sub_group_size`` and ``aio`` section for both, beside stage 3
 in memory and DDP. A variant a library refuses or fails to build is reported as skipped with its
@@ -192,7 +192,7 @@ def parse_args(argv=None):
     ap.add_argument("--variants", nargs="+", default=None, choices=VARIANTS,
                     help="default: every variant that runs on the device and whose package is installed")
     ap.add_argument("--preset", choices=sorted(sv.PRESETS), default=None,
-                    help="a named list of variants instead of --variants (offload: issue 12, nvme: issue 13, "
+                    help="a named list of variants instead of --variants (offload: CPU offload, nvme: NVMe offload, "
                          "face: zerocore.deepspeed with groups and a schedule, a client SGD)")
     nv = ap.add_argument_group("NVMe variants (*_nvme*): the same settings for zerocore and DeepSpeed")
     nv.add_argument("--nvme-dir", default=None,

@@ -1,4 +1,4 @@
-"""Host cost of the optimizer step (issue 11): what the Python around the native kernels costs,
+"""Host cost of the optimizer step: what the Python around the native kernels costs,
 with tiny tensors so the arithmetic is negligible.
 
 - ``adam_step_multi``: 200 tensors of ``--elems`` elements through ``zerocore.ops.adam_step_multi``

@@ -178,7 +178,7 @@ def stage3_config(model, unit_class: str, persist: int) -> dict:
 
 
 def _offload_keys(stage: int) -> dict:
-    """Optimizer state and step on the host; at stage 3 the parameter shards too (issue 12)."""
+    """Optimizer state and step on the host; at stage 3 the parameter shards too."""
     z = {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
     if stage == 3:
         z["offload_param"] = {"device": "cpu", "pin_memory": True}
@@ -201,7 +201,7 @@ def aio_section(a) -> dict:
 
 
 def _nvme_keys(a, name: str, params: bool, buffers: int) -> dict:
-    """Issue 13: the optimizer state (and with ``params`` the stage-3 parameter shards beyond
+    """NVMe offload: the optimizer state (and with ``params`` the stage-3 parameter shards beyond
     ``max_in_cpu``) in swap files under the variant's folder; the DeepSpeed form, for both.
     ``buffers``: a zerocore buffer holds a whole tile (master, m and v: 12 bytes per element), a
     DeepSpeed buffer one tensor of a sub-group (4 bytes per element; fp32, m, v and the gradient
@@ -355,10 +355,10 @@ CPU_DEFAULT = ["ddp_torch_adamw", "ddp_fused_adam", "fsdp2", "zerocore_stage0", 
                "zerocore_stage3", "zerocore_stage3_nocheck"]
 CUDA_DEFAULT = ["torch_amp", "fsdp2", "deepspeed_stage1", "deepspeed_stage2", "deepspeed_stage3", "zerocore_stage0",
                 "zerocore_stage1", "zerocore_stage2", "zerocore_stage3"]
-# issue 12: zerocore's CPU offload beside the same stage without it and DeepSpeed's same configuration
+# CPU offload: zerocore's stage 2 with the optimizer on the host beside the same stage without it and DeepSpeed's same configuration
 OFFLOAD = ["zerocore_stage2", "zerocore_stage2_offload", "deepspeed_stage2", "deepspeed_stage2_offload",
            "zerocore_stage3", "zerocore_stage3_offload", "deepspeed_stage3_offload"]
-# issue 13: stage 3 with the optimizer state (and the parameter shards) on NVMe beside DeepSpeed's same
+# NVMe offload: stage 3 with the optimizer state (and the parameter shards) on NVMe beside DeepSpeed's same
 # configuration, with stage 3 in memory and DDP for scale
 NVME = ["ddp_torch_adamw", "zerocore_stage3", "zerocore_stage3_nvme", "deepspeed_stage3_nvme",
         "zerocore_stage3_nvme_param", "deepspeed_stage3_nvme_param"]

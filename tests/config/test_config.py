@@ -193,7 +193,7 @@ def test_docs_match_the_schema():
     assert out == committed
 
 
-# -- the seed's ColossalAI form (issue 12: its four dicts, exactly as the seed writes them) ---------------------
+# -- ColossalAI's form (its four dicts, as ColossalAI's examples write them) ---------------------
 OFFLOAD_PARAM_MAX_IN_CPU = 2_000_000
 
 
@@ -253,7 +253,7 @@ def test_seed_dicts_mean_what_they_say(tmp_path):
         "nvme", OFFLOAD_PARAM_MAX_IN_CPU, str(tmp_path / "nvme"))
 
 
-def test_seed_form_levels_loss_scaling_and_conflicts():
+def test_colossalai_form_levels_loss_scaling_and_conflicts():
     for level in (1, 2, 3):
         cfg = load_config({"zero": {"type": f"ZeroRedundancyOptimizer_Level_{level}"}})
         assert cfg.zero_optimization.stage == level and not cfg.fp16.enabled

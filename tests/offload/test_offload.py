@@ -5,7 +5,7 @@ host step is the same kernel on the same values, so every loss, norm and weight 
 bit for bit (ratio 0.5 splits each owned range's norm sum in two: tolerances only).
 
 The three ways users ask for it: DeepSpeed's sections, the deprecated ``cpu_offload: true``, and
-the seed's ColossalAI form ``zero=dict(offload_optimizer_config=..., offload_param_config=...)``.
+ColossalAI's form ``zero=dict(offload_optimizer_config=..., offload_param_config=...)``.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class OffCase(Case):
             z["cpu_offload"] = True
             if self.params:
                 z["cpu_offload_param"] = True
-        elif self.form == "colossal":  # the seed's spelling: a `zero` dict with *_config sections
+        elif self.form == "colossal":  # ColossalAI's spelling: a `zero` dict with *_config sections
             z["offload_optimizer_config"] = dict(opt, fast_init=True)
             if self.params:
                 z["offload_param_config"] = par

@@ -45,7 +45,7 @@ class NvmeCase(OffCase):
             return cfg
         z = cfg["zero" if self.form == "colossal" else "zero_optimization"]
         key = "offload_optimizer_config" if self.form == "colossal" else "offload_optimizer"
-        if self.form == "colossal":  # the seed's NVMe dicts, as written there
+        if self.form == "colossal":  # ColossalAI's NVMe dicts
             z[key] = dict(device="nvme", pin_memory=True, fast_init=True, nvme_path=self.nvme_path)
             if self.params:
                 z["offload_param_config"] = dict(device="nvme", pin_memory=True, max_in_cpu=10_000_000,

@@ -46,7 +46,7 @@ class ParamCase(NvmeCase):
         colossal = self.form == "colossal"
         par = cfg["zero" if colossal else "zero_optimization"]["offload_param_config" if colossal else "offload_param"]
         par["max_in_cpu"] = self.in_cpu
-        if not colossal:  # the seed's dict names only max_in_cpu (buffer_count: its default, 5)
+        if not colossal:  # ColossalAI's dict names only max_in_cpu (buffer_count: its default, 5)
             par.update(buffer_count=self.par_buffers, buffer_size=1_000_000)
         return cfg
 
