@@ -10,6 +10,7 @@ import re
 
 import torch
 
+from .. import ops
 from .blockio import BLOCK_BYTES, IO_BYTES, BlockWriter, FileSink
 from .layout import fsync_dir, locate, read_manifest
 from .manifest import dtype_of
@@ -65,7 +66,8 @@ def _write_tensors(reader: CheckpointReader, entries: list[dict], w: BlockWriter
             src = piece.view(torch.float32)
             if conv is not None and conv.numel() < src.numel():  # a checkpoint's blocks larger than io_bytes
                 conv = torch.empty(src.numel(), dtype=dtype)
-            w.write(src if conv is None else conv[:src.numel()].copy_(src))
+            # the project's cast kernel: torch's rounding (nearest even), several times its speed
+            w.write(src if conv is None else ops.cast(src, conv[:src.numel()]))
     for x in entries:
         if "extra" in x:
             w.write(reader.read_extra(x["extra"]).to(x["dtype"]))
