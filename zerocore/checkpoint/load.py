@@ -58,8 +58,14 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
             for _, _, _, n, file, off in pieces:
                 staged.add(file, off, n * _FP32)
         need = staged.planned_bytes()
+        arena = None
         if need <= staging.budget():
-            staged.run(arena=staging.Arena(need))  # every block of this rank's state, read once and checked
+            try:
+                arena = staging.Arena(need)
+            except MemoryError:  # the memory went elsewhere since the budget was read: read twice
+                arena = None
+        if arena is not None:
+            staged.run(arena=arena)  # every block of this rank's state, read once and checked
         else:
             staged.run(keep=False)  # every block checked, and read again below
             staged = None
