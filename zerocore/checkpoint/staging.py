@@ -7,7 +7,8 @@ O_DIRECT reads themselves (about 0.45 CPU-seconds per GB on this project's VM, w
 checksumming). Measured alternatives that lost: faulting it in first by one pass of stores
 (0.45-0.55 CPU-s/GB for that pass alone), and transparent huge pages (about 0.1 CPU-s/GB when memory
 is free in 2 MiB runs, but up to 2 CPU-s/GB of compaction when it is not, and an O_DIRECT read into
-huge pages not yet present cost 2.5 CPU-s/GB). It is freed when the load ends: a training job
+huge pages not yet present cost 2.5 CPU-s/GB; ``madvise(MADV_POPULATE_WRITE)`` first saved nothing
+in 4 KiB pages and was as erratic in huge ones). It is freed when the load ends: a training job
 loads once, and holding the rank's whole state twice for the rest of the run would cost more than
 the faults.
 
