@@ -92,15 +92,28 @@ def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
     from zerocore.checkpoint import load as zload
 
     refresh = {"s": [], "cpu_s": []}
-    plain_refresh = zload._refresh_params
+    depth = [0]
 
-    def timed_refresh(engine):
-        t0, c0 = time.perf_counter(), time.process_time()
-        plain_refresh(engine)
-        refresh["s"].append(time.perf_counter() - t0)
-        refresh["cpu_s"].append(time.process_time() - c0)
+    def timed(fn, first: bool):
+        """The refresh's visible time per load: the cast and the collectives' launch, and the
+        wait for them (after the moments' copy that overlaps them, where the load does that)."""
+        def run(*a, **kw):
+            depth[0] += 1
+            t0, c0 = time.perf_counter(), time.process_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:  # not inside another timed call
+                    if first:
+                        refresh["s"].append(0.0)
+                        refresh["cpu_s"].append(0.0)
+                    refresh["s"][-1] += time.perf_counter() - t0
+                    refresh["cpu_s"][-1] += time.process_time() - c0
+        return run
 
-    zload._refresh_params = timed_refresh
+    zload._refresh_params = timed(zload._refresh_params, True)
+    zload._finish_gathers = timed(zload._finish_gathers, False)
     ckpt_async = os.path.join(args.dir, "ckpt_async")
 
     def async_save():
@@ -263,7 +276,8 @@ def main(argv=None) -> int:
     print("CPU seconds per GB (this rank's process, all threads; medians): "
           + ", ".join(f"{k} {rows[0][f'{k}_cpu_s_per_gb']:.3f}" for k in res["ranks"][0]["cpu_s"]))
     r0 = rows[0]
-    print(f"  of zc_load's: the cast to bf16 + all-gather of the parameters {r0['load_refresh_cpu_s_per_gb']:.3f} CPU s/GB, "
+    print(f"  of zc_load's: the cast to bf16 + all-gather of the parameters (the part not overlapped with copying the "
+          f"moments) {r0['load_refresh_cpu_s_per_gb']:.3f} CPU s/GB, "
           f"{r0['load_refresh_s']:.3f} s; the checkpoint's reading and verifying "
           f"{r0['zc_load_cpu_s_per_gb'] - r0['load_refresh_cpu_s_per_gb']:.3f} CPU s/GB")
     print(f"load without the refresh (reading, verifying, copying into the engine), rank 0: "

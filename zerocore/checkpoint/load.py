@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from ..sharding import ParamState
+from ..sharding import OptimizerShard, ParamState
 from . import engine_state, staging
 from .blockio import ChecksumError
 from .layout import CheckpointError, read_manifest, resolve
@@ -91,8 +91,16 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         if reader is not None:
             reader.close()
         raise err
+    # With the state staged and resident (its tiles are views), the masters go in first and the
+    # parameters' all-gathers run while the other kinds are copied.
+    first = ("master",) if staged is not None and ts is None and all(
+        type(s) is OptimizerShard for s in engine.shards) else None
+    gathers = None
     try:
-        _write_state(engine, reader, plan, staged)
+        _write_state(engine, reader, plan, staged, only=first)
+        if first is not None:
+            gathers = _refresh_params(engine, wait=False)
+            _write_state(engine, reader, plan, staged, skip=first)
         for t, e in extras:
             t.detach().copy_(reader.extra_from(small, e).to(t.dtype))
     except ChecksumError as e:  # verified a moment ago (two-pass path): the file changed during the load
@@ -104,7 +112,10 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
             if f is not None:
                 f.release()
         reader.close()
-    _refresh_params(engine)
+        if gathers is not None:
+            _finish_gathers(gathers)
+    if gathers is None:
+        _refresh_params(engine)
     if not load_module_only:
         _restore_counters(engine, manifest, with_state)
         engine_state.restore(engine, manifest, load_lr_scheduler_states, with_state)
@@ -127,10 +138,12 @@ def _plan_state(engine, reader: CheckpointReader, saved_name: dict[str, str], ki
 
 
 @torch.no_grad()
-def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]], staged=None) -> None:
+def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]], staged=None, only=None,
+                 skip=()) -> None:
     """The verified state into the engine, tile by tile (state on NVMe streams through its
     tiles): copied from ``staged`` (a run Fetch holding all of it), or where that is None each
-    tile's bytes fetched again (verified again) into pooled I/O buffers and copied."""
+    tile's bytes fetched again (verified again) into pooled I/O buffers and copied. ``only`` /
+    ``skip``: the kinds written (all by default)."""
     for shard, pieces in zip(engine.shards, plan):
         kinds = sorted({p[0] for p in pieces})
         by_kind = {k: sorted((p for p in pieces if p[0] == k), key=lambda p: p[1]) for k in kinds}
@@ -152,6 +165,8 @@ def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]], stag
                         fetch.add(file, off, n * _FP32)
                     fetch.run()
                 for k, dst in state.items():  # Adam's m and v, or a client optimizer's kinds
+                    if k in skip or (only is not None and k not in only):
+                        continue
                     host = dst if dst.device.type == "cpu" and dst.is_contiguous() else torch.empty(
                         dst.shape, dtype=torch.float32)
                     filled = 0
@@ -177,8 +192,10 @@ def _extras(engine, reader: CheckpointReader) -> list[tuple[torch.Tensor, dict]]
 
 
 @torch.no_grad()
-def _refresh_params(engine) -> None:
-    """16-bit owned parameters from the master; then full parameters where they stay gathered."""
+def _refresh_params(engine, wait: bool = True):
+    """16-bit owned parameters from the master; then full parameters where they stay gathered:
+    one in-place collective per group, all in flight at once (what a step's re-gather costs).
+    ``wait=False``: returns the collectives in flight, for :func:`_finish_gathers`."""
     gather = engine.policy.shard_optimizer and engine.comm.world > 1
     inflight = []
     for g, shard in zip(engine.groups, engine.shards):
@@ -186,8 +203,14 @@ def _refresh_params(engine) -> None:
         if gather and not g.partitioned:  # stage 3 units gather at their next forward
             g.param_state.to(ParamState.SHARDED)
             g.param_state.to(ParamState.GATHERING)
-            # in place, one flat collective per group, all in flight while the next groups cast
             inflight.append((engine.comm.all_gather(g.param_flat, async_op=True), g))
+    if not wait:
+        return inflight
+    _finish_gathers(inflight)
+    return None
+
+
+def _finish_gathers(inflight) -> None:
     for h, g in inflight:
         h.wait()
         g.param_state.to(ParamState.GATHERED)
