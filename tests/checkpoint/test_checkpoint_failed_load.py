@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import zerocore
-from zerocore.checkpoint import blockio
+from zerocore.checkpoint import blockio, staging
 from checkpoint_helpers import CkCase, result, spawn, train
 from dist_helpers import make_model
 
@@ -68,8 +68,10 @@ def _config(placement: str, swap) -> dict:
 
 @pytest.mark.parametrize("how", ["flip", "truncate", "other model"])
 @pytest.mark.parametrize("placement", ["device", "nvme"])
-def test_failed_load_leaves_the_engine_as_it_was(tmp_path, monkeypatch, how, placement):
+@pytest.mark.parametrize("reads", ["staged", "two-pass"])  # the state read once into staging, or twice
+def test_failed_load_leaves_the_engine_as_it_was(tmp_path, monkeypatch, how, placement, reads):
     monkeypatch.setattr(blockio, "BLOCK_BYTES", SMALL_BLOCK)
+    monkeypatch.setattr(staging, "STAGING_BYTES", None if reads == "staged" else 0)
     ck = tmp_path / "ck"
     if how == "other model":
         from torch import nn

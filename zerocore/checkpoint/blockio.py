@@ -424,6 +424,7 @@ class Fetch:
         self.piece_bytes = piece_bytes  # bytes per buffer (and per request)
         self._wants: dict[str, list[tuple[int, int]]] = {}
         self._pieces: dict[str, tuple[list[int], list[tuple[int, torch.Tensor]]]] = {}
+        self._arena = None  # where run() put the bytes when it was given one (not the pool's buffers)
 
     def add(self, name: str, offset: int, nbytes: int) -> None:
         f = self.files[name]
@@ -450,17 +451,27 @@ class Fetch:
                 reads.extend((name, a, min(hi, a + step)) for a in range(lo, hi, step))
         return reads
 
-    def run(self, keep: bool = True) -> None:
+    def planned_bytes(self) -> int:
+        """The bytes :meth:`run` reads for what was added (whole blocks), each read's start
+        aligned: what an arena for ``run(arena=...)`` must hold."""
+        from .staging import padded
+
+        return sum(padded(b - a) for _, a, b in self._plan())
+
+    def run(self, keep: bool = True, arena=None) -> None:
         """Reads and verifies everything added (raises ChecksumError naming the file and bytes);
-        ``keep=False``: only verifies (each buffer goes back to the pool once checked)."""
+        ``keep=False``: only verifies (each buffer goes back to the pool once checked);
+        ``arena`` (a ``staging.Arena`` of :meth:`planned_bytes`): the bytes are read into it and
+        kept there, every block read once."""
         reads = self._plan()
         handles = self.handles
         fds: dict[str, int] = {}
         bufs = [None] * len(reads)
+        self._arena = arena
         try:
             def start(i: int) -> None:
                 name, a, b = reads[i]
-                buf = bufs[i] = _take(b - a, self.piece_bytes)
+                buf = bufs[i] = arena.take(b - a) if arena is not None else _take(b - a, self.piece_bytes)
                 h = handles[i % RING]
                 if h is not None:
                     h.async_pread(buf[:b - a], self.files[name].path, a)
@@ -494,7 +505,7 @@ class Fetch:
                         pass
             held = {id(buf) for _, pieces in self._pieces.values() for _, buf in pieces}
             for buf in bufs:
-                if buf is not None and id(buf) not in held:
+                if buf is not None and id(buf) not in held and arena is None:
                     _give(buf, self.piece_bytes)
             self.release()
             raise
@@ -524,10 +535,73 @@ class Fetch:
         return out
 
     def release(self) -> None:
-        for _, pieces in self._pieces.values():
-            for _, buf in pieces:
-                _give(buf, self.piece_bytes)
+        if self._arena is None:
+            for _, pieces in self._pieces.values():
+                for _, buf in pieces:
+                    _give(buf, self.piece_bytes)
+        else:
+            self._arena.free()
+            self._arena = None
         self._pieces.clear()
+
+
+def stream(files: dict[str, BlockFile], handles: list, ranges: list[tuple[str, int, int]],
+           piece_bytes: int = IO_BYTES):
+    """The verified bytes of ``ranges`` ((file, byte offset, bytes), any files, any order),
+    yielded as uint8 views in exactly that order: each range is read whole-block in pieces of
+    ``piece_bytes``, ``RING`` reads in flight while the caller uses the view it was given. A
+    view is valid until the caller asks for the next one (its buffer then goes back to the
+    pool): the consumer writes or converts it in between, its work overlapping the reads."""
+    reads = []  # (file, first byte read, end, first byte wanted, end wanted)
+    for name, off, n in ranges:
+        f = files[name]
+        if off < 0 or off + n > f.size:
+            raise ChecksumError(f"zerocore checkpoint: the manifest points past the end of {f.path} "
+                                f"(bytes {off}-{off + n} of {f.size})")
+        step = max(f.block, piece_bytes // f.block * f.block)
+        lo, end = off // f.block * f.block, off + n
+        for a in range(lo, end, step):
+            b = min(a + step, -(-end // f.block) * f.block, f.size)
+            reads.append((name, a, b, max(a, off), min(b, end)))
+    fds: dict[str, int] = {}
+    bufs: list = [None] * len(reads)
+
+    def start(i: int) -> None:
+        name, a, b, _, _ = reads[i]
+        buf = bufs[i] = _take(b - a, piece_bytes)
+        h = handles[i % RING]
+        if h is not None:
+            h.async_pread(buf[:b - a], files[name].path, a)
+        else:
+            if name not in fds:
+                fds[name] = os.open(files[name].path, os.O_RDONLY)
+            _pread_all(fds[name], byte_view(buf[:b - a]), a, files[name])
+
+    try:
+        for i in range(min(RING, len(reads))):
+            start(i)
+        for i, (name, a, b, x, y) in enumerate(reads):
+            if handles[i % RING] is not None:
+                handles[i % RING].wait()
+            f = files[name]
+            f.verify(a // f.block, bufs[i][:b - a])
+            yield bufs[i][x - a:y - a]
+            _give(bufs[i], piece_bytes)
+            bufs[i] = None
+            if i + RING < len(reads):
+                start(i + RING)
+    finally:
+        for h in handles:
+            if h is not None:
+                try:
+                    h.wait()
+                except OSError:
+                    pass
+        for buf in bufs:
+            if buf is not None:
+                _give(buf, piece_bytes)
+        for fd in fds.values():
+            os.close(fd)
 
 
 def _take(nbytes: int, piece_bytes: int) -> torch.Tensor:

@@ -6,11 +6,10 @@ into its optimizer state through ``OptimizerShard.state_tiles(write=True)``; the
 its 16-bit parameters from the master and (stages 0-2) re-gathers full parameters. A load that
 fails leaves every engine exactly as it was.
 
-The price of that guarantee: a rank reads its bytes twice, once to verify them all and once,
-after the agreement, to write them (verified again) tile by tile. Holding them instead would take
-memory of the rank's whole state beside it, and fresh memory costs more than the second read
-(page faults: on this project's VM 0.45 CPU-s per GB against 0.06 for an O_DIRECT read, and the
-faulting also slowed the reads three-fold); the reads go through a few pooled aligned buffers.
+Each block is read once: into one staging region (``staging.py``), verified there while the next
+reads proceed, and after the agreement copied from there into the engine. A rank whose state is
+larger than the staging budget reads twice instead: once to verify it all, then (after the
+agreement) tile by tile through a few pooled I/O buffers, verified again, into the engine.
 """
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ import warnings
 
 import torch
 
-from ..sharding import ParamState
-from . import engine_state
+from ..sharding import OptimizerShard, ParamState
+from . import engine_state, staging
 from .blockio import ChecksumError
 from .layout import CheckpointError, read_manifest, resolve
 from .manifest import extra_tensors, model_differences, set_rng_state
@@ -48,17 +47,28 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
     with_state = load_optimizer_states and not load_module_only
     ts = engine._torch_step
     load_kinds_before = None if ts is None else ts.load_kinds
-    err, reader, small, client_state = None, None, None, None
+    err, reader, small, staged, client_state = None, None, None, None, None
     try:
         kinds = engine_state.kinds_to_read(engine, manifest, with_state)
         reader = CheckpointReader(path, manifest, dataclasses.asdict(engine.config.aio))  # files present, sizes
         reader.check_complete(saved_name.values())
         plan = _plan_state(engine, reader, saved_name, kinds)
-        verify = reader.fetch()
+        staged = reader.fetch()
         for pieces in plan:
             for _, _, _, n, file, off in pieces:
-                verify.add(file, off, n * _FP32)
-        verify.run(keep=False)  # every block of this rank's state, checked (read again below)
+                staged.add(file, off, n * _FP32)
+        need = staged.planned_bytes()
+        arena = None
+        if need <= staging.budget():
+            try:
+                arena = staging.Arena(need)
+            except MemoryError:  # the memory went elsewhere since the budget was read: read twice
+                arena = None
+        if arena is not None:
+            staged.run(arena=arena)  # every block of this rank's state, read once and checked
+        else:
+            staged.run(keep=False)  # every block checked, and read again below
+            staged = None
         small = reader.fetch()
         extras = _extras(engine, reader)
         for _, e in extras:
@@ -75,23 +85,37 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
     if err is not None:
         if ts is not None:
             ts.load_kinds = load_kinds_before
-        if small is not None:
-            small.release()
+        for f in (small, staged):
+            if f is not None:
+                f.release()
         if reader is not None:
             reader.close()
         raise err
+    # With the state staged and resident (its tiles are views), the masters go in first and the
+    # parameters' all-gathers run while the other kinds are copied.
+    first = ("master",) if staged is not None and ts is None and all(
+        type(s) is OptimizerShard for s in engine.shards) else None
+    gathers = None
     try:
-        _write_state(engine, reader, plan)
+        _write_state(engine, reader, plan, staged, only=first)
+        if first is not None:
+            gathers = _refresh_params(engine, wait=False)
+            _write_state(engine, reader, plan, staged, skip=first)
         for t, e in extras:
             t.detach().copy_(reader.extra_from(small, e).to(t.dtype))
-    except ChecksumError as e:  # verified a moment ago: the file changed during the load
+    except ChecksumError as e:  # verified a moment ago (two-pass path): the file changed during the load
         raise CheckpointError(f"{e}\n(it was verified earlier in this load: the file changed while it was loaded; "
                               "the engine's state was partly overwritten: load a good checkpoint before training "
                               "on)") from e
     finally:
-        small.release()
+        for f in (small, staged):
+            if f is not None:
+                f.release()
         reader.close()
-    _refresh_params(engine)
+        if gathers is not None:
+            _finish_gathers(gathers)
+    if gathers is None:
+        _refresh_params(engine)
     if not load_module_only:
         _restore_counters(engine, manifest, with_state)
         engine_state.restore(engine, manifest, load_lr_scheduler_states, with_state)
@@ -114,9 +138,12 @@ def _plan_state(engine, reader: CheckpointReader, saved_name: dict[str, str], ki
 
 
 @torch.no_grad()
-def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]]) -> None:
+def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]], staged=None, only=None,
+                 skip=()) -> None:
     """The verified state into the engine, tile by tile (state on NVMe streams through its
-    tiles): each tile's bytes are fetched (verified again) into pooled I/O buffers and copied."""
+    tiles): copied from ``staged`` (a run Fetch holding all of it), or where that is None each
+    tile's bytes fetched again (verified again) into pooled I/O buffers and copied. ``only`` /
+    ``skip``: the kinds written (all by default)."""
     for shard, pieces in zip(engine.shards, plan):
         kinds = sorted({p[0] for p in pieces})
         by_kind = {k: sorted((p for p in pieces if p[0] == k), key=lambda p: p[1]) for k in kinds}
@@ -131,12 +158,15 @@ def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]]) -> N
                     if x < y:
                         copies.append((k, x - lo, y - x, file, off + (x - o) * _FP32))
                     i += 1
-            fetch = reader.fetch()
+            fetch = staged if staged is not None else reader.fetch()
             try:
-                for _, _, n, file, off in copies:
-                    fetch.add(file, off, n * _FP32)
-                fetch.run()
+                if staged is None:
+                    for _, _, n, file, off in copies:
+                        fetch.add(file, off, n * _FP32)
+                    fetch.run()
                 for k, dst in state.items():  # Adam's m and v, or a client optimizer's kinds
+                    if k in skip or (only is not None and k not in only):
+                        continue
                     host = dst if dst.device.type == "cpu" and dst.is_contiguous() else torch.empty(
                         dst.shape, dtype=torch.float32)
                     filled = 0
@@ -152,7 +182,8 @@ def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]]) -> N
                     if host is not dst:
                         dst.copy_(host)
             finally:
-                fetch.release()
+                if staged is None:
+                    fetch.release()
 
 
 def _extras(engine, reader: CheckpointReader) -> list[tuple[torch.Tensor, dict]]:
@@ -161,16 +192,28 @@ def _extras(engine, reader: CheckpointReader) -> list[tuple[torch.Tensor, dict]]
 
 
 @torch.no_grad()
-def _refresh_params(engine) -> None:
-    """16-bit owned parameters from the master; then full parameters where they stay gathered."""
+def _refresh_params(engine, wait: bool = True):
+    """16-bit owned parameters from the master; then full parameters where they stay gathered:
+    one in-place collective per group, all in flight at once (what a step's re-gather costs).
+    ``wait=False``: returns the collectives in flight, for :func:`_finish_gathers`."""
     gather = engine.policy.shard_optimizer and engine.comm.world > 1
+    inflight = []
     for g, shard in zip(engine.groups, engine.shards):
         shard.refresh_params()
         if gather and not g.partitioned:  # stage 3 units gather at their next forward
             g.param_state.to(ParamState.SHARDED)
             g.param_state.to(ParamState.GATHERING)
-            engine.comm.all_gather(g.param_flat)
-            g.param_state.to(ParamState.GATHERED)
+            inflight.append((engine.comm.all_gather(g.param_flat, async_op=True), g))
+    if not wait:
+        return inflight
+    _finish_gathers(inflight)
+    return None
+
+
+def _finish_gathers(inflight) -> None:
+    for h, g in inflight:
+        h.wait()
+        g.param_state.to(ParamState.GATHERED)
 
 
 def _restore_counters(engine, manifest: dict, with_state: bool) -> None:

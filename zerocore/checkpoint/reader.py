@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from .blockio import HANDLES, IO_BYTES, RING, BlockFile, Fetch, aio_handles
+from .blockio import HANDLES, IO_BYTES, RING, BlockFile, Fetch, aio_handles, stream
 from .layout import CheckpointError
 from .manifest import KINDS, dtype_of
 
@@ -103,6 +103,18 @@ class CheckpointReader:
                     f.copy_into(file, off, out[a - start:a - start + n])
             finally:
                 f.release()
+
+    def stream_masters(self, names: list[str], piece_bytes: int = IO_BYTES):
+        """The fp32 masters of parameters ``names``, whole, one after the other, as verified
+        byte views in order (see ``blockio.stream``: several reads in flight while the caller
+        uses each view; a view is valid until the next is asked for)."""
+        if self._handles is None:
+            self._handles = aio_handles(self.aio, RING)
+        ranges = []
+        for name in names:
+            ranges.extend((file, off, n * _FP32)
+                          for _, n, file, off in self.ranges(name, 0, _numel(self.params[name]["shape"]), "master"))
+        return stream(self.files, self._handles, ranges, piece_bytes)
 
     def read_master(self, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
         n = self.params[name]

@@ -22,11 +22,13 @@ missing tag (the old copy stays in that directory until the next save removes it
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import io
 import json
 import os
 import shutil
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 
@@ -50,6 +52,32 @@ between_writes = None
 def _hook(rank: int, what: str) -> None:
     if between_writes is not None:
         between_writes(rank, what)
+
+
+# Removing a tag's previous content (freeing a rank file's extents costs about 0.15 s per GB on
+# ext4) runs beside the training once the new content is published; the next save (before it
+# looks for debris) and the interpreter's exit wait for it.
+_removals: list[threading.Thread] = []
+_removals_lock = threading.Lock()
+
+
+def _remove_later(path: str) -> None:
+    t = threading.Thread(target=shutil.rmtree, args=(path,), kwargs={"ignore_errors": True},
+                         name="zerocore-checkpoint-remove", daemon=True)
+    t.start()
+    with _removals_lock:
+        _removals.append(t)
+
+
+def finish_removals() -> None:
+    with _removals_lock:
+        pending = list(_removals)
+        _removals.clear()
+    for t in pending:
+        t.join()
+
+
+atexit.register(finish_removals)
 
 
 @dataclasses.dataclass
@@ -191,6 +219,7 @@ def run_save(plan: SavePlan, save_dir: str, prepared: tuple | None = None) -> st
     err = None
     if rank == 0:
         try:
+            finish_removals()  # a previous save's old content is gone before debris is looked for
             os.makedirs(save_dir, exist_ok=True)
             for d in os.listdir(save_dir):
                 if d.startswith(TMP_PREFIX):  # a save that was killed: never a checkpoint
@@ -212,7 +241,7 @@ def run_save(plan: SavePlan, save_dir: str, prepared: tuple | None = None) -> st
                 image.write_file(os.path.join(tmp, index["file"]), plan.aio)
         # no fsync: rank 0 folds it into the manifest, which is fsync'ed before anything is published
         with open(os.path.join(tmp, f"rank{rank:05d}.json"), "w", encoding="utf-8") as f:
-            json.dump(index, f)
+            f.write(json.dumps(index))  # dumps: C's encoder, one write (json.dump encodes in Python)
     except Exception as e:
         err = e
     _agree(comm, err is not None, f"writing {tmp}")
@@ -227,8 +256,8 @@ def run_save(plan: SavePlan, save_dir: str, prepared: tuple | None = None) -> st
     _agree(comm, err is not None, f"publishing {os.path.join(save_dir, tag)}")
     if err is not None:
         raise err
-    if old is not None:  # the tag's previous content, replaced; no other rank waits for this
-        shutil.rmtree(old, ignore_errors=True)
+    if old is not None:  # the tag's previous content, replaced; nothing waits for its removal
+        _remove_later(old)
     return os.path.join(save_dir, tag)
 
 
@@ -244,7 +273,7 @@ def _publish(plan: SavePlan, save_dir: str, tmp: str) -> str | None:
     for r in range(plan.comm.world):
         os.remove(os.path.join(tmp, f"rank{r:05d}.json"))
     with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:  # not yet published: no rename needed
-        json.dump(manifest, f, default=str)
+        f.write(json.dumps(manifest, default=str))
         f.flush()
         os.fsync(f.fileno())
     _hook(0, "manifest written")

@@ -1,0 +1,81 @@
+"""A load reads each block of its state once when the state fits the staging budget (verified
+in staging, then copied into the engine after the ranks agree), twice when it does not (verify
+everything, then read again tile by tile); both give the engine exactly the saved state."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the helpers
+
+import zerocore  # noqa: E402
+from zerocore.checkpoint import blockio, staging  # noqa: E402
+from checkpoint_helpers import CkCase, train  # noqa: E402
+from dist_helpers import make_model  # noqa: E402
+
+CASE = CkCase("read_once", dtype="bf16", model="mlp", stage=2, lr=3e-3)
+SMALL_BLOCK = 4096
+
+
+def _state(e) -> list[dict]:
+    return [{k: v.detach().cpu().clone() for k, v in st.items()}
+            for shard in e.shards for _, _, st in shard.state_tiles(1 << 12)]
+
+
+def _count_reads(monkeypatch) -> dict:
+    """Bytes each checkpoint file was read by Fetch.run (whole blocks), per file name."""
+    seen: dict[str, int] = {}
+    plain = blockio.Fetch.run
+
+    def run(self, *a, **kw):
+        for name, lo, hi in self._plan():
+            seen[name] = seen.get(name, 0) + (hi - lo)
+        return plain(self, *a, **kw)
+
+    monkeypatch.setattr(blockio.Fetch, "run", run)
+    return seen
+
+
+@pytest.mark.parametrize("budget,passes", [(None, 1), (0, 2)])
+def test_state_is_read_once_when_it_fits_and_twice_when_not(tmp_path, monkeypatch, budget, passes):
+    monkeypatch.setattr(blockio, "BLOCK_BYTES", SMALL_BLOCK)
+    monkeypatch.setattr(staging, "STAGING_BYTES", budget)
+    src = zerocore.initialize(make_model("mlp", 5), CASE.config(2, 1))
+    e = zerocore.initialize(make_model("mlp", 0), CASE.config(2, 1))
+    try:
+        train(src, CASE, 0, 1, 0, 3)
+        src.save_checkpoint(str(tmp_path), tag="t")
+        want_state, want_weights = _state(src), src.full_state_dict()
+        train(e, CASE, 0, 1, 0, 1)
+        seen = _count_reads(monkeypatch)
+        e.load_checkpoint(str(tmp_path), tag="t")
+        size = os.path.getsize(tmp_path / "t" / "rank00000.bin")
+        state_bytes = sum(s.master.numel() for s in src.shards) * 12
+        # the state once (or twice) plus the small pieces (frozen tensors, client state) once
+        assert passes * state_bytes <= seen["rank00000.bin"] <= passes * state_bytes + size - state_bytes \
+            + 2 * SMALL_BLOCK * passes
+        got_state, got_weights = _state(e), e.full_state_dict()
+        assert len(got_state) == len(want_state)
+        for x, y in zip(got_state, want_state):
+            for k in x:
+                assert torch.equal(x[k], y[k]), k
+        for k in want_weights:
+            assert torch.equal(got_weights[k], want_weights[k]), k
+        # and training goes on as the source does
+        assert train(e, CASE, 0, 1, 3, 5) == train(src, CASE, 0, 1, 3, 5)
+    finally:
+        src.destroy()
+        e.destroy()
+
+
+def test_staging_slices_are_aligned_and_bounded():
+    a = staging.Arena(3 * 4096 + 10)
+    x, y = a.take(100), a.take(4096)
+    assert x.data_ptr() % staging.ALIGN == 0 and y.data_ptr() % staging.ALIGN == 0
+    a.take(4096 + 10)
+    with pytest.raises(MemoryError):
+        a.take(1)
+    a.free()
