@@ -12,6 +12,9 @@ tensor (DeepSpeed's convention): a stray read fails on the shape instead of read
 """
 from __future__ import annotations
 
+from itertools import repeat
+from operator import attrgetter, is_not
+
 import torch
 
 from ..comm.collectives import DONE
@@ -198,6 +201,7 @@ class _DeferredGather:
 
 
 _CLEARABLE = (GradState.EMPTY, GradState.FILLING, GradState.HELD)
+_GRAD = attrgetter("grad")
 
 
 def clear_grads_of(groups: list[ShardedGroup]) -> None:
@@ -208,7 +212,7 @@ def clear_grads_of(groups: list[ShardedGroup]) -> None:
         if g.grad_full is not None:
             g.grad_full.zero_()
             g.bind_grads()
-        else:
+        elif any(map(is_not, map(_GRAD, g.params), repeat(None))):  # usually none: the reducer dropped them
             for p in g.params:
                 p.grad = None
         g.has_grad = False
