@@ -16,6 +16,7 @@
 #include "flatten/flatten.h"
 #include "isa/dispatch.h"
 #include "norm/norm.h"
+#include "params/param_bindings.h"
 
 // Optional parts register their functions from their own binding files: the CUDA binding
 // needs ATen's CUDA headers, which a CPU torch does not have, and keeping aio apart keeps
@@ -255,6 +256,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported_isas", &zc::supported_isas);
   m.def("set_isa", &zc::set_isa);
   m.def("active_isa", &active_isa);
+  zc_params::register_params(m);
 #ifdef ZEROCORE_WITH_AIO
   register_aio(m);
   m.attr("WITH_AIO") = true;

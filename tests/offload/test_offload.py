@@ -216,14 +216,12 @@ def test_the_next_forward_overlaps_the_host_step_and_never_reads_stale_parameter
     """Stage 3, optimizer and parameter offload: the host step of step k runs on the worker while
     step k+1's forward runs; a unit starts only after its own group's step finished, and before
     the last group's did (so the step is not one block in front of the forward). The device copy
-    is poisoned with NaN before each host step (test hook): a unit reading it early would NaN."""
+    is poisoned with NaN before each host step: a unit reading it early would NaN."""
     cfg = OffCase("pipe", "deep", 3, params=True, dtype="bf16", zero={**SIZE, "sub_group_size": 50_000}).config()
     engine = zerocore.initialize(deep_model(), cfg)
-    engine.offload.poison = True
     for shard in engine.offload.shards.values():
-        shard.poison = True
-    trace = engine.offload.stepper.trace = []
-    engine.offload.stepper.delay_s = 0.02  # a slow host (this machine is shared; timings alone are noise)
+        _poison_before_host_step(shard)
+    trace = _trace_host_steps(engine.offload.stepper, delay_s=0.02)  # a slow host (timings alone are noise here)
     starts = []
     units = {u.module: u.group.index for u in engine.gatherer.units if u.group is not None}
     # registered after the engine's own pre-forward hook: runs once the unit is gathered, as its forward starts
@@ -255,8 +253,39 @@ def test_the_next_forward_overlaps_the_host_step_and_never_reads_stale_parameter
         assert torch.equal(got[k], want[k]), k
 
 
+def _poison_before_host_step(shard) -> None:
+    """NaN into the device copy of the owned parameters as each step is handed over (the host part
+    covers the whole owned range here: ratio 1), so a read before the host step lands would NaN."""
+    step = shard.step
+
+    def poisoned(grad, hp, **kw):
+        target = shard.group.owned_params_raw()
+        if shard.param_swap is None and shard.master_h.data_ptr() != target.data_ptr():
+            target[:shard.split].fill_(float("nan"))
+        return step(grad, hp, **kw)
+
+    shard.step = poisoned
+
+
+def _trace_host_steps(stepper, delay_s: float) -> list[tuple[int, float]]:
+    """(group index, perf_counter) of every finished host step; each sleeps ``delay_s`` first."""
+    trace, submit = [], stepper.submit
+
+    def traced(gi, fn, ready):
+        def run():
+            time.sleep(delay_s)
+            ev = fn()
+            trace.append((gi, time.perf_counter()))
+            return ev
+        submit(gi, run, ready)
+
+    stepper.submit = traced
+    return trace
+
+
 def _host_state(engine):
-    engine.offload.wait_all()  # stage 3: the worker may still be stepping
+    for _s in engine.offload.shards.values():
+        _s.ready.wait()  # stage 3: the worker may still be stepping
     return [t.clone() for s in engine.offload.shards.values()
             for t in (s.master_h, s.exp_avg_h, s.exp_avg_sq_h, s.master_d, s.exp_avg_d, s.exp_avg_sq_d)]
 

@@ -280,14 +280,16 @@ def _corrupt_first_record(path, how):
 def test_corrupt_swap_file_raises_naming_file_offset_step_and_changes_nothing(tmp_path, how, stage):
     engine = zerocore.initialize(deep(), cfg_for(tmp_path, stage))
     train(engine, 2)
-    engine.offload.wait_all()
+    for _s in engine.offload.shards.values():
+        _s.ready.wait()
     before = owned_params(engine)
     shard = engine.offload.shards[0]  # the group stepped first at stage 2
     path = shard.path
     _corrupt_first_record(path, how)
     with pytest.raises((SwapError, RuntimeError)) as info:
         train(engine, 1, seed=5)
-        engine.offload.wait_all()  # stage 3: the worker's error surfaces at the next wait
+        for _s in engine.offload.shards.values():
+            _s.ready.wait()  # stage 3: the worker's error surfaces at the next wait
     err = info.value if isinstance(info.value, SwapError) else info.value.__cause__
     assert isinstance(err, SwapCorruptError if how == "flip" else SwapError), info.value
     text = str(err)
@@ -415,7 +417,8 @@ def test_the_next_group_is_read_while_this_one_is_stepped(tmp_path, monkeypatch,
 
     engine = zerocore.initialize(deep(4), cfg_for(tmp_path, stage=stage, buffers=3, tile=1 << 20))
     train(engine, 1)
-    engine.offload.wait_all()
+    for _s in engine.offload.shards.values():
+        _s.ready.wait()
     store = engine.offload.nvme.store
     paths = {s.path: gi for gi, s in engine.offload.shards.items()}
     assert len(paths) >= 3 and all(len(s.tiles) == 1 for s in engine.offload.shards.values())
@@ -433,7 +436,8 @@ def test_the_next_group_is_read_while_this_one_is_stepped(tmp_path, monkeypatch,
     monkeypatch.setattr(store, "read", read)
     monkeypatch.setattr(shard_mod, "_adam", adam)
     train(engine, 1, seed=1)
-    engine.offload.wait_all()
+    for _s in engine.offload.shards.values():
+        _s.ready.wait()
     store.trace = None
     events = [e for e in trace if e[0] in ("issue", "adam_done")]
     reads = [gi for op, gi, _ in events if op == "issue"]

@@ -193,11 +193,13 @@ def test_a_step_reads_only_what_the_buffers_cannot_keep_and_reads_it_ahead(tmp_p
     swap = engine.offload.param_swap
     assert len(swap.groups) == 5
     train(engine, 2)
-    engine.offload.wait_all()  # the last step's host steps (and their writes) are done
+    for _s in engine.offload.shards.values():
+        _s.ready.wait()  # the last step's host steps (and their writes) are done
     swap.trace = []
     trace_gathers(swap)
     train(engine, 1, seed=7)
-    engine.offload.wait_all()
+    for _s in engine.offload.shards.values():
+        _s.ready.wait()
     reads = [i for i, (op, _) in enumerate(swap.trace) if op == "read"]
     assert sorted(gi for op, gi in swap.trace if op == "write") == sorted(swap.groups)
     if buffers == 5:
@@ -229,7 +231,8 @@ def test_corrupt_param_swap_file_names_file_offset_step_changes_nothing_and_repa
     engine = zerocore.initialize(deep(), cfg_for(tmp_path))
     clean = zerocore.initialize(deep(), cfg_for(tmp_path))
     assert train(engine, 2) == train(clean, 2)
-    engine.offload.wait_all()
+    for _s in engine.offload.shards.values():
+        _s.ready.wait()
     swap = engine.offload.param_swap
     swap.flush()  # nothing resident: the next forward reads every swapped shard
     gi = min(swap.groups)
@@ -273,7 +276,8 @@ def test_param_write_failure_is_a_clear_error_without_hang(tmp_path, code, said)
     engine.offload.param_swap.store.fail_writes = code
     with pytest.raises((SwapError, RuntimeError)) as info:
         train(engine, 2, seed=3)
-        engine.offload.wait_all()
+        for _s in engine.offload.shards.values():
+            _s.ready.wait()
     err = info.value if isinstance(info.value, SwapError) else info.value.__cause__
     assert isinstance(err, SwapError), info.value
     assert "write of parameter shard swap" in str(err) and said in str(err) and "params" in str(err)
@@ -349,7 +353,8 @@ def test_the_host_step_writes_swapped_shards_without_reading_them(tmp_path, opt)
     swap.flush()
     swap.trace = []
     engine.step()
-    engine.offload.wait_all()
+    for _s in engine.offload.shards.values():
+        _s.ready.wait()
     assert sorted(swap.trace) == [("write", gi) for gi in sorted(swap.groups)]
     clean = zerocore.initialize(deep(), cfg_for(tmp_path, params="cpu", opt=opt, dtype="bf16"))
     train(clean, 1)

@@ -123,10 +123,11 @@ def test_backward_and_step_costs_scale_with_units_not_parameters(stage):
     if stage < 3:
         # the constant: engine, ops argument checks, issue 15's misuse bookkeeping (~90 calls)
         assert r["python_calls_per_step"] <= p + 20 * u + 100, r
-    else:  # forward + backward: no call per parameter (no gradient hook, no attribute hook on gathered
-        # parameters), ~20 per unit (gather and free twice, two tensor hooks, one pack and reduction);
-        # the step is ~30 calls whatever the number of units (one multi-tensor norm and Adam call)
-        assert r["python_calls_forward_backward"] <= 22 * u, r
+    else:  # forward + backward: no call per parameter (no gradient hook; the attribute hook is native),
+        # ~38 per unit: gather and free twice through their one helper each, every state change through
+        # the transition table (~9), two autograd hooks, one pack and reduction; the step is ~30 calls
+        # whatever the number of units (one multi-tensor norm and Adam call)
+        assert r["python_calls_forward_backward"] <= 40 * u, r
         assert r["python_calls_per_step"] - r["python_calls_forward_backward"] <= 60, r
     # native kernels (pack, norm, Adam) and collectives: a few per group/unit per backward
     assert r["native_calls_per_backward"] <= 3 * u + 4, r

@@ -126,18 +126,20 @@ def test_plain_backward_is_refused_and_nothing_changes():
     engine.destroy()
 
 
-def test_gathered_parameters_shadow_the_access_hook_only_while_gathered():
+def test_parameters_show_full_values_only_while_gathered_without_dict_shadows():
+    """Reads go through the module's registered parameter (no copy in the instance ``__dict__``):
+    full while its unit is gathered, empty otherwise."""
     torch.manual_seed(0)
     model = Late()
     engine = zerocore.initialize(model, _config())
     lin = model.blocks[0].lin
     assert "weight" not in lin.__dict__ and lin.weight.numel() == 0  # sharded between steps
     seen = {}
-    lin.register_forward_hook(lambda m, a, o: seen.update(gathered="weight" in m.__dict__,
+    lin.register_forward_hook(lambda m, a, o: seen.update(shadowed="weight" in m.__dict__,
                                                           shape=tuple(m.weight.shape)))
     engine.backward(engine(torch.randn(4, 8)).square().mean())
     engine.step()
-    assert seen == {"gathered": True, "shape": (8, 8)}
-    assert "weight" not in lin.__dict__
+    assert seen == {"shadowed": False, "shape": (8, 8)}
+    assert "weight" not in lin.__dict__ and lin.weight.numel() == 0
     engine.destroy()
     assert "weight" not in lin.__dict__ and lin.weight.shape == (8, 8)

@@ -35,6 +35,9 @@ def _adam(master, grad, m, v, out, plan, step: int, grad_scale: float, tile: int
 
 
 class HostOptimizerShard:
+    batched = False  # its own step (the host part on the worker or inline): see OptimizerShard
+    reads_ahead = False
+
     def __init__(self, group: ShardedGroup, init_fp32: torch.Tensor, *, ratio: float, pin: bool,
                  tile: int | None = None, params_swapped: bool = False):
         self.group = group
@@ -75,7 +78,7 @@ class HostOptimizerShard:
         self._copy_stream = None
         self._copy_event = None  # the last copy back to the device (CUDA)
         self.sumsq, self.nonfinite = 0.0, False
-        self.poison = False  # test hook: NaN into the device copy before the host step writes it
+        self._host_norm_pending = False  # a device gradient copy in flight: the host part of the norm waits
         self.enqueue = None  # (group index, host step, ready) -> None: set by OffloadPlan at stage 3
         self.param_swap = None  # set by OffloadPlan when this group's parameter shard rests on NVMe
         self.pieces = None  # hyper-parameter groups of the owned range (sharding.optimizer.Pieces)
@@ -108,7 +111,7 @@ class HostOptimizerShard:
 
     def landed_sumsq(self) -> tuple[float, bool]:
         """This group's (sum of squares, any Inf/NaN) of the owned reduced gradient."""
-        if getattr(self, "_host_norm_pending", False):
+        if self._host_norm_pending:
             for ev in self._landed:
                 ev.synchronize()
             self._landed.clear()
@@ -143,10 +146,6 @@ class HostOptimizerShard:
                 self._device_part(grad, plan, step, grad_scale, target)
         if h == 0:
             return None
-        target = self.group.owned_params_raw()
-        if self.poison and self.param_swap is None and self.master_h.data_ptr() != target.data_ptr():
-            target[:h].fill_(float("nan"))  # (never the master itself)
-
         whole = h == grad.numel()  # the host part writes every element of the owned range
 
         def host_part():

@@ -1,5 +1,6 @@
-"""Where the owned optimizer shard and the stage-3 parameter shards rest, as the engine's one
-placement decision (``StagePolicy.optimizer_device``), and the hooks that move bytes there.
+"""Where the owned optimizer shard and the stage-3 parameter shards rest (the engine's one
+placement decision, made here from the config's offload sections), and the hooks that move bytes
+there.
 
 - ``make_shard``: the group's optimizer shard on the host (``HostOptimizerShard``) and, with
   parameter offload, its 16-bit shard moved to host memory while ``max_in_cpu`` elements allow,
@@ -59,7 +60,6 @@ class OffloadPlan:
         self.order: list[int] = []  # groups in the order they were first gathered since the last step
         self._seen: set[int] = set()
         self._queued: list[tuple[int, object, object]] = []
-        self.poison = False  # test hook (see HostOptimizerShard.poison)
 
     @staticmethod
     def build(config, device: torch.device, boundary) -> "OffloadPlan | None":
@@ -89,20 +89,20 @@ class OffloadPlan:
             shard = self.nvme.make_shard(g, init, self.pin_opt)
         else:
             shard = HostOptimizerShard(g, init, ratio=self.ratio, pin=self.pin_opt, tile=tile, params_swapped=swapped)
-        shard.poison = self.poison
-        g.ready = shard.ready
+        ready = shard.ready
         if swapped:
             if self.param_swap is None:
                 self.param_swap = ParamSwap(self._config)
             same_drive = self.nvme is not None and self.nvme.path == self.param_swap.path
             self.param_swap.register(g, also_needed=self.nvme.needed if same_drive else 0)
             shard.param_swap = self.param_swap
-            g.ready = ParamReady(shard.ready, self.param_swap, g.index)
-        if self.stepper is not None and g.partitioned:
-            g.on_gather = self._note_gather
+            ready = ParamReady(shard.ready, self.param_swap, g.index)
+        queued = self.stepper is not None and g.partitioned  # stage 3: host steps queued, gathers noted
+        g.attach_offload(ready, self._note_gather if queued else None)
+        if queued:
             shard.enqueue = self._enqueue
-        if self.stepper is None and hasattr(shard, "then"):  # stages 1/2 step in index order: read the next ahead
-            last = max((i for i in self.shards if hasattr(self.shards[i], "then")), default=None)
+        if self.stepper is None and shard.reads_ahead:  # stages 1/2 step in index order: read the next ahead
+            last = max((i for i in self.shards if self.shards[i].reads_ahead), default=None)
             if last is not None:
                 self.shards[last].then = shard
         self.shards[g.index] = shard
@@ -154,18 +154,14 @@ class OffloadPlan:
         if self.nvme is not None:  # each swapped shard's pass reads the next one's first tile (NvmeOptimizerShard)
             steps = [self.shards[job[0]] for job in self._queued]
             for shard, then in zip(steps, steps[1:] + [None]):
-                if hasattr(shard, "then"):
-                    shard.then = then if hasattr(then, "then") else None
+                if shard.reads_ahead:
+                    shard.then = then if then is not None and then.reads_ahead else None
         for gi, fn, ready in self._queued:
             self.shards[gi].group.defer_gather = True
             self.stepper.submit(gi, fn, ready)
         self._queued.clear()
         self.order.clear()
         self._seen.clear()
-
-    def wait_all(self) -> None:
-        for shard in self.shards.values():
-            shard.ready.wait()
 
     def close(self) -> None:
         """Stops the host-step worker after its queued steps, closes the NVMe swap stores (I/O

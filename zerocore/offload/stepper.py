@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 import weakref
 from typing import Callable
 
@@ -39,10 +38,6 @@ class Ready:
     def set(self, cuda_event=None) -> None:
         self.cuda_event = cuda_event
         self._done.set()
-
-    @property
-    def pending(self) -> bool:
-        return not self._done.is_set()
 
     def wait(self) -> None:
         self._done.wait()
@@ -75,10 +70,6 @@ class HostStepper:
         self.threads = max(1, int(threads))
         self._jobs: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
-        # test hooks: (group index, perf_counter) for every finished host step (None: not recorded);
-        # seconds each job sleeps first (a slow host, to see the pipeline on a loaded machine)
-        self.trace: list[tuple[int, float]] | None = None
-        self.delay_s = 0.0
 
     def submit(self, gi: int, fn: Callable[[], object], ready: Ready) -> None:
         """Runs ``fn`` (returning an optional CUDA event) on the worker, then sets ``ready``."""
@@ -89,17 +80,7 @@ class HostStepper:
             weakref.finalize(self, self._jobs.put, None)
             lifetime.note_worker(self)  # joined before interpreter exit (a step still running would abort it)
         ready.clear()
-        trace, delay = self.trace, self.delay_s
-
-        def run():
-            if delay:
-                time.sleep(delay)
-            ev = fn()
-            if trace is not None:
-                trace.append((gi, time.perf_counter()))
-            return ev
-
-        self._jobs.put((run, ready))
+        self._jobs.put((fn, ready))
 
     def close(self, timeout_s: float | None = None) -> None:
         """Lets the queued steps finish, then stops the worker (a later submit starts a new one)."""

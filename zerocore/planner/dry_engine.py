@@ -78,6 +78,8 @@ class PlanComm(Comm):
 class PlannedNvmeShard:
     """The host tensors of one group's ``NvmeOptimizerShard`` (see the module docstring)."""
 
+    batched, reads_ahead = False, False  # OptimizerShard's protocol: no disk here to read ahead from
+
     def __init__(self, group: ShardedGroup, store: "PlannedSwapStore", tile: int):
         n = group.hi - group.lo
         self.group = group
@@ -89,7 +91,6 @@ class PlannedNvmeShard:
         self.param_swap = None
         self.ready = Ready()
         self.enqueue = None
-        self.poison = False
 
         self.last_step = 0
 
@@ -234,7 +235,7 @@ def build(module: nn.Module, config: ZeroConfig, world: int, rank: int, device: 
     ``device``), as ``Engine.__init__`` builds them; call inside FakeTensorMode."""
     z = config.zero_optimization
     comm = PlanComm(world, rank, backend or ("nccl" if device.type == "cuda" else "gloo"))
-    policy = policy_for(z.stage, z.offload_optimizer.device if z.offload_optimizer.device != "none" else "device")
+    policy = policy_for(z.stage)
     dtype = training_dtype(config)
     trainable, frozen = named_params(module)
     if not trainable:

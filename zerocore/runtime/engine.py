@@ -57,8 +57,7 @@ class Engine(DeepSpeedMethods):
         self.config = config
         self.comm = comm
         z = config.zero_optimization
-        self.policy = policy_for(z.stage, z.offload_optimizer.device if z.offload_optimizer.device != "none"
-                                 else "device")
+        self.policy = policy_for(z.stage)
         self.dtype = training_dtype(config)
         self.gas, _, _ = config.batch_sizes(comm.world)
         trainable, frozen = named_params(module)
@@ -173,7 +172,7 @@ class Engine(DeepSpeedMethods):
             return MultiShardStep([self.shards[k] for k in run], run)
 
         for i, (g, shard) in enumerate(zip(self.groups, self.shards)):
-            if type(shard) is not OptimizerShard:
+            if not shard.batched:  # host / NVMe state: its own step
                 batches.append((None, [i]))
                 continue
             size = g.layout.padded if gather and not g.partitioned else 0
@@ -294,6 +293,11 @@ class Engine(DeepSpeedMethods):
         self.optimizer_steps += 1
         with label("zerocore.optimizer_step"):
             self._update(coef, grads, hypers)
+            if self.offload is not None:
+                # The host Adam steps: each offloaded shard's step above ran it, or (stage 3) queued it;
+                # the queued ones go to the worker thread now, first-needed first (offload/placement.py),
+                # and each unit's next gather waits for its own (ShardedGroup.owned_params).
+                self.offload.launch()
         self.scaler.update(False)
         self.reducer.clear()
         self.overflow = False
@@ -336,8 +340,6 @@ class Engine(DeepSpeedMethods):
         for h, done in inflight:
             h.wait()
             done.param_state.to(ParamState.GATHERED)
-        if self.offload is not None:
-            self.offload.launch()  # stage 3: the queued host steps, first-needed first
 
     def _skip(self) -> None:
         self.skipped_steps += 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import math
+from itertools import filterfalse
+from operator import attrgetter
 import time
 import warnings
 
@@ -165,6 +167,9 @@ def _who(failures: dict[int, str]) -> str:
     return "; ".join(f"rank {r} stopped issuing collectives: its {text}" for r, text in sorted(failures.items()))
 
 
+_REQUIRES_GRAD = attrgetter("requires_grad")
+
+
 class RequiresGradWatch:
     """Which parameters train is fixed at ``initialize`` (the flat groups, the optimizer shards and
     the reducer's bookkeeping are built from it). ``p.requires_grad_(...)`` flipped afterwards
@@ -177,9 +182,9 @@ class RequiresGradWatch:
         self.names = {id(p): names[0] for names, p in trainable + frozen}
 
     def check(self) -> None:
-        # list comprehensions: one Python call per step, attribute reads per parameter
-        off = [p for p in self.trainable if not p.requires_grad]
-        on = [p for p in self.frozen if p.requires_grad]
+        # C-level filters: no Python call nor line per parameter, every step
+        off = list(filterfalse(_REQUIRES_GRAD, self.trainable))
+        on = list(filter(_REQUIRES_GRAD, self.frozen))
         if off or on:
             p, was = (off[0], "trainable") if off else (on[0], "frozen")
             more = len(off) + len(on) - 1

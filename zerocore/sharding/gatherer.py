@@ -3,8 +3,8 @@
 Forward: a unit's pre-forward hook gathers its group (waiting for a prefetch already in
 flight) and puts the post-backward signal on the unit's inputs (``post_backward.py``), the
 module runs, its post-forward hook frees the full buffer and registers a pre-backward
-hook on the outputs (a plain tensor hook, as FSDP2 does; only its first call in a backward
-does work). Backward: that hook re-gathers the unit just before its backward runs; when the
+hook on the outputs' autograd nodes (as FSDP2 hooks its outputs; only its first call in a
+backward does work). Backward: that hook re-gathers the unit just before its backward runs; when the
 post-backward signal fires the unit's gradients are all in: the unit is freed and the
 reducer handed its group, so at most the units whose backward is under way are resident.
 Units the signal does not reach (inputs without gradient, the root, unused outputs) are
@@ -43,7 +43,9 @@ from torch.utils._pytree import tree_flatten
 
 from ..comm import DONE, Comm
 from ..comm.divergence import DivergenceGuard, Op, Phase
+from ..ops.params import param_ops
 from .access import restore, swap_class
+from .eager import eager_only
 from .group import ShardedGroup
 from .passes import Pass
 from .post_backward import PostBackward
@@ -77,10 +79,6 @@ class Unit:
     def __post_init__(self):
         self.padded = self.group.layout.padded if self.group is not None else 0
         self.tracked = self.group.param_state if self.group is not None else param_state(-1, ParamState.GATHERED)
-
-    @property
-    def state(self) -> ParamState:
-        return self.tracked.value
 
     @property
     def label(self) -> str:
@@ -119,6 +117,7 @@ class ParamGatherer:
         self.peak_live = 0
         self.backwards = 0  # backward passes begun: a pre-backward hook works once per pass
         self.on_unit_done = None  # reducer.group_done (set by the engine): a unit's gradients are in
+        self._call_before = param_ops().call_before_node  # a tensor's node runs: call fn() (post_backward.py)
         self._hooks = []
         for u in self.units:
             u.done = functools.partial(self._post_backward, u)
@@ -179,10 +178,7 @@ class ParamGatherer:
     def _arrive(self, u: Unit, run: Pass, phase: Phase, prefetch: Phase) -> None:
         """``u``'s forward or backward is about to run: recorded in the pass, gathered (or its
         prefetch waited for), and the next units of the recorded order prefetched."""
-        i = len(run.order)  # run.visit(u.pos), inline: this runs twice per unit per step
-        run.order.append(u.pos)
-        if run.on_trace and (i >= len(run.recorded) or run.recorded[i] != u.pos):
-            run.on_trace = False
+        i = run.visit(u.pos)
         if u.tracked.value is not ParamState.GATHERED:
             self._gather(u, phase)
         if run.on_trace and run.cursor < len(run.recorded):
@@ -213,13 +209,13 @@ class ParamGatherer:
             if u.group is not None and args and torch.is_grad_enabled():
                 a = args[0]
                 if len(args) == 1 and isinstance(a, torch.Tensor) and (a.grad_fn is not None or not a.requires_grad):
-                    if a.requires_grad:  # the usual single non-leaf input: a tensor hook (post_backward.py)
-                        a.register_hook(u.done)
+                    if a.requires_grad:  # the usual single non-leaf input: a node hook (post_backward.py)
+                        self._call_before(a, u.done)
                         u.pending += 1
                     return None
                 return self._post_backward_on(u, args)
             return None
-        return hook
+        return eager_only(hook)
 
     def _hook_post_forward(self, u: Unit):
         def hook(module, args, output):
@@ -229,29 +225,27 @@ class ParamGatherer:
             if self.running is Running.BACKWARD:
                 return  # a recompute (see the pre-hook)
             if torch.is_grad_enabled() and (u.group is not None or u.extern):  # a pre-backward hook on each
-                # output needing a gradient (FSDP2's way: a plain tensor hook; the first to fire in a
-                # backward gathers the unit). An empty root gathers nothing (unless it read another's).
+                # output needing a gradient (FSDP2's way: a hook on the output's autograd node, native; the
+                # first to fire in a backward gathers the unit). An empty root gathers nothing (unless it
+                # read another's).
                 hook_bwd = functools.partial(self._pre_backward_hook, u, [-1])
+                call_before = self._call_before
                 if isinstance(output, torch.Tensor):
-                    if output.requires_grad:
-                        output.register_hook(hook_bwd)
+                    if output.requires_grad and not call_before(output, hook_bwd):
+                        output.register_hook(hook_bwd)  # an output no node made (a leaf)
                 else:
                     for t in tree_flatten(output)[0]:
-                        if isinstance(t, torch.Tensor) and t.requires_grad:
+                        if isinstance(t, torch.Tensor) and t.requires_grad and not call_before(t, hook_bwd):
                             t.register_hook(hook_bwd)
             if u.extern or self.limits.max_reuse > 0:
                 for v in [u, *u.extern]:
                     if v not in self.stack and not (self.limits.max_reuse > 0 and self._keep(v)):
                         self._free(v)
             elif u.group is not None and u not in self.stack:
-                if u.tracked.value is ParamState.GATHERED:  # _free's usual case, inline
-                    u.group.free_full()
-                    self.live -= u.padded
-                else:
-                    self._free(u)
+                self._free(u)
             if not self.stack:
                 self._end_forward()
-        return hook
+        return eager_only(hook)
 
     def _begin_forward(self) -> None:
         # Full buffers left from an earlier pass (kept for a backward that never came) go first.
@@ -300,7 +294,7 @@ class ParamGatherer:
         self.backwards += 1
         self.bwd = Pass(self.bwd_trace, self.sizes)
 
-    def _pre_backward_hook(self, u: Unit, seen: list[int], grad) -> None:
+    def _pre_backward_hook(self, u: Unit, seen: list[int], grad=None) -> None:
         """A tensor hook on the outputs of one forward call of ``u``; ``seen``: the backward pass
         it last worked in (the other outputs' hooks return at once)."""
         if self.running is not Running.BACKWARD:  # a plain loss.backward(): nothing would be reduced
@@ -319,7 +313,7 @@ class ParamGatherer:
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor) and a.requires_grad:
                 if a.grad_fn is not None:
-                    a.register_hook(u.done)
+                    self._call_before(a, u.done)
                 else:  # a leaf lives on: a hook on it would stay; the Function's node goes with the graph
                     new[i], routed = PostBackward.apply(u.done, a)[0], True
                 u.pending += 1
@@ -332,8 +326,7 @@ class ParamGatherer:
         if u.pending > 0 or self.running is not Running.BACKWARD:
             return
         if u.tracked.value is ParamState.GATHERED and u not in self.stack:
-            u.group.free_full()
-            self.live -= u.padded
+            self._free(u)
         if self.on_unit_done is not None:
             self.on_unit_done(u.group.layout.index)
 
@@ -369,25 +362,11 @@ class ParamGatherer:
             self.stack[-1].extern.add(u)
 
     def _swap_getattr(self) -> None:
-        owners = set()
-        for u in self.units:
-            for slot in u.group.layout.slots if u.group is not None else ():
-                for name in slot.aliases:
-                    owners.add(name.rsplit(".", 1)[0] if "." in name else "")
-        self._swapped = [(m, swap_class(m, self)) for path, m in self.root.named_modules() if path in owners]
-        modules = dict(self.root.named_modules())
-        for u in self.units:  # gathered parameters shadow the hook (group.shadows): no call per read
-            g = u.group
-            if g is None:
-                continue
-            g.shadows = []
-            for slot, p in zip(g.layout.slots, g.params):
-                for name in slot.aliases:
-                    path, _, attr = name.rpartition(".")
-                    m = modules[path]
-                    g.shadows.append((m.__dict__, m._parameters, attr, p))
-                    if u.tracked.value is ParamState.GATHERED and m._parameters.get(attr) is p:
-                        m.__dict__[attr] = p
+        """Every module registering a partitioned parameter gets the access-hooked class (access.py)."""
+        modules = dict(self.root.named_modules(remove_duplicate=False))  # a shared module under each path
+        owners = {id(modules[name.rpartition(".")[0]]): modules[name.rpartition(".")[0]]
+                  for u in self.units if u.group is not None for slot in u.group.layout.slots for name in slot.aliases}
+        self._swapped = [(m, swap_class(m, self)) for m in owners.values()]
 
     def remove_hooks(self) -> None:
         """Removes the module hooks and gives the modules their own classes back."""
@@ -397,8 +376,3 @@ class ParamGatherer:
         for m, original in self._swapped:
             restore(m, original)
         self._swapped.clear()
-        for u in self.units:
-            if u.group is not None:
-                for d, _, name, _ in u.group.shadows:
-                    d.pop(name, None)
-                u.group.shadows = []

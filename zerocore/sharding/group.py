@@ -12,12 +12,16 @@ tensor (DeepSpeed's convention): a stray read fails on the shape instead of read
 """
 from __future__ import annotations
 
+from itertools import repeat
+from operator import attrgetter, is_not
+
 import torch
 
 from ..comm.collectives import DONE
+from ..ops.params import param_ops
 from .policy import StagePolicy
 from .records import FlatGroup
-from .state import GradState, ParamState, grad_state, param_state
+from .state import GradState, ParamState, expect_all, grad_state, move_all, param_state
 
 
 class ShardedGroup:
@@ -46,6 +50,8 @@ class ShardedGroup:
         self.grad_shard = (None if policy.keep_full_grads
                            else torch.zeros(self.hi - self.lo, dtype=layout.dtype, device=device))
         self.has_grad = False  # the owned slice holds a gradient of this optimizer step
+        # where the owned range's reduced gradient is, chosen once: a slice of the full buffer or the shard
+        self.owned_grad_tensor = self.grad_full[self.lo:self.hi] if self.grad_full is not None else self.grad_shard
         # Offload (zerocore.offload): ``ready`` is set when this step's host update is in the owned
         # parameters (reads and gathers wait for it: each unit waits only for its own);
         # ``on_gather(index)`` records the order units are gathered in (the next step's order).
@@ -56,10 +62,14 @@ class ShardedGroup:
         self.defer_gather = False  # set by offload for the first gather after a queued host step
         self.grad_views: list[torch.Tensor] = []  # stages 0/1: each parameter's view of grad_full, made once
         self.full_bytes = layout.padded * param_flat.element_size()  # a plain attribute: read per gather
-        # Stage 3 (set by the gatherer, access.py): (module __dict__, its _parameters, name, parameter)
-        # of every attribute naming one of these parameters. While gathered the parameter sits in the
-        # module's __dict__ as well, so reading it is a plain attribute lookup with no Python call.
-        self.shadows: list[tuple[dict, dict, str, torch.nn.Parameter]] = []
+        self._storage = param_flat.untyped_storage()  # made once: resized on every gather and free
+        # Stage 3: what each parameter shows while gathered (its view of param_flat, made by
+        # bind_params) and while freed (the empty tensor); set in one native call each way.
+        self._empties = [self._empty] * len(params)
+        self._set_data = param_ops().set_data
+        self.grad_offsets = [slot.offset for slot in layout.slots]  # where each .grad packs in a bucket
+        # How a gather is issued, chosen once (again when offload attaches): resident or offloaded.
+        self._issue = self._issue_resident if self.partitioned else self._issue_gather
 
     @property
     def index(self) -> int:
@@ -82,23 +92,27 @@ class ShardedGroup:
         host.copy_(self.param_shard)
         self.param_shard = host
         self.params_on_host = True
+        self._issue = self._issue_gather
+
+    def attach_offload(self, ready, on_gather=None) -> None:
+        """Offload's hold on this group: ``ready`` is set when this step's host update is in the owned
+        parameters (reads and gathers wait for it); ``on_gather(index)`` is told of every gather."""
+        self.ready, self.on_gather = ready, on_gather
+        self._issue = self._issue_gather
 
     # -- stage 3: gather / free ------------------------------------------------------------
-    # The hot path of stage 3 (twice per unit per step): the state transitions are tested and
-    # assigned inline; an illegal one still goes through ``Tracked.to``, which raises naming both.
+    # The hot path of stage 3 (twice per unit per step). Every state change goes through the
+    # state table (``Tracked.to``); the parameters are shown or hidden with one native call
+    # (``ops.params.set_data``), never a Python loop per parameter.
     def start_gather(self, comm, async_op: bool = True):
         """Allocates the full buffer and starts the all-gather of every rank's chunk into it.
         Offloaded: first waits for this group's host step (only this group's), and copies a
-        host-resident shard to the device (on the stream the all-gather follows). The owned
-        chunk is read through ``owned_params()`` (offload hooks in there). A collective that
-        completed at once (a world of one) leaves the group GATHERED and returns ``DONE``."""
+        host-resident shard to the device (on the stream the all-gather follows). A collective
+        that completed at once (a world of one) leaves the group GATHERED and returns ``DONE``."""
         if self.on_gather is not None:
             self.on_gather(self.layout.index)
-        ps = self.param_state
-        if ps.value is not ParamState.SHARDED:
-            ps.to(ParamState.GATHERING)  # raises: illegal transition
-        ps.value = ParamState.GATHERING
-        st = self.param_flat.untyped_storage()
+        self.param_state.to(ParamState.GATHERING)
+        st = self._storage
         if st.nbytes() != self.full_bytes:
             st.resize_(self.full_bytes)
         if self.defer_gather and async_op:
@@ -108,66 +122,49 @@ class ShardedGroup:
             # collectives in the same order.
             self.defer_gather = False
             return _DeferredGather(self, comm)
-        # owned_params(), inline where it has nothing to wait for (the hot path of every gather)
-        mine = self.param_shard if self.ready is None and self.partitioned else self.owned_params()
-        if mine.device != self.param_flat.device:  # a host-resident shard: to the device first
-            self._staged = mine.to(self.param_flat.device, non_blocking=True)
-            mine = self._staged
-        handle = comm.all_gather_into(self.param_flat, mine, async_op=async_op)
-        if handle is DONE:  # landed already: finish_gather, inline (the hot path of a world of one)
-            ps.value = ParamState.GATHERED
-            self._staged = None  # the device copy of a host-resident shard is done with
-            for p, v in zip(self.params, self._views):
-                p.data = v
-            for d, registered, name, p in self.shadows:
-                if registered.get(name) is p:
-                    d[name] = p
+        handle = self._issue(comm, async_op)
+        if handle is DONE:  # landed already (a world of one)
+            self.finish_gather()
         return handle
 
+    def _issue_resident(self, comm, async_op: bool):
+        """``_issue`` of a group whose owned chunk is on the device with no host step to wait for."""
+        return comm.all_gather_into(self.param_flat, self.param_shard, async_op=async_op)
+
     def _issue_gather(self, comm, async_op: bool):
+        """``_issue`` of an offloaded group: waits for its host step, stages a host-resident chunk."""
         mine = self.owned_params()
-        if mine.device != self.param_flat.device:
+        if mine.device != self.param_flat.device:  # a host-resident shard: to the device first
             self._staged = mine.to(self.param_flat.device, non_blocking=True)
             mine = self._staged
         return comm.all_gather_into(self.param_flat, mine, async_op=async_op)
 
     def finish_gather(self) -> None:
-        """The all-gather has landed: the parameters show their full values (idempotent)."""
+        """The all-gather has landed: the parameters show their full values (idempotent). The one
+        place a gather ends, whichever way it was issued."""
         ps = self.param_state
         if ps.value is ParamState.GATHERED:
             return
-        if ps.value is not ParamState.GATHERING:
-            ps.to(ParamState.GATHERED)  # raises unless legal
-        ps.value = ParamState.GATHERED
-        self._staged = None
-        for p, v in zip(self.params, self._views):
-            p.data = v
-        for d, registered, name, p in self.shadows:  # plain attribute reads from now on (access.py)
-            if registered.get(name) is p:
-                d[name] = p
+        ps.to(ParamState.GATHERED)
+        self._staged = None  # the device copy of a host-resident shard is done with
+        self._set_data(self.params, self._views)
 
     def free_full(self) -> None:
-        """Back to the owned chunk only: the full buffer's bytes are released."""
-        ps = self.param_state
-        if ps.value is not ParamState.GATHERED:
-            ps.to(ParamState.SHARDED)  # raises unless legal
-        ps.value = ParamState.SHARDED
-        for d, _, name, _ in self.shadows:  # reads go through the access hook again
-            d.pop(name, None)
-        for p in self.params:
-            p.data = self._empty
-        self.param_flat.untyped_storage().resize_(0)
+        """Back to the owned chunk only: the full buffer's bytes are released and every parameter
+        is the empty tensor (a stray read fails on the shape, and the access hook sees it)."""
+        self.param_state.to(ParamState.SHARDED)
+        self._set_data(self.params, self._empties)
+        self._storage.resize_(0)
 
     def owned_grad(self) -> torch.Tensor:
         """The reduced gradient of the owned range (valid in state HELD)."""
         self.grad_state.expect(GradState.HELD)
-        return self.grad_full[self.lo:self.hi] if self.grad_full is not None else self.grad_shard
+        return self.owned_grad_tensor
 
     def bind_params(self) -> None:
         """Makes every parameter a view of its slot in ``param_flat``."""
         self._views = [self.param_flat[slot.offset:slot.end].view(slot.shape) for slot in self.layout.slots]
-        for p, v in zip(self.params, self._views):
-            p.data = v
+        self._set_data(self.params, self._views)
 
     def grad_view(self, i: int) -> torch.Tensor:
         slot = self.layout.slots[i]
@@ -180,10 +177,6 @@ class ShardedGroup:
                 self.grad_views = [self.grad_view(i) for i in range(len(self.params))]
             for p, v in zip(self.params, self.grad_views):
                 p.grad = v
-
-    def clear_grads(self) -> None:
-        """Forgets this step's gradients (after the optimizer step, or zero_grad)."""
-        clear_grads_of([self])
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
         """The tensors this group holds, by role (for memory accounting)."""
@@ -208,21 +201,19 @@ class _DeferredGather:
 
 
 _CLEARABLE = (GradState.EMPTY, GradState.FILLING, GradState.HELD)
+_GRAD = attrgetter("grad")
 
 
 def clear_grads_of(groups: list[ShardedGroup]) -> None:
-    """``clear_grads`` of many groups with no Python call per group (the reducer clears every
-    group after every step; at stage 3 that is one group per unit)."""
-    empty = GradState.EMPTY
+    """Forgets the gradients of this optimizer step of many groups, with no Python call per group
+    (the reducer clears every group after every step; at stage 3 that is one group per unit)."""
+    expect_all([g.grad_state for g in groups], *_CLEARABLE)  # before anything is cleared
     for g in groups:
-        st = g.grad_state
-        if st.value not in _CLEARABLE:
-            st.expect(*_CLEARABLE)  # raises, naming the group and its state
         if g.grad_full is not None:
             g.grad_full.zero_()
             g.bind_grads()
-        else:
+        elif any(map(is_not, map(_GRAD, g.params), repeat(None))):  # usually none: the reducer dropped them
             for p in g.params:
                 p.grad = None
         g.has_grad = False
-        st.value = empty  # what st.to(EMPTY) checks: EMPTY is reachable from every state in _CLEARABLE
+    move_all([g.grad_state for g in groups], GradState.EMPTY)

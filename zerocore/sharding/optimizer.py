@@ -13,7 +13,7 @@ import torch
 
 from .. import ops
 from .group import ShardedGroup
-from .state import GradState
+from .state import GradState, expect_all
 
 
 @dataclasses.dataclass
@@ -55,6 +55,13 @@ def clip_plan(plan, lo: int, hi: int):
 
 
 class OptimizerShard:
+    # The optimizer-shard protocol the engine and offload read (every shard kind sets both):
+    # ``batched``: stepped inside the engine's multi-tensor call (device-resident state), else by
+    # its own ``step``; ``reads_ahead``: its state streams from storage and reads the next stepped
+    # shard's first tile ahead (``then``, NVMe).
+    batched = True
+    reads_ahead = False
+
     def __init__(self, group: ShardedGroup, init_fp32: torch.Tensor, *, tile: int | None = None):
         """``init_fp32``: the group's initial parameters in fp32, either full (only the owned range is
         kept) or just the owned range. ``tile``: at most this many elements per kernel call
@@ -104,14 +111,10 @@ class OptimizerShard:
 
 
 def owned_grads(groups: list[ShardedGroup]) -> list[torch.Tensor]:
-    """``g.owned_grad()`` of every group, in one call (the step reads them once for the norm and
-    the update): no Python call per group unless one is not HELD (then it raises, naming it)."""
-    held, out = GradState.HELD, []
-    for g in groups:
-        if g.grad_state.value is not held:
-            g.grad_state.expect(held)
-        out.append(g.grad_full[g.lo:g.hi] if g.grad_full is not None else g.grad_shard)
-    return out
+    """``g.owned_grad()`` of every group (the step reads them once for the norm and the update), with
+    no Python call per group; raises, naming the group, if one is not HELD."""
+    expect_all([g.grad_state for g in groups], GradState.HELD)
+    return [g.owned_grad_tensor for g in groups]
 
 
 class MultiShardStep:

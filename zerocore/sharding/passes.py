@@ -15,8 +15,8 @@ class Pass:
 
     def __init__(self, recorded: list[int] | None, sizes: list[int]):
         self.recorded = recorded
-        # A visit (the gatherer's ``_arrive``, inline on its hot path) appends to ``order`` and
-        # clears ``on_trace`` once the pass departs from the recorded order.
+        # A visit appends to ``order`` and clears ``on_trace`` once the pass departs from the
+        # recorded order.
         self.order: list[int] = []
         self.on_trace = recorded is not None
         # Prefetch keeps a cursor into the recorded order (positions before it were offered
@@ -24,6 +24,14 @@ class Pass:
         # so a pass costs O(units), not O(units^2).
         self.cursor = 0
         self.prefix = list(itertools.accumulate(map(sizes.__getitem__, recorded), initial=0)) if recorded else []
+
+    def visit(self, pos: int) -> int:
+        """Unit ``pos`` runs now; returns its index in this pass's order."""
+        i = len(self.order)
+        self.order.append(pos)
+        if self.on_trace and (i >= len(self.recorded) or self.recorded[i] != pos):
+            self.on_trace = False
+        return i
 
     def window(self, i: int, budget: int) -> range:
         """Indices into the recorded order after visit ``i`` whose elements, counted from

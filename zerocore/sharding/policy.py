@@ -10,24 +10,20 @@ class StagePolicy:
     shard_optimizer: bool  # fp32 master, m, v only for the owned chunk (stages 1-3)
     keep_full_grads: bool  # a full gradient buffer per group, reduced at the boundary (stages 0, 1)
     keep_full_params: bool  # full parameters stay gathered between uses (stages 0-2)
-    optimizer_device: str = "device"  # where the optimizer shard lives: device | cpu | nvme
 
     def partitions(self, world: int) -> int:
         """How many pieces the optimizer state of a group is split into."""
         return world if self.shard_optimizer else 1
 
 
-def policy_for(stage: int, optimizer_device: str = "device") -> StagePolicy:
+def policy_for(stage: int) -> StagePolicy:
+    """Where state rests (device, host, NVMe) is offload's decision (``offload.OffloadPlan``), not a stage's."""
     if stage == 0:
-        return StagePolicy(0, shard_optimizer=False, keep_full_grads=True, keep_full_params=True,
-                           optimizer_device=optimizer_device)
+        return StagePolicy(0, shard_optimizer=False, keep_full_grads=True, keep_full_params=True)
     if stage == 1:
-        return StagePolicy(1, shard_optimizer=True, keep_full_grads=True, keep_full_params=True,
-                           optimizer_device=optimizer_device)
+        return StagePolicy(1, shard_optimizer=True, keep_full_grads=True, keep_full_params=True)
     if stage == 2:
-        return StagePolicy(2, shard_optimizer=True, keep_full_grads=False, keep_full_params=True,
-                           optimizer_device=optimizer_device)
+        return StagePolicy(2, shard_optimizer=True, keep_full_grads=False, keep_full_params=True)
     if stage == 3:
-        return StagePolicy(3, shard_optimizer=True, keep_full_grads=False, keep_full_params=False,
-                           optimizer_device=optimizer_device)
+        return StagePolicy(3, shard_optimizer=True, keep_full_grads=False, keep_full_params=False)
     raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage}")

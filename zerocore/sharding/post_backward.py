@@ -1,7 +1,8 @@
 """Stage 3's "this unit's backward is over" signal, once per unit instead of once per parameter.
 
-The pre-forward hook registers ``done`` as a tensor hook on each of the unit's inputs that needs
-a gradient. Such a hook runs when the autograd node that produced the input is about to run,
+The pre-forward hook registers ``done`` as a pre-hook on the autograd node that made each of the
+unit's inputs that needs a gradient (``ops.params.call_before_node``, one native call: what a
+tensor hook on the input gives, without a Python handle per call). It runs when that node is about to run,
 i.e. once the input's gradient is complete: after every node of the unit's forward. The
 autograd engine runs ``AccumulateGrad`` nodes before any other ready node, so the unit's
 parameter gradients are in ``.grad`` by then. (When the input has consumers outside the unit

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, is_not
 
 import torch
-from torch.autograd import _profiler_enabled
-
 from .. import ops
+from ..ops.params import param_ops
 from ..profiling import label
 from ..comm import DONE, Comm, Handle
 from ..comm.divergence import Op, Phase
@@ -39,6 +39,7 @@ from .group import ShardedGroup, clear_grads_of
 from .state import GradState
 
 _HAS_GRAD = attrgetter("has_grad")
+_GRAD = attrgetter("grad")
 OUTSIDE_BACKWARD = ("zerocore: a gradient arrived outside engine.backward(); call engine.backward(loss) instead of "
                     "loss.backward() so loss scaling and gradient reduction happen")
 
@@ -59,9 +60,6 @@ class BucketPool:
             self.all.append(b)
             return b
         return None
-
-    def give(self, b: torch.Tensor) -> None:
-        self.free.append(b)
 
     def release(self) -> None:
         self.free.clear()
@@ -113,6 +111,7 @@ class GradReducer:
         self._had_grad: list[bool] = []  # stages 2/3: which owned slices held earlier micro-batches
         self._added: list[int] = []  # stages 2/3: groups this backward added into their slices
         self.window_lost: str | None = None  # why the accumulated gradients of this window are unusable
+        self._pack_grads = param_ops().pack_grads
         if self.full_grads:  # one hook per group, not per parameter: catches a plain loss.backward()
             self._hooks = [g.params[0].register_post_accumulate_grad_hook(self._check_inside) for g in groups]
         elif unit_signals:
@@ -184,13 +183,9 @@ class GradReducer:
         freed it): its gradients are in ``.grad``."""
         if not self.in_backward:
             raise RuntimeError(OUTSIDE_BACKWARD)
-        done = self._done
-        if not done[k]:
-            done[k] = True
-            if self.reducing and k == self.next_launch:  # _launch_ready, inline
-                n = len(self.groups)
-                while self.next_launch < n and done[self.next_launch]:
-                    self._launch(self.next_launch)
+        if not self._done[k]:
+            self._done[k] = True
+            self._launch_ready(k)
 
     def _launch_ready(self, k: int) -> None:
         """Group k is done: launch it and the done groups after it, in index order."""
@@ -210,10 +205,8 @@ class GradReducer:
         its reduction issued: the whole per-group hot path of a backward, in one frame."""
         g = self.groups[k]
         gs = g.grad_state
-        if gs.value is GradState.EMPTY or gs.value is GradState.HELD:  # the legal ways into FILLING, inline
-            gs.value = GradState.FILLING
-        elif gs.value is not GradState.FILLING:
-            gs.to(GradState.FILLING)  # raises: illegal transition
+        if gs.value is not GradState.FILLING:
+            gs.to(GradState.FILLING)
         if self.full_grads:
             flat = g.grad_full
             if self.pool is not None:  # reduce_dtype wider than the buffer: reduce a converted copy
@@ -222,37 +215,20 @@ class GradReducer:
                 flat = b[:g.layout.padded]
                 flat.copy_(g.grad_full)
         else:  # stages 2/3: the gradients into a bucket with one call, .grad dropped
-            grads, offs = [], []
-            for slot, p in zip(g.layout.slots, g.params):
-                gr = p.grad
-                if gr is not None:
-                    grads.append(gr)
-                    offs.append(slot.offset)
-                    p.grad = None
-            pool = self.pool
-            while not pool.free and len(pool.all) >= pool.cap:  # every bucket reducing: the oldest lands first
-                self._finish_oldest()
-            b = pool.free.pop() if pool.free else pool.take()
+            b = self._take_bucket()
             self.buckets[k] = b
-            flat = b[:g.layout.padded]
+            flat = b if g.layout.padded == self.pool.numel else b[:g.layout.padded]  # a slice costs ~0.7 us
             dst = torch.empty(g.layout.padded, dtype=g.layout.dtype, device=b.device) if self._staging else flat
-            try:  # checks every tensor before writing anything
-                ops.pack(grads, offs, dst)  # gaps (padding, parameters without a gradient) zeroed
-            except (TypeError, ValueError, RuntimeError):  # a gradient in another dtype or layout
-                dst.zero_()
-                for t, o in zip(grads, offs):
-                    dst[o:o + t.numel()].copy_(t.reshape(-1))
+            if not self._pack_grads(g.params, g.grad_offsets, dst):  # one native call, else the checked op
+                _pack_checked(g, dst)
             if self._staging:
                 flat.copy_(dst)
         if self.guard is not None:
             self.guard.check(Op.REDUCE, k, Phase.BACKWARD)
-        gs.value = GradState.REDUCING  # FILLING -> REDUCING, the one legal move (made FILLING above)
+        gs.to(GradState.REDUCING)
         self.launched[k] = True
         self.next_launch = k + 1
-        if _profiler_enabled():
-            with label("zerocore.reduce"):
-                handle = self._reduce(flat, async_op=self.overlap)
-        else:
+        with label("zerocore.reduce"):
             handle = self._reduce(flat, async_op=self.overlap)
         self.inflight.append((k, handle))
         if not self.overlap:
@@ -269,7 +245,7 @@ class GradReducer:
                 g.grad_full.copy_(b[:g.layout.padded])
                 self.pool.free.append(b)
         else:
-            mine = b[g.lo:g.hi]
+            mine = b if g.hi - g.lo == self.pool.numel else b[g.lo:g.hi]
             if g.has_grad:
                 g.grad_shard.add_(mine)
             else:
@@ -277,10 +253,7 @@ class GradReducer:
             self.pool.free.append(b)
             self._added.append(k)
         g.has_grad = True
-        gs = g.grad_state
-        if gs.value is not GradState.REDUCING:
-            gs.to(GradState.HELD)  # raises: illegal transition
-        gs.value = GradState.HELD
+        g.grad_state.to(GradState.HELD)
         if self.on_reduced is not None:
             self.on_reduced(k)
 
@@ -325,10 +298,8 @@ class GradReducer:
         a path that does not lead to the unit's inputs, after them) are reduced once more and
         added. Every rank runs the same graph, so all relaunch the same groups in the same order."""
         for k, g in enumerate(self.groups):
-            for p in g.params:  # a plain loop: no Python call per parameter
-                if p.grad is not None:
-                    self._launch(k)
-                    break
+            if any(map(is_not, map(_GRAD, g.params), repeat(None))):  # C-level: no Python line per parameter
+                self._launch(k)
         while self.inflight:
             self._finish_oldest()
 
@@ -343,13 +314,13 @@ class GradReducer:
             try:
                 handle.wait()
             finally:
-                self.groups[k].grad_state.value = GradState.HELD if self.groups[k].has_grad else GradState.FILLING
+                self.groups[k].grad_state.abort(GradState.HELD if self.groups[k].has_grad else GradState.FILLING)
         self.buckets.clear()
         if self.full_grads:
             if not self._fresh:  # the window's first micro-batch accumulated into the buffer itself
                 for g in self.groups:
                     g.grad_full.zero_()
-                    g.grad_state.value = GradState.EMPTY
+                    g.grad_state.abort(GradState.EMPTY)
             self._rebind_full_grads(keep=False)
         else:
             for g in self.groups:
@@ -362,7 +333,7 @@ class GradReducer:
                                         "micro-batches accumulated before it")
                 else:
                     g.has_grad = False
-                    g.grad_state.value = GradState.EMPTY
+                    g.grad_state.abort(GradState.EMPTY)
         if self.pool is not None:
             self.pool.release()
         self.in_backward = False
@@ -381,3 +352,20 @@ class GradReducer:
 
     def bucket_tensors(self) -> list[torch.Tensor]:
         return list(self.pool.all) if self.pool is not None else []
+
+
+def _pack_checked(g: ShardedGroup, dst: torch.Tensor) -> None:
+    """Group ``g``'s gradients into ``dst`` through the checked op (gaps zeroed), ``.grad`` dropped:
+    for gradients the native fast path refuses (another dtype or layout)."""
+    grads, offs = [], []
+    for off, p in zip(g.grad_offsets, g.params):
+        if p.grad is not None:
+            grads.append(p.grad)
+            offs.append(off)
+            p.grad = None
+    try:  # checks every tensor before writing anything
+        ops.pack(grads, offs, dst)
+    except (TypeError, ValueError, RuntimeError):  # a gradient in another dtype or layout
+        dst.zero_()
+        for t, o in zip(grads, offs):
+            dst[o:o + t.numel()].copy_(t.reshape(-1))

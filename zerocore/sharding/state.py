@@ -17,6 +17,10 @@ class ParamState(enum.Enum):
     GATHERING = "gathering"  # an all-gather into the full buffer is in flight
     GATHERED = "gathered"  # the full buffer is current on every rank
 
+    # Members compare by identity, so hashing by identity is consistent; Enum's own __hash__ is a
+    # Python function, and the transition tables hash a state on every change (hot at stage 3).
+    __hash__ = object.__hash__
+
 
 class GradState(enum.Enum):
     """Where the group's gradients for the current optimizer step are."""
@@ -25,6 +29,8 @@ class GradState(enum.Enum):
     FILLING = "filling"  # hooks are writing this micro-batch's gradients into the bucket
     REDUCING = "reducing"  # the bucket's reduction is in flight
     HELD = "held"  # the owned slice holds the reduced, accumulated gradient
+
+    __hash__ = object.__hash__  # as ParamState's
 
 
 _PARAM = {
@@ -38,6 +44,11 @@ _GRAD = {
     GradState.REDUCING: {GradState.HELD},
     GradState.HELD: {GradState.FILLING, GradState.EMPTY},
 }
+# Abort edges: a backward that raised drops the reduction in flight. Taken only through
+# ``Tracked.abort``, so a normal step can never make them.
+_GRAD_ABORT = {
+    GradState.REDUCING: {GradState.FILLING, GradState.HELD},  # HELD: earlier micro-batches are kept
+}
 
 
 class StateError(RuntimeError):
@@ -47,15 +58,27 @@ class StateError(RuntimeError):
 class Tracked:
     """A state value whose transitions are checked against a table."""
 
-    __slots__ = ("value", "_table", "_what")
+    __slots__ = ("value", "_table", "_aborts", "_initial", "_what")
 
-    def __init__(self, initial: enum.Enum, table: dict, what: str):
+    def __init__(self, initial: enum.Enum, table: dict, what: str, aborts: dict | None = None):
         self.value, self._table, self._what = initial, table, what
+        self._initial, self._aborts = initial, aborts or {}
 
     def to(self, new: enum.Enum) -> None:
+        """The one way a state changes in normal operation (the hot paths call it too)."""
         if new not in self._table[self.value]:
             raise StateError(f"{self._what}: illegal transition {self.value.name} -> {new.name}")
         self.value = new
+
+    def abort(self, new: enum.Enum) -> None:
+        """A declared abort edge (a failed backward unwinding), or a normal transition."""
+        if new not in self._aborts.get(self.value, ()) and new not in self._table[self.value]:
+            raise StateError(f"{self._what}: illegal abort {self.value.name} -> {new.name}")
+        self.value = new
+
+    def reset(self) -> None:
+        """Back to the state the group started in (a fresh engine's)."""
+        self.value = self._initial
 
     def expect(self, *allowed: enum.Enum) -> None:
         if self.value not in allowed:
@@ -72,9 +95,25 @@ class Tracked:
         return f"{self._what}={self.value.name}"
 
 
+def move_all(states, new: enum.Enum) -> None:
+    """``s.to(new)`` for every state in ``states``, with no Python call per state (the step moves
+    every group, one per unit at stage 3); an illegal one raises through ``to``, naming it."""
+    for s in states:
+        if new not in s._table[s.value]:
+            s.to(new)
+        s.value = new
+
+
+def expect_all(states, *allowed: enum.Enum) -> None:
+    """``s.expect(*allowed)`` for every state in ``states``, with no Python call per state."""
+    for s in states:
+        if s.value not in allowed:
+            s.expect(*allowed)
+
+
 def param_state(group: int, initial: ParamState = ParamState.GATHERED) -> Tracked:
     return Tracked(initial, _PARAM, f"group {group} params")
 
 
 def grad_state(group: int) -> Tracked:
-    return Tracked(GradState.EMPTY, _GRAD, f"group {group} grads")
+    return Tracked(GradState.EMPTY, _GRAD, f"group {group} grads", aborts=_GRAD_ABORT)

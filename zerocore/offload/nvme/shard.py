@@ -47,6 +47,8 @@ class SwapOptions:
 
 
 class NvmeOptimizerShard(HostOptimizerShard):
+    reads_ahead = True  # see OptimizerShard's protocol
+
     # HostOptimizerShard.__init__ is not called: its full-size host master, m and v are what this
     # shard exists to avoid. The attributes its land()/landed_sumsq() read are set here.
     def __init__(self, group: ShardedGroup, init_fp32: torch.Tensor, *, store: SwapStore, opts: SwapOptions,
@@ -72,7 +74,7 @@ class NvmeOptimizerShard(HostOptimizerShard):
         self._copy_stream = None
         self._copy_event = None  # the last copy back to the device (CUDA), set by _copy_back
         self.sumsq, self.nonfinite = 0.0, False
-        self.poison = False
+        self._host_norm_pending = False
         self.enqueue = None
         self.param_swap = None  # set by OffloadPlan when the parameter shard rests on NVMe too
         self.pieces = None  # hyper-parameter groups of the owned range (sharding.optimizer.Pieces)

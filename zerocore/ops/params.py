@@ -1,0 +1,53 @@
+"""Per-group parameter work in one native call each (stage 3's hot path), with plain-Python
+equivalents for an extension built before these functions existed.
+
+- ``set_data(params, values)``: ``params[i].data = values[i]`` for every i;
+- ``pack_grads(params, offsets, flat)``: every ``params[i].grad`` into ``flat`` at ``offsets[i]``
+  (gaps zeroed), then dropped; False (nothing done) when a gradient needs the checked ``pack``;
+- ``call_before_node(t, fn)``: ``fn()`` runs when the autograd node that made ``t`` is about to run
+  (what ``t.register_hook`` gives); False for a tensor no node made (the caller hooks it itself);
+- ``make_access_getattr(fallback)``: stage 3's parameter-access ``__getattr__`` (``sharding/access.py``),
+  None without the native extension (access.py then uses its Python one).
+
+``param_ops()`` returns them, chosen once; the engine's groups keep the functions they use.
+"""
+from __future__ import annotations
+
+import types
+
+from . import _loader
+
+
+def _set_data(params, values) -> None:
+    for p, v in zip(params, values):
+        p.data = v
+
+
+def _pack_grads(params, offsets, flat) -> bool:
+    return False  # the caller's checked pack does the work
+
+
+def _call_before_node(t, fn) -> bool:
+    node = t.grad_fn
+    if node is None:
+        return False
+    node.register_prehook(lambda grads: fn())
+    return True
+
+
+_ops: types.SimpleNamespace | None = None
+
+
+def param_ops() -> types.SimpleNamespace:
+    global _ops
+    if _ops is None:
+        try:
+            mod = _loader.load("params")
+        except Exception:  # no native extension at all: the Python equivalents
+            mod = None
+        _ops = types.SimpleNamespace(
+            set_data=getattr(mod, "set_data", _set_data),
+            pack_grads=getattr(mod, "pack_grads", _pack_grads),
+            call_before_node=getattr(mod, "call_before_node", _call_before_node),
+            make_access_getattr=getattr(mod, "make_access_getattr", None))
+    return _ops
