@@ -23,7 +23,6 @@ from dist_helpers import spawn_cases
 WORLD, BLOCKS = 2, 10
 SMALL, LARGE = 4, 12  # parameters per unit
 CASES = [{"stage": s, "blocks": BLOCKS, "params_per_block": k} for s in (2, 3) for k in (SMALL, LARGE)]
-PER_PARAMETER = "per-parameter Python work in gather/free; issue 21"
 
 
 def _run(tmp_dir) -> list[list[dict]]:
@@ -61,12 +60,10 @@ def test_stage3_python_calls_are_per_unit(counts):
     assert_same(counts, 3, "python")
 
 
-@pytest.mark.xfail(strict=True, reason=PER_PARAMETER)
 def test_stage3_native_calls_are_per_unit(counts):
     assert_same(counts, 3, "native")
 
 
-@pytest.mark.xfail(strict=True, reason=PER_PARAMETER)
 def test_stage3_lines_executed_are_per_unit(counts):
     assert_same(counts, 3, "lines")
 

@@ -106,7 +106,7 @@ class GradReducer:
         self.next_launch = 0
         self.reducing = False  # does this backward reduce (always at stage 2; at the boundary at 0/1)?
         self.in_backward = False
-        # A backward that raises must leave the gradients as they were before it (issue 15):
+        # A backward that raises must leave the gradients as they were before it:
         self._fresh = False  # stages 0/1, a later micro-batch of a window: autograd writes fresh .grad
         self._had_grad: list[bool] = []  # stages 2/3: which owned slices held earlier micro-batches
         self._added: list[int] = []  # stages 2/3: groups this backward added into their slices

@@ -1,4 +1,4 @@
-"""NVMe offload of the optimizer state (issue 13): the owned fp32 master, m and v of each group
+"""NVMe offload of the optimizer state: the owned fp32 master, m and v of each group
 rest in swap files and pass through a few pinned buffers tile by tile.
 
 records.py  the on-disk record of one tile: header (identity, commit, length, CRC32) + payload

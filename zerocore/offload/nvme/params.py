@@ -1,4 +1,4 @@
-"""Stage-3 parameter shards beyond ``offload_param.max_in_cpu`` on NVMe (issue 13).
+"""Stage-3 parameter shards beyond ``offload_param.max_in_cpu`` on NVMe.
 
 Each such group's owned 16-bit (or fp32) shard rests in ``params<g>.swap`` of the rank's swap
 folder as one verified record (``ParamRecord``) in two slots: a write goes to the slot not
