@@ -194,19 +194,7 @@ def test_docs_match_the_schema():
 
 
 # -- ColossalAI's form (its four dicts, as ColossalAI's examples write them) ---------------------
-OFFLOAD_PARAM_MAX_IN_CPU = 2_000_000
-
-
-def _seed_configs(nvme_path):
-    optimizer = dict(type='Adam', lr=0.001, weight_decay=0)
-    first = dict(type='ZeroRedundancyOptimizer_Level_3', dynamic_loss_scale=True, clip_grad=1.0)
-    second = dict(offload_optimizer_config=dict(device='cpu', pin_memory=True, fast_init=True), **first)
-    third = dict(offload_optimizer_config=dict(device='cpu', pin_memory=True, fast_init=True),
-                 offload_param_config=dict(device='cpu', pin_memory=True, fast_init=OFFLOAD_PARAM_MAX_IN_CPU), **first)
-    fourth = dict(offload_optimizer_config=dict(device='nvme', pin_memory=True, fast_init=True, nvme_path=nvme_path),
-                  offload_param_config=dict(device='nvme', pin_memory=True, max_in_cpu=OFFLOAD_PARAM_MAX_IN_CPU,
-                                            nvme_path=nvme_path), **first)
-    return [dict(optimizer=optimizer, zero=z) for z in (first, second, third, fourth)]
+from colossalai_forms import MAX_IN_CPU as OFFLOAD_PARAM_MAX_IN_CPU, colossalai_forms
 
 
 def _assert_seed_common(cfg):
@@ -219,7 +207,7 @@ def _assert_seed_common(cfg):
 
 
 def test_seed_dicts_mean_what_they_say(tmp_path):
-    first, second, third, fourth = _seed_configs(str(tmp_path / "nvme"))
+    first, second, third, fourth = colossalai_forms(str(tmp_path / "nvme"))
     for d in (first, second):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # nothing of these two is unknown, guessed or ignored

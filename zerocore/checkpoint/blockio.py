@@ -174,6 +174,17 @@ def aio_handles(settings: dict | None, n: int) -> list:
     return HANDLES.take(settings, n)
 
 
+def _wait_quietly(handles: list) -> None:
+    """Waits out every read still in flight before its buffer is reused or freed; the error that
+    stopped the caller is the one reported, so a second failure here is not raised over it."""
+    for h in handles:
+        if h is not None:
+            try:
+                h.wait()
+            except OSError:
+                pass
+
+
 def _close_handles(handles: list) -> None:
     HANDLES.give(None, handles)
 
@@ -497,12 +508,7 @@ class Fetch:
                 if i + RING < len(reads):
                     start(i + RING)
         except BaseException:
-            for h in handles:
-                if h is not None:
-                    try:
-                        h.wait()
-                    except OSError:
-                        pass
+            _wait_quietly(handles)
             held = {id(buf) for _, pieces in self._pieces.values() for _, buf in pieces}
             for buf in bufs:
                 if buf is not None and id(buf) not in held and arena is None:
@@ -591,12 +597,7 @@ def stream(files: dict[str, BlockFile], handles: list, ranges: list[tuple[str, i
             if i + RING < len(reads):
                 start(i + RING)
     finally:
-        for h in handles:
-            if h is not None:
-                try:
-                    h.wait()
-                except OSError:
-                    pass
+        _wait_quietly(handles)
         for buf in bufs:
             if buf is not None:
                 _give(buf, piece_bytes)
