@@ -24,6 +24,7 @@ from ..sharding.offloaded import GroupOffload
 from ..sharding.optimizer import OptimizerShard
 from .host_memory import should_pin
 from .host_shard import HostOptimizerShard
+from .host_stepped import HostSteppedShard
 from .nvme import NvmeSwap, ParamReady, ParamSwap
 from .nvme.checks import check_nvme_path
 from .stepper import HostStepper
@@ -56,7 +57,7 @@ class OffloadPlan:
         self.device = device
         self.boundary = boundary  # () -> is the backward under way the accumulation boundary's
         self.stepper = HostStepper(host_step_threads(device)) if z.stage == 3 else None
-        self.shards: dict[int, HostOptimizerShard] = {}
+        self.shards: dict[int, HostSteppedShard] = {}
         self.host_param_elems = 0
         self.order: list[int] = []  # groups in the order they were first gathered since the last step
         self._seen: set[int] = set()
@@ -125,7 +126,7 @@ class OffloadPlan:
 
         sumsq, bad = 0.0, False
         for g, shard in zip(groups, shards):
-            s, b = shard.landed_sumsq() if isinstance(shard, HostOptimizerShard) else ops.sum_squares(g.owned_grad())
+            s, b = shard.landed_sumsq() if isinstance(shard, HostSteppedShard) else ops.sum_squares(g.owned_grad())
             sumsq += s
             bad = bad or b
         return sumsq, bad
