@@ -86,7 +86,6 @@ class ParamSwap:
         self.last: list[int] = []  # gathers of the last step, in order (drives the read-ahead)
         self.seq: list[int] = []  # gathers since the last step
         self.step_queue: list[int] = []  # swapped groups in the order the worker steps them
-        self.trace: list[tuple[str, int]] | None = None  # test hook: ("read" | "write", group) per transfer
         self.free = free_bytes(self.path)
         self.needed = 0
 
@@ -152,8 +151,6 @@ class ParamSwap:
         self.store.read(self._record(b, sw), sw.path, self._offset(sw, sw.commit), self.step)
         b.group, b.state, b.dirty = sw.group.index, LOADING, False
         sw.buffer = b.index
-        if self.trace is not None:
-            self.trace.append(("read", sw.group.index))
 
     def _finish_reads(self) -> None:
         """Every read in flight has landed and was verified (a bad record: its group's error)."""
@@ -185,8 +182,6 @@ class ParamSwap:
         rec.seal(self.store.run, self.store.rank, sw.group.index, 0, new, sw.n)
         self.store.write(rec, sw.path, self._offset(sw, new), self.step, lane=self._lane(b))
         b.state, b.write_commit, b.dirty = WRITING, new, False
-        if self.trace is not None:
-            self.trace.append(("write", sw.group.index))
 
     def _finish_writes(self, lane: int | None = None) -> None:
         writing = [b for b in self.buffers if b.state == WRITING and (lane is None or self._lane(b) == lane)]
