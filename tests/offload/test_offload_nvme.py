@@ -22,6 +22,7 @@ import zerocore
 from dist_helpers import case_results, run_case, spawn_cases
 from test_offload import CLIP, SIZE, OffCase, assert_same_bits, offloaded
 from test_stages import check_against_reference
+from transfer_trace import trace_store
 from zerocore import ops
 from zerocore.config import ConfigError
 from zerocore.offload.nvme import NvmeOptimizerShard, SwapCorruptError, SwapError, store as store_mod
@@ -238,19 +239,19 @@ def test_every_checksum_catches_a_flipped_bit_and_a_foreign_record(monkeypatch, 
         rec.verify(ok, "f")
 
 
-def test_the_swap_pipeline_reads_ahead_and_writes_behind(tmp_path):
+def test_the_swap_pipeline_reads_ahead_and_writes_behind(tmp_path, monkeypatch):
     """buffer_count 3, pipeline_read/write: tile k+1's read is issued before tile k is used, and
     tile k-1's write is still in flight while tile k is used (its lane is not waited for)."""
     engine = zerocore.initialize(deep(1), cfg_for(tmp_path, buffers=3, tile=1024))
     train(engine, 1)
     shard = engine.offload.shards[0]
     store = engine.offload.nvme.store
-    trace = store.trace = []
+    trace = trace_store(monkeypatch, store)
     n_tiles = len(shard.tiles)
     assert n_tiles >= 8
     for lo, hi, d in shard.state_tiles(1 << 30, write=True):
         trace.append(("use", lo // shard.tile, None))
-    store.trace = None
+    trace = list(trace)  # what the pass did (nothing after it is recorded)
     at = {(op, x): i for i, (op, lane, off) in enumerate(trace)
           for x in [off // (2 * shard.rec_bytes) if off is not None else lane]}
     uses = [i for i, (op, _, _) in enumerate(trace) if op == "use"]
@@ -385,7 +386,7 @@ def test_nvme_path_checks_at_initialize(tmp_path, monkeypatch):
                                                                            "nvme_path": str(tmp_path)}))
 
 
-def test_stages_1_2_read_the_first_tiles_during_backward(tmp_path):
+def test_stages_1_2_read_the_first_tiles_during_backward(tmp_path, monkeypatch):
     """The step at stages 1/2 is synchronous and begins with the first group's first tiles: they
     are read when that group's gradient lands in the boundary backward, and the step does not read
     them again (its results are the CPU-offload twin's: the world-2 tests above)."""
@@ -393,15 +394,15 @@ def test_stages_1_2_read_the_first_tiles_during_backward(tmp_path):
     train(engine, 1)
     first = engine.offload.shards[min(engine.offload.shards)]
     store = engine.offload.nvme.store
-    store.trace = []
+    trace = trace_store(monkeypatch, store)
     x, y = torch.randn(2, 256), torch.randn(2, 256)
     engine.backward(torch.nn.functional.mse_loss(engine(x), y))
     slot = first.commit % 2
-    early = [off for op, _, off in store.trace if op == "read"]
+    early = [off for op, _, off in trace if op == "read"]
     assert early == [(2 * k + slot) * first.rec_bytes for k in range(3)]  # buffer_count tiles, before step()
-    store.trace = []
+    trace.clear()
     engine.step()
-    reads = [off for op, _, off in store.trace if op == "read"]
+    reads = [off for op, _, off in trace if op == "read"]
     n = len(first.tiles)
     assert n > 3 and reads[:n - 3] == [(2 * k + slot) * first.rec_bytes for k in range(3, n)]  # on from tile 3
     assert first.commit == 2 and engine.optimizer_steps == 2
@@ -422,7 +423,7 @@ def test_the_next_group_is_read_while_this_one_is_stepped(tmp_path, monkeypatch,
     store = engine.offload.nvme.store
     paths = {s.path: gi for gi, s in engine.offload.shards.items()}
     assert len(paths) >= 3 and all(len(s.tiles) == 1 for s in engine.offload.shards.values())
-    trace = store.trace = []
+    trace = []
     real_read, real_adam = store.read, shard_mod._adam
 
     def read(rec, path, offset, step):
@@ -438,7 +439,6 @@ def test_the_next_group_is_read_while_this_one_is_stepped(tmp_path, monkeypatch,
     train(engine, 1, seed=1)
     for _s in engine.offload.shards.values():
         _s.ready.wait()
-    store.trace = None
     events = [e for e in trace if e[0] in ("issue", "adam_done")]
     reads = [gi for op, gi, _ in events if op == "issue"]
     assert sorted(reads) == sorted(paths.values()), events  # each group's tile read once

@@ -23,6 +23,7 @@ from dist_helpers import case_results, run_case
 from test_offload import CLIP, SIZE, assert_same_bits
 from test_offload_nvme import SWAP, NvmeCase, nvme, spawn_with_twins
 from test_stages import check_against_reference
+from transfer_trace import trace_gathers, trace_param_swap
 from zerocore import ops
 from zerocore.config import ConfigError
 from zerocore.offload.nvme import SwapCorruptError, SwapError
@@ -159,10 +160,10 @@ def run(path, steps, **kw):
 
 
 @pytest.mark.parametrize("dtype", [None, "bf16"])
-def test_host_param_bytes_are_bounded_by_max_in_cpu_and_the_buffers(tmp_path, dtype):
+def test_host_param_bytes_are_bounded_by_max_in_cpu_and_the_buffers(tmp_path, monkeypatch, dtype):
     engine = zerocore.initialize(deep(), cfg_for(tmp_path, dtype=dtype, opt="nvme"))
     swap = engine.offload.param_swap
-    swap.trace = []
+    trace = trace_param_swap(monkeypatch, swap)
     losses = train(engine, 3)
     mem = engine.memory_report()
     size = engine.dtype.itemsize
@@ -172,7 +173,7 @@ def test_host_param_bytes_are_bounded_by_max_in_cpu_and_the_buffers(tmp_path, dt
     assert mem["host_params"] == GROUP * size + swap.pool.numel()  # (counted from the tensors held)
     assert mem["host_master"] == mem["master"] == mem["params"] == 0
     assert 4 * GROUP * size > 1.5 * swap.pool.numel()  # the swapped shards do not fit in the buffers
-    reads = [gi for op, gi in swap.trace if op == "read"]
+    reads = [gi for op, gi in trace if op == "read"]
     assert len(reads) >= 3  # the buffers cycle: swapped shards are read back
     for gi, sw in swap.groups.items():  # two slots per swapped group
         assert os.path.getsize(sw.path) == 2 * slot
@@ -185,7 +186,7 @@ def test_host_param_bytes_are_bounded_by_max_in_cpu_and_the_buffers(tmp_path, dt
 
 
 @pytest.mark.parametrize("buffers", [3, 5])
-def test_a_step_reads_only_what_the_buffers_cannot_keep_and_reads_it_ahead(tmp_path, buffers):
+def test_a_step_reads_only_what_the_buffers_cannot_keep_and_reads_it_ahead(tmp_path, monkeypatch, buffers):
     """5 swapped groups. The host step writes each shard without reading it and leaves it in its
     buffer for the next forward: with a buffer per group nothing is read in a steady step; with 3,
     a few shards are, some of them ahead of their gathers (the order recorded in the last step)."""
@@ -195,31 +196,21 @@ def test_a_step_reads_only_what_the_buffers_cannot_keep_and_reads_it_ahead(tmp_p
     train(engine, 2)
     for _s in engine.offload.shards.values():
         _s.ready.wait()  # the last step's host steps (and their writes) are done
-    swap.trace = []
-    trace_gathers(swap)
+    trace = trace_param_swap(monkeypatch, swap)
+    trace_gathers(monkeypatch, swap, trace)
     train(engine, 1, seed=7)
     for _s in engine.offload.shards.values():
         _s.ready.wait()
-    reads = [i for i, (op, _) in enumerate(swap.trace) if op == "read"]
-    assert sorted(gi for op, gi in swap.trace if op == "write") == sorted(swap.groups)
+    reads = [i for i, (op, _) in enumerate(trace) if op == "read"]
+    assert sorted(gi for op, gi in trace if op == "write") == sorted(swap.groups)
     if buffers == 5:
-        assert reads == [], swap.trace
+        assert reads == [], trace
         return
-    gathers = sum(op == "gather" for op, _ in swap.trace)
-    assert gathers == 10 and 0 < len(reads) < gathers, swap.trace  # fewer than one per gather (how few: timing)
-    ahead = [i for i in reads if ("gather", swap.trace[i][1]) in swap.trace[i + 1:]
-             and swap.trace[i - 1] != ("gather", swap.trace[i][1])]
-    assert ahead, swap.trace
-
-
-def trace_gathers(swap):
-    on_gather = swap.on_gather
-
-    def traced(gi):
-        swap.trace.append(("gather", gi))
-        on_gather(gi)
-
-    swap.on_gather = traced
+    gathers = sum(op == "gather" for op, _ in trace)
+    assert gathers == 10 and 0 < len(reads) < gathers, trace  # fewer than one per gather (how few: timing)
+    ahead = [i for i in reads if ("gather", trace[i][1]) in trace[i + 1:]
+             and trace[i - 1] != ("gather", trace[i][1])]
+    assert ahead, trace
 
 
 def _current_slot_offset(sw) -> int:
@@ -342,7 +333,7 @@ def test_an_edit_under_gathered_reaches_the_swapped_shard_and_the_master(tmp_pat
 
 
 @pytest.mark.parametrize("opt", ["cpu", "nvme"])
-def test_the_host_step_writes_swapped_shards_without_reading_them(tmp_path, opt):
+def test_the_host_step_writes_swapped_shards_without_reading_them(tmp_path, monkeypatch, opt):
     """The step writes every element of a shard (its 16-bit values come from the master): a shard
     not resident is not read for it, only written back."""
     engine = zerocore.initialize(deep(), cfg_for(tmp_path, in_cpu=0, opt=opt, dtype="bf16"))
@@ -351,11 +342,11 @@ def test_the_host_step_writes_swapped_shards_without_reading_them(tmp_path, opt)
     x = torch.randn(2, D).bfloat16()
     engine.backward(engine(x).float().pow(2).mean())
     swap.flush()
-    swap.trace = []
+    trace = trace_param_swap(monkeypatch, swap)
     engine.step()
     for _s in engine.offload.shards.values():
         _s.ready.wait()
-    assert sorted(swap.trace) == [("write", gi) for gi in sorted(swap.groups)]
+    assert sorted(trace) == [("write", gi) for gi in sorted(swap.groups)]
     clean = zerocore.initialize(deep(), cfg_for(tmp_path, params="cpu", opt=opt, dtype="bf16"))
     train(clean, 1)
     clean.backward(clean(x).float().pow(2).mean())

@@ -3,6 +3,7 @@ parameter shards rest in host memory; the host step runs the SIMD Adam kernel on
 thread, in the order the next forward needs the parameters (stage 3).
 
 host_memory.py  host buffers: page-locked only when a CUDA device copies to/from them
+host_stepped.py HostSteppedShard: what every host-stepped shard shares (landing, norm, hand-off)
 host_shard.py   HostOptimizerShard: one group's owned state on the host (ratio < 1: part on the device)
 stepper.py      the worker thread and the per-group Ready flag gathers wait on
 placement.py    OffloadPlan: the engine's placement decision and the reducer/step hooks

@@ -11,15 +11,13 @@ offload), else into a host staging buffer copied to the device on a side stream 
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from .. import ops
 from ..sharding.group import ShardedGroup
 from ..sharding.optimizer import clip_plan, step_plan
 from .host_memory import host_copy, host_empty, host_zeros
-from .stepper import Ready
+from .host_stepped import HostSteppedShard
 
 
 def _adam(master, grad, m, v, out, plan, step: int, grad_scale: float, tile: int, base: int = 0) -> None:
@@ -34,18 +32,14 @@ def _adam(master, grad, m, v, out, plan, step: int, grad_scale: float, tile: int
                           param_out=None if out is None else out[a:b])
 
 
-class HostOptimizerShard:
-    batched = False  # its own step (the host part on the worker or inline): see OptimizerShard
-    reads_ahead = False
+class HostOptimizerShard(HostSteppedShard):
+    """The host part's state (master, m, v) in host memory; the device part's on the device."""
 
     def __init__(self, group: ShardedGroup, init_fp32: torch.Tensor, *, ratio: float, pin: bool,
                  tile: int | None = None, params_swapped: bool = False):
-        self.group = group
-        self.pin = pin
         n = group.hi - group.lo
+        super().__init__(group, split=n if ratio >= 1.0 else int(round(n * ratio)), pin=pin)
         owned = init_fp32 if init_fp32.numel() == n else init_fp32[group.lo:group.hi]
-        self.split = n if ratio >= 1.0 else int(round(n * ratio))  # host part: [0, split) of the owned range
-        self.half = group.layout.dtype != torch.float32
         self.tile = tile or max(n, 1)
         target = group.owned_params()
         h = self.split
@@ -58,7 +52,6 @@ class HostOptimizerShard:
             self.master_h = host_copy(owned[:h].to("cpu"), pin)
         self.exp_avg_h = host_zeros(h, torch.float32, pin)
         self.exp_avg_sq_h = host_zeros(h, torch.float32, pin)
-        self.grad_h = host_zeros(h, group.layout.dtype, pin)
         # 16-bit values from the host kernel: straight into host-resident parameters, else staged
         self.out_h = None
         if self.half and target.device.type != "cpu":
@@ -73,68 +66,9 @@ class HostOptimizerShard:
             self.master_d = tail.clone()
         self.exp_avg_d = torch.zeros_like(self.master_d)
         self.exp_avg_sq_d = torch.zeros_like(self.master_d)
-        self.ready = Ready()  # this step's host update is in the parameters
-        self._landed: list = []  # (cuda event | None) for the gradient copy in flight
-        self._copy_stream = None
-        self._copy_event = None  # the last copy back to the device (CUDA)
-        self.sumsq, self.nonfinite = 0.0, False
-        self._host_norm_pending = False  # a device gradient copy in flight: the host part of the norm waits
-        self.enqueue = None  # (group index, host step, ready) -> None: set by OffloadPlan at stage 3
-        self.param_swap = None  # set by OffloadPlan when this group's parameter shard rests on NVMe
-        self.pieces = None  # hyper-parameter groups of the owned range (sharding.optimizer.Pieces)
         self.kernel = None  # (master, grad, out, grad_scale) -> None replacing Adam: a client torch optimizer
 
-    # -- gradients arrive ------------------------------------------------------------------
-    def land(self, grad: torch.Tensor) -> None:
-        """The reduced owned gradient is final for this step: the host part goes to host memory (a
-        side-stream copy tracked by an event on CUDA) and its contribution to the global norm and
-        overflow flag is accumulated (the device part's on the device)."""
-        self.ready.wait()  # the worker may still be reading last step's landed gradient
-        h = self.split
-        s, bad = (ops.sum_squares(grad[h:]) if h < grad.numel() else (0.0, False))
-        if grad.device.type == "cuda":
-            stream = self._stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self.grad_h.copy_(grad[:h], non_blocking=True)
-                ev = torch.cuda.Event()
-                ev.record(stream)
-            grad.record_stream(stream)
-            self._landed.append(ev)
-            self.sumsq, self.nonfinite = s, bad  # the host part is added when its copy has landed
-            self._host_norm_pending = True
-            return
-        self.grad_h.copy_(grad[:h])
-        hs, hbad = ops.sum_squares(self.grad_h)
-        self.sumsq, self.nonfinite = hs + s, bool(hbad or bad)
-        self._host_norm_pending = False
-
-    def landed_sumsq(self) -> tuple[float, bool]:
-        """This group's (sum of squares, any Inf/NaN) of the owned reduced gradient."""
-        if self._host_norm_pending:
-            for ev in self._landed:
-                ev.synchronize()
-            self._landed.clear()
-            hs, hbad = ops.sum_squares(self.grad_h)
-            s, bad = self.sumsq, self.nonfinite
-            self.sumsq, self.nonfinite = hs + s, bool(hbad or bad)
-            self._host_norm_pending = False
-        return self.sumsq, self.nonfinite
-
-    def _stream(self):
-        if self._copy_stream is None:
-            self._copy_stream = torch.cuda.Stream()
-        return self._copy_stream
-
     # -- the step --------------------------------------------------------------------------
-    def _params(self, step: int, *, whole: bool = True):
-        """(a context) The owned parameters a step or a refresh writes: the group's own, or its shard
-        swapped in from NVMe for the block and written back behind it (``ParamSwap.held``; ``whole``:
-        the block writes every element, so the old values need not be read)."""
-        if self.param_swap is None:
-            return contextlib.nullcontext(self.group.owned_params_raw())
-        return self.param_swap.held(self.group.index, step, overwrite=whole)
-
     def step(self, grad: torch.Tensor, hp: AdamHyper, *, step: int, grad_scale: float):
         """Steps the device part now; the host part now too, or (with ``enqueue`` set, stage 3) hands
         it to be queued for the worker. ``grad``: the device's owned gradient (the device part reads it;
@@ -159,7 +93,7 @@ class HostOptimizerShard:
                 else:
                     _adam(self.master_h, self.grad_h, self.exp_avg_h, self.exp_avg_sq_h, out, plan, step, grad_scale,
                           self.tile)
-                return self._copy_back(target[:h])
+                return self._copy_back(target[:h], self.out_h if self.half else self.master_h)
 
         return self._run_host(host_part)
 
@@ -174,34 +108,6 @@ class HostOptimizerShard:
             target[h:].copy_(self.master_d)
         elif dev_out is not None and dev_out.data_ptr() != target[h:].data_ptr():
             target[h:].copy_(dev_out)
-
-    def _run_host(self, host_part):
-        """Stage 3: queued for the worker, in the next forward's order; else stepped now (the device
-        stream waits for its copy back). Also NvmeOptimizerShard's."""
-        if self.enqueue is not None:
-            self.enqueue(self.group.index, host_part, self.ready)
-            return None
-        ev = host_part()
-        if ev is not None:
-            torch.cuda.current_stream().wait_event(ev)
-        return None
-
-    def _copy_back(self, dst: torch.Tensor, src: torch.Tensor | None = None):
-        """Updated host values (``src``, default the 16-bit output or the master) into the device
-        parameters (nothing to do when they already are them)."""
-        src = src if src is not None else self.out_h if self.half else self.master_h
-        if src is None or src.data_ptr() == dst.data_ptr():
-            return None
-        if dst.device.type != "cuda":
-            dst.copy_(src)
-            return None
-        stream = self._stream()
-        with torch.cuda.stream(stream):
-            dst.copy_(src, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record(stream)
-        self._copy_event = ev
-        return ev
 
     # -- what the engine and checkpoints read ------------------------------------------------
     @property

@@ -11,7 +11,7 @@ there.
   norm is known when backward ends (``landed_sumsq``).
 - ``launch()`` after the engine's step loop: at stage 3 the host steps were only queued; they are
   handed to the worker in the order the last forward gathered the units (the next forward's
-  order), and each unit's gather waits for its own (``ShardedGroup.ready``). Stages 1/2 step
+  order), and each unit's gather waits for its own (``GroupOffload.ready``). Stages 1/2 step
   synchronously: the all-gather that follows each group's step needs its updated slice, so the
   overlap there is the engine's (group k's all-gather while group k+1 steps).
 """
@@ -20,9 +20,11 @@ from __future__ import annotations
 import torch
 
 from ..config.options import ConfigError
+from ..sharding.offloaded import GroupOffload
 from ..sharding.optimizer import OptimizerShard
 from .host_memory import should_pin
 from .host_shard import HostOptimizerShard
+from .host_stepped import HostSteppedShard
 from .nvme import NvmeSwap, ParamReady, ParamSwap
 from .nvme.checks import check_nvme_path
 from .stepper import HostStepper
@@ -55,7 +57,7 @@ class OffloadPlan:
         self.device = device
         self.boundary = boundary  # () -> is the backward under way the accumulation boundary's
         self.stepper = HostStepper(host_step_threads(device)) if z.stage == 3 else None
-        self.shards: dict[int, HostOptimizerShard] = {}
+        self.shards: dict[int, HostSteppedShard] = {}
         self.host_param_elems = 0
         self.order: list[int] = []  # groups in the order they were first gathered since the last step
         self._seen: set[int] = set()
@@ -98,7 +100,7 @@ class OffloadPlan:
             shard.param_swap = self.param_swap
             ready = ParamReady(shard.ready, self.param_swap, g.index)
         queued = self.stepper is not None and g.partitioned  # stage 3: host steps queued, gathers noted
-        g.attach_offload(ready, self._note_gather if queued else None)
+        g.attach_offload(GroupOffload(shard, ready, self._note_gather if queued else None, queued=queued))
         if queued:
             shard.enqueue = self._enqueue
         if self.stepper is None and shard.reads_ahead:  # stages 1/2 step in index order: read the next ahead
@@ -124,7 +126,7 @@ class OffloadPlan:
 
         sumsq, bad = 0.0, False
         for g, shard in zip(groups, shards):
-            s, b = shard.landed_sumsq() if isinstance(shard, HostOptimizerShard) else ops.sum_squares(g.owned_grad())
+            s, b = shard.landed_sumsq() if isinstance(shard, HostSteppedShard) else ops.sum_squares(g.owned_grad())
             sumsq += s
             bad = bad or b
         return sumsq, bad
@@ -157,7 +159,7 @@ class OffloadPlan:
                 if shard.reads_ahead:
                     shard.then = then if then is not None and then.reads_ahead else None
         for gi, fn, ready in self._queued:
-            self.shards[gi].group.defer_gather = True
+            self.shards[gi].group.defer_next_gather()
             self.stepper.submit(gi, fn, ready)
         self._queued.clear()
         self.order.clear()

@@ -133,9 +133,9 @@ def _one_step(engine: DryEngine, run_forward) -> None:
     if engine.offload is not None and engine.offload.stepper is not None:
         # OffloadPlan.launch: the next forward's first gather of each host-stepped unit is deferred
         # until the unit is waited for (then issued synchronously)
-        for g, shard in zip(engine.groups, engine.shards):
-            if g.partitioned and getattr(shard, "enqueue", None) is not None:
-                g.defer_gather = True
+        for g in engine.groups:
+            if g.offload is not None and g.offload.queued:
+                g.defer_next_gather()
 
 
 def _step_gathers(engine: DryEngine) -> None:

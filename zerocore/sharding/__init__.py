@@ -4,6 +4,7 @@ records.py  ParamSlot / FlatGroup: which bytes belong to which parameter (pure d
 state.py    per-group ParamState / GradState with asserted transitions
 policy.py   StagePolicy: the three decisions that make a stage
 group.py    ShardedGroup: a FlatGroup plus the tensors one rank holds for it
+offloaded.py GroupOffload: what offload hands a group (its shard, readiness, on-gather action)
 reducer.py  GradReducer: grad hooks -> buckets -> (async) reduce-scatter -> owned slice
 optimizer.py OptimizerShard: fp32 master, m, v of the owned range; the fused Adam step
 """

@@ -19,6 +19,7 @@ import torch
 
 from ..comm.collectives import DONE
 from ..ops.params import param_ops
+from .offloaded import GroupOffload
 from .policy import StagePolicy
 from .records import FlatGroup
 from .state import GradState, ParamState, expect_all, grad_state, move_all, param_state
@@ -52,14 +53,14 @@ class ShardedGroup:
         self.has_grad = False  # the owned slice holds a gradient of this optimizer step
         # where the owned range's reduced gradient is, chosen once: a slice of the full buffer or the shard
         self.owned_grad_tensor = self.grad_full[self.lo:self.hi] if self.grad_full is not None else self.grad_shard
-        # Offload (zerocore.offload): ``ready`` is set when this step's host update is in the owned
-        # parameters (reads and gathers wait for it: each unit waits only for its own);
-        # ``on_gather(index)`` records the order units are gathered in (the next step's order).
-        self.ready = None
-        self.on_gather = None
+        # Offload (zerocore.offload) hands the group one ``GroupOffload`` (attach_offload); its
+        # readiness and on-gather action are copied into plain attributes there, read per gather.
+        self.offload: GroupOffload | None = None
+        self._ready = None
+        self._on_gather = None
         self.params_on_host = False  # stage-3 parameter offload: param_shard rests in host memory
         self._staged = None  # the device copy of a host-resident shard while its all-gather runs
-        self.defer_gather = False  # set by offload for the first gather after a queued host step
+        self._defer_gather = False  # the next gather is deferred (defer_next_gather)
         self.grad_views: list[torch.Tensor] = []  # stages 0/1: each parameter's view of grad_full, made once
         self.full_bytes = layout.padded * param_flat.element_size()  # a plain attribute: read per gather
         self._storage = param_flat.untyped_storage()  # made once: resized on every gather and free
@@ -77,8 +78,8 @@ class ShardedGroup:
 
     def owned_params(self) -> torch.Tensor:
         """The owned range of the parameters, holding every update stepped so far."""
-        if self.ready is not None:
-            self.ready.wait()
+        if self._ready is not None:
+            self._ready.wait()
         return self.param_shard if self.partitioned else self.param_flat[self.lo:self.hi]
 
     def owned_params_raw(self) -> torch.Tensor:
@@ -94,11 +95,21 @@ class ShardedGroup:
         self.params_on_host = True
         self._issue = self._issue_gather
 
-    def attach_offload(self, ready, on_gather=None) -> None:
-        """Offload's hold on this group: ``ready`` is set when this step's host update is in the owned
-        parameters (reads and gathers wait for it); ``on_gather(index)`` is told of every gather."""
-        self.ready, self.on_gather = ready, on_gather
+    def attach_offload(self, offload: GroupOffload) -> None:
+        """Offload's hold on this group, handed over once: reads and gathers wait for
+        ``offload.ready``; ``offload.on_gather(index)`` is told of every gather."""
+        if self.offload is not None:
+            raise RuntimeError(f"group {self.layout.index} already has its offload attached")
+        self.offload = offload
+        self._ready, self._on_gather = offload.ready, offload.on_gather
         self._issue = self._issue_gather
+
+    def defer_next_gather(self) -> None:
+        """The next prefetching gather of this group is issued only when the unit is waited for:
+        asked by offload after it queues the group's host step (the host step runs while earlier
+        units compute, and a prefetch must not block on it)."""
+        assert self.offload is not None and self.offload.queued, "only a group whose host steps are queued"
+        self._defer_gather = True
 
     # -- stage 3: gather / free ------------------------------------------------------------
     # The hot path of stage 3 (twice per unit per step). Every state change goes through the
@@ -109,18 +120,18 @@ class ShardedGroup:
         Offloaded: first waits for this group's host step (only this group's), and copies a
         host-resident shard to the device (on the stream the all-gather follows). A collective
         that completed at once (a world of one) leaves the group GATHERED and returns ``DONE``."""
-        if self.on_gather is not None:
-            self.on_gather(self.layout.index)
+        if self._on_gather is not None:
+            self._on_gather(self.layout.index)
         self.param_state.to(ParamState.GATHERING)
         st = self._storage
         if st.nbytes() != self.full_bytes:
             st.resize_(self.full_bytes)
-        if self.defer_gather and async_op:
+        if self._defer_gather and async_op:
             # A prefetch right after an offloaded step must not block on this group's host step
             # (which runs while earlier units compute): the all-gather is issued when the unit is
             # waited for. Decided by this flag, never by timing, so every rank issues its
             # collectives in the same order.
-            self.defer_gather = False
+            self._defer_gather = False
             return _DeferredGather(self, comm)
         handle = self._issue(comm, async_op)
         if handle is DONE:  # landed already (a world of one)

@@ -3,7 +3,7 @@ rest in swap files and pass through a few pinned buffers tile by tile.
 
 records.py  the on-disk record of one tile: header (identity, commit, length, CRC32) + payload
 store.py    one rank's swap folder for one run, its AsyncIO handles and pinned buffers, cleanup
-shard.py    NvmeOptimizerShard: HostOptimizerShard's contract, pipelined and verified swapping
+shard.py    NvmeOptimizerShard: a host-stepped shard whose state rests in swap files, pipelined and verified
 checks.py   start-up checks of nvme_path (exists, directory, writable, O_DIRECT, free space)
 plan.py     NvmeSwap: what OffloadPlan asks of the NVMe side
 params.py   ParamSwap: stage-3 parameter shards beyond max_in_cpu, read ahead and written behind

@@ -10,10 +10,10 @@ most ``buffer_size`` elements). A group is *resident* while a buffer holds it; t
 shape instead of reading another group's bytes).
 
 Who needs a shard, and for how long:
-- a gather (training thread): ``on_gather`` (ShardedGroup's hook) makes the group resident and
+- a gather (training thread): ``on_gather`` (the group's ``GroupOffload.on_gather``) makes the group resident and
   *pins* it until its all-gather completed (its state leaves GATHERING); it also reads ahead the
   next groups of the order recorded since the last step into buffers nobody needs sooner;
-- any other reader of ``owned_params()`` (through ``group.ready``, a ``ParamReady``): resident
+- any other reader of ``owned_params()`` (through the group's ``GroupOffload.ready``, a ``ParamReady``): resident
   and pinned until the training thread's next request;
 - the host step (``held``, usually on the worker thread): the buffer is held while the step
   writes the updated shard, then written back behind it (write-behind: the buffer is reused once
@@ -86,7 +86,6 @@ class ParamSwap:
         self.last: list[int] = []  # gathers of the last step, in order (drives the read-ahead)
         self.seq: list[int] = []  # gathers since the last step
         self.step_queue: list[int] = []  # swapped groups in the order the worker steps them
-        self.trace: list[tuple[str, int]] | None = None  # test hook: ("read" | "write", group) per transfer
         self.free = free_bytes(self.path)
         self.needed = 0
 
@@ -152,8 +151,6 @@ class ParamSwap:
         self.store.read(self._record(b, sw), sw.path, self._offset(sw, sw.commit), self.step)
         b.group, b.state, b.dirty = sw.group.index, LOADING, False
         sw.buffer = b.index
-        if self.trace is not None:
-            self.trace.append(("read", sw.group.index))
 
     def _finish_reads(self) -> None:
         """Every read in flight has landed and was verified (a bad record: its group's error)."""
@@ -185,8 +182,6 @@ class ParamSwap:
         rec.seal(self.store.run, self.store.rank, sw.group.index, 0, new, sw.n)
         self.store.write(rec, sw.path, self._offset(sw, new), self.step, lane=self._lane(b))
         b.state, b.write_commit, b.dirty = WRITING, new, False
-        if self.trace is not None:
-            self.trace.append(("write", sw.group.index))
 
     def _finish_writes(self, lane: int | None = None) -> None:
         writing = [b for b in self.buffers if b.state == WRITING and (lane is None or self._lane(b) == lane)]
@@ -341,7 +336,7 @@ class ParamSwap:
             self._read_ahead(self.last[at:at + self.buffer_count])
 
     def make_resident(self, gi: int) -> None:
-        """``group.ready.wait()`` (training thread, after the host step): the shard is readable in
+        """``GroupOffload.ready.wait()`` (training thread, after the host step): the shard is readable in
         ``group.param_shard`` until the gather reading it completed (or the next request)."""
         with self.cond:
             self._sweep()
@@ -414,7 +409,7 @@ class ParamSwap:
 
 
 class ParamReady:
-    """``group.ready`` of a swapped group: the host step's Ready, then the shard made resident."""
+    """``GroupOffload.ready`` of a swapped group: the host step's Ready, then the shard made resident."""
 
     def __init__(self, host_ready, swap: ParamSwap, gi: int):
         self.host, self.swap, self.gi = host_ready, swap, gi

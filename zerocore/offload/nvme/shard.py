@@ -1,5 +1,5 @@
 """NvmeOptimizerShard: one group's owned optimizer state (fp32 master, m, v) in a swap file, with
-HostOptimizerShard's contract (``land``, ``landed_sumsq``, ``step``, ``master``, ``load_master``,
+the contract of the host-stepped shards (``land``, ``landed_sumsq``, ``step``, ``master``, ``load_master``,
 ``state_tiles``, ``refresh_params``, ``tensors``).
 
 The host step goes tile by tile (``sub_group_size`` elements, rounded up to 1024): while tile k
@@ -20,8 +20,9 @@ tile's values at once, and a failed step puts the tiles it wrote back from the c
 the staging buffer would be one more fp32 copy of the parameters in RAM.) A corrupt record, a short file or a failed write raise
 SwapError with the state and the parameters as they were before the step.
 
-Gradient landing and the norm are HostOptimizerShard's own (inherited): only where the state
-rests differs, so the results are the CPU-offload run's bit for bit.
+Gradient landing, the norm and the host step's hand-off are every host-stepped shard's
+(``HostSteppedShard``, shared with ``HostOptimizerShard``): only where the state rests differs,
+so the results are the CPU-offload run's bit for bit.
 """
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ import torch
 
 from ...sharding.group import ShardedGroup
 from ...sharding.optimizer import AdamHyper, step_plan
-from ..host_memory import host_empty, host_zeros
-from ..host_shard import HostOptimizerShard, _adam
-from ..stepper import Ready
+from ..host_memory import host_empty
+from ..host_shard import _adam
+from ..host_stepped import HostSteppedShard
 from .records import SwapError, padded, record_bytes
 from .store import SwapStore
 
@@ -46,18 +47,16 @@ class SwapOptions:
     pipeline_write: bool = False
 
 
-class NvmeOptimizerShard(HostOptimizerShard):
+class NvmeOptimizerShard(HostSteppedShard):
+    """All of the owned range's state in the swap file, stepped on the host tile by tile."""
+
     reads_ahead = True  # see OptimizerShard's protocol
 
-    # HostOptimizerShard.__init__ is not called: its full-size host master, m and v are what this
-    # shard exists to avoid. The attributes its land()/landed_sumsq() read are set here.
     def __init__(self, group: ShardedGroup, init_fp32: torch.Tensor, *, store: SwapStore, opts: SwapOptions,
                  pin: bool):
-        self.group = group
-        self.pin = pin
         n = group.hi - group.lo
-        self.n = self.split = n  # all of the owned range is swapped (no device part)
-        self.half = group.layout.dtype != torch.float32
+        super().__init__(group, split=n, pin=pin)  # all of the owned range is swapped (no device part)
+        self.n = n
         self.tile = max(1, min(n, padded(opts.tile)))  # 1024-multiples: kernel vectors never split differently
         self.tiles = [(lo, min(n, lo + self.tile)) for lo in range(0, n, self.tile)]
         self.opts = opts
@@ -66,18 +65,7 @@ class NvmeOptimizerShard(HostOptimizerShard):
         self.rec_bytes = record_bytes(self.tile)
         self.commit = 0  # records of the current state carry this number, in slot commit % 2
         self.last_step = 0
-        self.grad_h = host_zeros(n, group.layout.dtype, pin)
         self.staging = None  # updated parameters until the step commits (made at the first step that needs one)
-        self.master_d = torch.empty(0, dtype=torch.float32)
-        self.ready = Ready()
-        self._landed: list = []
-        self._copy_stream = None
-        self._copy_event = None  # the last copy back to the device (CUDA), set by _copy_back
-        self.sumsq, self.nonfinite = 0.0, False
-        self._host_norm_pending = False
-        self.enqueue = None
-        self.param_swap = None  # set by OffloadPlan when the parameter shard rests on NVMe too
-        self.pieces = None  # hyper-parameter groups of the owned range (sharding.optimizer.Pieces)
         self.then: NvmeOptimizerShard | None = None  # the shard the worker steps next (OffloadPlan.launch)
         owned = init_fp32 if init_fp32.numel() == n else init_fp32[group.lo:group.hi]
         self._swap_out(owned.detach().to("cpu", torch.float32))

@@ -93,7 +93,6 @@ class SwapStore:
         self.reader = ops.AsyncIO(**kwargs)
         self.writers = [ops.AsyncIO(**kwargs) for _ in range(max(1, buffer_count - 1))]
         self.buffer_count = buffer_count
-        self.trace: list | None = None  # test hook: (op, lane or None, offset) of every transfer and wait
         self._pool = None  # one allocation: buffer_count records of the largest tile
         self._pool_tile = 0
         self.fail_writes: int | None = None  # test hook: errno every write raises (ENOSPC: a full disk)
@@ -128,15 +127,10 @@ class SwapStore:
     def lanes(self) -> int:
         return len(self.writers)
 
-    def _note(self, op: str, lane, offset) -> None:
-        if self.trace is not None:
-            self.trace.append((op, lane, offset))
-
     def write(self, rec: Record, path: str, offset: int, step: int, lane: int = 0) -> None:
         if self.fail_writes is not None:
             raise SwapError(self._say("write", path, offset, step, OSError(self.fail_writes,
                                                                             os.strerror(self.fail_writes))))
-        self._note("write", lane, offset)
         try:
             self.writers[lane].async_pwrite(rec.raw, path, offset)
         except OSError as e:
@@ -151,7 +145,6 @@ class SwapStore:
             raise SwapError(f"zerocore nvme: {path} at byte offset {offset} (step {step}): the swap file is "
                             f"{size} bytes, the record needs {offset + rec.nbytes}: the file was truncated. Nothing "
                             "was changed")
-        self._note("read", None, offset)
         try:
             self.reader.async_pread(rec.raw, path, offset)
         except OSError as e:
@@ -160,7 +153,6 @@ class SwapStore:
     def wait_writes(self, step: int, lane: int | None = None) -> None:
         """Every write issued so far on ``lane`` (None: on every lane) is complete (the engine checks
         that each wrote all its bytes)."""
-        self._note("wait_write", lane, None)
         try:
             for w in self.writers if lane is None else [self.writers[lane]]:
                 w.wait()
@@ -168,7 +160,6 @@ class SwapStore:
             raise SwapError(self._say("write", self.dir, None, step, e)) from e
 
     def wait_reads(self, step: int) -> None:
-        self._note("wait_read", None, None)
         try:
             self.reader.wait()
         except OSError as e:

@@ -1,0 +1,122 @@
+"""What every optimizer shard stepped on the host shares, whatever storage its state rests in
+(host memory: ``HostOptimizerShard``; NVMe swap files: ``nvme.NvmeOptimizerShard``).
+
+- the landed gradient: the reduced owned gradient's host part copied to ``grad_h`` (``land``), and
+  this group's contribution to the global norm and overflow flag (``landed_sumsq``);
+- the host step's hand-off: queued for the worker at stage 3 (``enqueue``, set by OffloadPlan),
+  else run now (``_run_host``), its updated parameters copied back to the device (``_copy_back``);
+- the owned parameters a step writes: the group's own, or its shard swapped in from NVMe
+  (``_params``, with ``param_swap`` set by OffloadPlan).
+
+Each subclass calls ``__init__`` with its host part's size (``split``: the owned range's elements
+[0, split) are stepped on the host; the rest, if any, on the device).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .. import ops
+from ..sharding.group import ShardedGroup
+from .host_memory import host_zeros
+from .stepper import Ready
+
+
+class HostSteppedShard:
+    batched = False  # its own step (the host part on the worker or inline): see OptimizerShard
+    reads_ahead = False
+
+    def __init__(self, group: ShardedGroup, *, split: int, pin: bool):
+        self.group = group
+        self.pin = pin
+        self.split = split  # host part: [0, split) of the owned range
+        self.half = group.layout.dtype != torch.float32
+        self.grad_h = host_zeros(split, group.layout.dtype, pin)  # the landed gradient's host part
+        self.ready = Ready()  # this step's host update is in the parameters
+        self._landed: list = []  # (cuda event | None) for the gradient copy in flight
+        self._copy_stream = None
+        self._copy_event = None  # the last copy back to the device (CUDA)
+        self.sumsq, self.nonfinite = 0.0, False
+        self._host_norm_pending = False  # a device gradient copy in flight: the host part of the norm waits
+        self.enqueue = None  # (group index, host step, ready) -> None: set by OffloadPlan at stage 3
+        self.param_swap = None  # set by OffloadPlan when this group's parameter shard rests on NVMe
+        self.pieces = None  # hyper-parameter groups of the owned range (sharding.optimizer.Pieces)
+
+    # -- gradients arrive ------------------------------------------------------------------
+    def land(self, grad: torch.Tensor) -> None:
+        """The reduced owned gradient is final for this step: the host part goes to host memory (a
+        side-stream copy tracked by an event on CUDA) and its contribution to the global norm and
+        overflow flag is accumulated (the device part's on the device)."""
+        self.ready.wait()  # the worker may still be reading last step's landed gradient
+        h = self.split
+        s, bad = (ops.sum_squares(grad[h:]) if h < grad.numel() else (0.0, False))
+        if grad.device.type == "cuda":
+            stream = self._stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self.grad_h.copy_(grad[:h], non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record(stream)
+            grad.record_stream(stream)
+            self._landed.append(ev)
+            self.sumsq, self.nonfinite = s, bad  # the host part is added when its copy has landed
+            self._host_norm_pending = True
+            return
+        self.grad_h.copy_(grad[:h])
+        hs, hbad = ops.sum_squares(self.grad_h)
+        self.sumsq, self.nonfinite = hs + s, bool(hbad or bad)
+        self._host_norm_pending = False
+
+    def landed_sumsq(self) -> tuple[float, bool]:
+        """This group's (sum of squares, any Inf/NaN) of the owned reduced gradient."""
+        if self._host_norm_pending:
+            for ev in self._landed:
+                ev.synchronize()
+            self._landed.clear()
+            hs, hbad = ops.sum_squares(self.grad_h)
+            s, bad = self.sumsq, self.nonfinite
+            self.sumsq, self.nonfinite = hs + s, bool(hbad or bad)
+            self._host_norm_pending = False
+        return self.sumsq, self.nonfinite
+
+    def _stream(self):
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream()
+        return self._copy_stream
+
+    # -- the step --------------------------------------------------------------------------
+    def _params(self, step: int, *, whole: bool = True):
+        """(a context) The owned parameters a step or a refresh writes: the group's own, or its shard
+        swapped in from NVMe for the block and written back behind it (``ParamSwap.held``; ``whole``:
+        the block writes every element, so the old values need not be read)."""
+        if self.param_swap is None:
+            return contextlib.nullcontext(self.group.owned_params_raw())
+        return self.param_swap.held(self.group.index, step, overwrite=whole)
+
+    def _run_host(self, host_part):
+        """Stage 3: queued for the worker, in the next forward's order; else stepped now (the device
+        stream waits for its copy back)."""
+        if self.enqueue is not None:
+            self.enqueue(self.group.index, host_part, self.ready)
+            return None
+        ev = host_part()
+        if ev is not None:
+            torch.cuda.current_stream().wait_event(ev)
+        return None
+
+    def _copy_back(self, dst: torch.Tensor, src: torch.Tensor | None):
+        """Updated host values ``src`` into the device parameters ``dst`` (nothing to do when there
+        are none or they already are them). Returns the copy's CUDA event, or None."""
+        if src is None or src.data_ptr() == dst.data_ptr():
+            return None
+        if dst.device.type != "cuda":
+            dst.copy_(src)
+            return None
+        stream = self._stream()
+        with torch.cuda.stream(stream):
+            dst.copy_(src, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(stream)
+        self._copy_event = ev
+        return ev
