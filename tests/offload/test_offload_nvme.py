@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import zerocore
+from disk_faults import fail_writes, heal_writes
 from dist_helpers import case_results, run_case, spawn_cases
 from test_offload import CLIP, SIZE, OffCase, assert_same_bits, offloaded
 from test_stages import check_against_reference
@@ -317,12 +318,12 @@ def test_write_failure_is_a_clear_error_and_changes_nothing(tmp_path, code, said
     train(engine, 2)
     before = weights(engine)
     masters_before = engine.offload.shards[0].master
-    engine.offload.nvme.store.fail_writes = code
+    fail_writes(engine.offload.nvme.store, code)
     with pytest.raises(SwapError, match=f"write of optimizer state swap .* failed at step 3 \\({said}"):
         train(engine, 1, seed=2)
     for k, v in weights(engine).items():
         assert torch.equal(before[k], v), k
-    engine.offload.nvme.store.fail_writes = None  # the disk has room again: the committed state reads back
+    heal_writes(engine.offload.nvme.store)  # the disk has room again: the committed state reads back
     assert torch.equal(engine.offload.shards[0].master, masters_before)
 
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import zerocore
+from disk_faults import fail_writes
 from dist_helpers import case_results, run_case
 from test_offload import CLIP, SIZE, assert_same_bits
 from test_offload_nvme import SWAP, NvmeCase, nvme, spawn_with_twins
@@ -264,7 +265,7 @@ def test_corrupt_param_swap_file_names_file_offset_step_changes_nothing_and_repa
 def test_param_write_failure_is_a_clear_error_without_hang(tmp_path, code, said):
     engine = zerocore.initialize(deep(), cfg_for(tmp_path))
     train(engine, 1)
-    engine.offload.param_swap.store.fail_writes = code
+    fail_writes(engine.offload.param_swap.store, code)
     with pytest.raises((SwapError, RuntimeError)) as info:
         train(engine, 2, seed=3)
         for _s in engine.offload.shards.values():

@@ -95,7 +95,6 @@ class SwapStore:
         self.buffer_count = buffer_count
         self._pool = None  # one allocation: buffer_count records of the largest tile
         self._pool_tile = 0
-        self.fail_writes: int | None = None  # test hook: errno every write raises (ENOSPC: a full disk)
         # (file, commit, tiles, first sequence number): first tiles read into the buffers ahead of their pass
         self.ahead: tuple[str, int, int, int] | None = None
         self.seq = 0  # the running tile sequence: tile sequence s passes through buffer s % buffer_count
@@ -128,9 +127,6 @@ class SwapStore:
         return len(self.writers)
 
     def write(self, rec: Record, path: str, offset: int, step: int, lane: int = 0) -> None:
-        if self.fail_writes is not None:
-            raise SwapError(self._say("write", path, offset, step, OSError(self.fail_writes,
-                                                                            os.strerror(self.fail_writes))))
         try:
             self.writers[lane].async_pwrite(rec.raw, path, offset)
         except OSError as e:
