@@ -1,7 +1,7 @@
 """Stage 3's per-unit post-backward signal (sharding/post_backward.py) on the cases where it
 fires late, twice, through a Function, or not at all: each trained at world 1 against
 torch.optim.AdamW on a copy of the same model (fp32, tolerance of test_stages.py's elementwise
-check), and the attribute shadowing of gathered parameters (group.shadows) undone."""
+check), and a gathered parameter read without a copy of it in the module's ``__dict__``."""
 from __future__ import annotations
 
 import copy
