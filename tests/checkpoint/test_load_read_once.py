@@ -39,8 +39,23 @@ def _count_reads(monkeypatch) -> dict:
     return seen
 
 
-@pytest.mark.parametrize("budget,passes", [(None, 1), (0, 2)])
-def test_state_is_read_once_when_it_fits_and_twice_when_not(tmp_path, monkeypatch, budget, passes):
+def _count_allocations(monkeypatch) -> list:
+    """Sizes of the staging regions and buffers allocated from now on."""
+    sizes: list = []
+    plain = staging.ops.aligned_pinned_empty
+
+    def counted(n, *a, **kw):
+        sizes.append(n)
+        return plain(n, *a, **kw)
+
+    monkeypatch.setattr(staging.ops, "aligned_pinned_empty", counted)
+    return sizes
+
+
+@pytest.mark.parametrize("budget,passes,held", [(None, 1, False), (None, 1, True), (0, 2, False)])
+def test_state_is_read_once_when_it_fits_and_twice_when_not(tmp_path, monkeypatch, budget, passes, held):
+    """``held``: the engine saved asynchronously before, so it keeps buffers; the load stages in
+    them, allocating nothing, and keeps no more of them than before."""
     monkeypatch.setattr(blockio, "BLOCK_BYTES", SMALL_BLOCK)
     monkeypatch.setattr(staging, "STAGING_BYTES", budget)
     src = zerocore.initialize(make_model("mlp", 5), CASE.config(2, 1))
@@ -50,8 +65,16 @@ def test_state_is_read_once_when_it_fits_and_twice_when_not(tmp_path, monkeypatc
         src.save_checkpoint(str(tmp_path), tag="t")
         want_state, want_weights = _state(src), src.full_state_dict()
         train(e, CASE, 0, 1, 0, 1)
+        if held:
+            e.save_checkpoint(str(tmp_path / "own"), tag="a", async_save=True).wait()
+            kept = [b.data_ptr() for b in staging.held_buffers(e)]
+            assert kept
+            fresh = _count_allocations(monkeypatch)
         seen = _count_reads(monkeypatch)
         e.load_checkpoint(str(tmp_path), tag="t")
+        if held:
+            assert fresh == [], "the load staged in the buffers the engine keeps"
+            assert sorted(b.data_ptr() for b in staging.held_buffers(e)) == sorted(kept)
         size = os.path.getsize(tmp_path / "t" / "rank00000.bin")
         state_bytes = sum(s.master.numel() for s in src.shards) * 12
         # the state once (or twice) plus the small pieces (frozen tensors, client state) once

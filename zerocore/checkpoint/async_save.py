@@ -20,6 +20,7 @@ import torch
 
 from ..comm import side_comm
 from .blockio import ImageSink
+from .staging import held_buffers
 from .save import _write_rank, check_can_save, live_tiles, make_plan, run_save
 
 
@@ -68,10 +69,7 @@ def save_async(engine, save_dir: str, tag=None, client_state=None, save_latest: 
     if comm is None:
         comm = engine._zc_side_comm = side_comm(engine.comm)
     plan = make_plan(engine, tag, client_state, comm, live_tiles(engine), save_latest=save_latest)
-    cache = getattr(engine, "_zc_save_buffers", None)
-    if cache is None:
-        cache = engine._zc_save_buffers = []
-    image = ImageSink(cache)
+    image = ImageSink(held_buffers(engine, create=True))
     index = _write_rank(plan, None, sink=image)  # the copy training waits for
     handle = engine._zc_pending_save = AsyncSave(plan, os.fspath(save_dir), (index, image))
     return handle

@@ -6,8 +6,9 @@ into its optimizer state through ``OptimizerShard.state_tiles(write=True)``; the
 its 16-bit parameters from the master and (stages 0-2) re-gathers full parameters. A load that
 fails leaves every engine exactly as it was.
 
-Each block is read once: into one staging region (``staging.py``), verified there while the next
-reads proceed, and after the agreement copied from there into the engine. A rank whose state is
+Each block is read once: into one staging region (``staging.py``; the buffers the engine keeps
+for asynchronous saves where it has them), verified there while the next reads proceed, and after
+the agreement copied from there into the engine. A rank whose state is
 larger than the staging budget reads twice instead: once to verify it all, then (after the
 agreement) tile by tile through a few pooled I/O buffers, verified again, into the engine.
 """
@@ -57,13 +58,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         for pieces in plan:
             for _, _, _, n, file, off in pieces:
                 staged.add(file, off, n * _FP32)
-        need = staged.planned_bytes()
-        arena = None
-        if need <= staging.budget():
-            try:
-                arena = staging.Arena(need)
-            except MemoryError:  # the memory went elsewhere since the budget was read: read twice
-                arena = None
+        arena = _staging_for(engine, staged)
         if arena is not None:
             staged.run(arena=arena)  # every block of this rank's state, read once and checked
         else:
@@ -120,6 +115,24 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         _restore_counters(engine, manifest, with_state)
         engine_state.restore(engine, manifest, load_lr_scheduler_states, with_state)
     return path, (client_state if not load_module_only else {})
+
+
+def _staging_for(engine, staged):
+    """Where this load keeps its verified bytes until the agreement: the buffers the engine
+    already holds where it has them (fresh ones for the rest, within the budget), else one fresh
+    region within the budget, else None (the state is read twice)."""
+    held = staging.held_buffers(engine)
+    if held:
+        arena = staging.HeldArena(held, staged.piece_bytes)
+        if arena.fresh_bytes(staged.planned_reads()) <= staging.budget():
+            return arena
+    need = staged.planned_bytes()
+    if need > staging.budget():
+        return None
+    try:
+        return staging.Arena(need)
+    except MemoryError:  # the memory went elsewhere since the budget was read: read twice
+        return None
 
 
 def _plan_state(engine, reader: CheckpointReader, saved_name: dict[str, str], kinds) -> list[list[tuple]]:

@@ -4,10 +4,12 @@
 2. each rank streams its optimizer state, tile by tile through ``OptimizerShard.state_tiles``
    (so state resting on host or NVMe is never materialised whole), into ``rank<r>.bin``,
    recording each parameter piece in the parameter's own coordinates and a CRC per block; rank 0
-   also writes frozen parameters, buffers and the client state. Each tensor is copied once into
-   aligned I/O buffers, its CRC32C computed in the same pass, and the buffers go to disk through
-   ``zerocore.ops.AsyncIO`` (O_DIRECT, the config's ``aio`` settings, several in flight; the page
-   cache where it is unavailable) while the next are filled (``blockio.py``). The file is fsync'ed and a
+   also writes frozen parameters, buffers and the client state. Host state that is resident (the
+   tiles are views of it) goes to disk from where it is, read only by its CRC32C; other tensors
+   (device state, NVMe tiles, small ones) are copied once into aligned I/O buffers, the CRC32C in
+   the same pass. The writes go through ``zerocore.ops.AsyncIO`` (O_DIRECT, the config's ``aio``
+   settings, several in flight; the page cache where it is unavailable) while the next are
+   prepared (``blockio.py``). The file is fsync'ed and a
    small per-rank index (chunks, checksums, RNG state) written beside it; barrier, which also
    tells every rank whether any rank failed (then all raise, nothing is published).
 3. rank 0 merges the indexes into ``manifest.json`` (fsync'ed), renames ``.tmp-<tag>`` to
@@ -88,7 +90,8 @@ class SavePlan:
     comm: object  # the Comm whose barriers order the save (async: a group of its own)
     tag: str
     writes_state: bool  # stage 0 / world 1: the state is replicated and only rank 0 writes it
-    tiles: Callable[[], Iterator[tuple[FlatGroup, int, int, dict[str, torch.Tensor]]]]
+    # (layout, flat lo, flat hi, state views, whether they keep their contents until the tiles end)
+    tiles: Callable[[], Iterator[tuple[FlatGroup, int, int, dict[str, torch.Tensor], bool]]]
     extras: list  # (names, kind, tensor): frozen parameters and buffers (rank 0)
     client_bytes: bytes | None
     meta: dict  # the manifest's fields that describe the engine
@@ -98,12 +101,13 @@ class SavePlan:
 
 
 def live_tiles(engine):
-    """The optimizer state as it is now, tile by tile: (layout, flat lo, flat hi, state views)."""
+    """The optimizer state as it is now, tile by tile: (layout, flat lo, flat hi, state views,
+    ``tiles_kept``: whether a file writer may write the views from where they are)."""
     def tiles():
         for shard in engine.shards:
             g = shard.group
             for lo, hi, state in shard.state_tiles(TILE_ELEMS):
-                yield g.layout, g.lo + lo, g.lo + hi, state
+                yield g.layout, g.lo + lo, g.lo + hi, state, shard.tiles_kept
     return tiles
 
 
@@ -150,10 +154,10 @@ def _write_rank(plan: SavePlan, tmp: str | None, sink=None) -> dict:
     name = rank_file(rank)
     w = BlockWriter(sink if sink is not None else FileSink(os.path.join(tmp, name), plan.aio))
     try:
-        for layout, lo, hi, state in plan.tiles():
+        for layout, lo, hi, state, kept in plan.tiles():
             offs = []
             for k in plan.meta.get("kinds", KINDS):  # Adam's, or a client optimizer's state kinds
-                offs.append(w.write(state[k]))
+                offs.append(w.write(state[k], kept=kept))
                 _hook(rank, f"group {layout.index} {k}")
             for slot, a, b in layout.pieces(lo, hi):
                 skip = (slot.offset + a - lo) * _FP32

@@ -14,6 +14,11 @@ the faults.
 
 The region is bounded by :func:`budget`; a rank whose state is larger reads it twice instead
 (verify everything, agree, then read again tile by tile), the memory of a few I/O buffers.
+
+An engine that has saved asynchronously already keeps host buffers of the size of its rank's
+checkpoint file (:func:`held_buffers`, the image the next asynchronous save is copied into). A
+load into such an engine stages in those buffers (:class:`HeldArena`) instead of fresh memory:
+no page is faulted, and the engine holds no more memory afterwards than before.
 """
 from __future__ import annotations
 
@@ -47,6 +52,16 @@ def budget() -> int:
     return min(MAX_AUTO_BYTES, _available_bytes() // 4)
 
 
+def held_buffers(engine, create: bool = False) -> list | None:
+    """The aligned I/O buffers ``engine`` keeps between checkpoints (filled by its first
+    asynchronous save, reused by the next ones and by loads); None where it keeps none and
+    ``create`` is false."""
+    held = getattr(engine, "_zc_held_buffers", None)
+    if held is None and create:
+        held = engine._zc_held_buffers = []
+    return held
+
+
 def padded(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
@@ -68,3 +83,34 @@ class Arena:
 
     def free(self) -> None:
         self.region = None
+
+
+class HeldArena:
+    """Staging made of an engine's kept buffers (:func:`held_buffers`, all of ``piece_bytes``): a
+    whole buffer per read (a read is at most ``piece_bytes``), fresh ones where the list runs out.
+    :meth:`free` gives back as many as the list held before (the fresh ones beyond are dropped)."""
+
+    def __init__(self, held: list, piece_bytes: int):
+        self.held = held
+        self.keep = len(held)
+        self.piece_bytes = piece_bytes
+        self._taken: list[torch.Tensor] = []
+
+    def fresh_bytes(self, reads: list[int]) -> int:
+        """The fresh memory reads of these sizes would allocate."""
+        usable = sum(1 for b in self.held if b.numel() == self.piece_bytes)
+        small = [n for n in reads if n <= self.piece_bytes]
+        return max(0, len(small) - usable) * self.piece_bytes + sum(padded(n) for n in reads if n > self.piece_bytes)
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        if nbytes > self.piece_bytes:  # a checkpoint written with blocks larger than the buffers
+            return ops.aligned_pinned_empty(padded(nbytes), torch.uint8, lock=False)[:nbytes]
+        i = next((i for i, b in enumerate(self.held) if b.numel() == self.piece_bytes), None)
+        buf = ops.aligned_pinned_empty(self.piece_bytes, torch.uint8, lock=False) if i is None else self.held.pop(i)
+        self._taken.append(buf)
+        return buf[:nbytes]
+
+    def free(self) -> None:
+        room = max(0, self.keep - len(self.held))
+        self.held.extend(self._taken[:room])
+        self._taken = []

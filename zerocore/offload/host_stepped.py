@@ -26,6 +26,7 @@ from .stepper import Ready
 class HostSteppedShard:
     batched = False  # its own step (the host part on the worker or inline): see OptimizerShard
     reads_ahead = False
+    tiles_kept = True  # the host shard's tiles are views of its state
 
     def __init__(self, group: ShardedGroup, *, split: int, pin: bool):
         self.group = group

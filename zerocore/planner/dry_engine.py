@@ -79,6 +79,7 @@ class PlannedNvmeShard:
     """The host tensors of one group's ``NvmeOptimizerShard`` (see the module docstring)."""
 
     batched, reads_ahead = False, False  # OptimizerShard's protocol: no disk here to read ahead from
+    tiles_kept = False  # as the NVMe shard it stands for
 
     def __init__(self, group: ShardedGroup, store: "PlannedSwapStore", tile: int):
         n = group.hi - group.lo

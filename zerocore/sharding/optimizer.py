@@ -55,12 +55,16 @@ def clip_plan(plan, lo: int, hi: int):
 
 
 class OptimizerShard:
-    # The optimizer-shard protocol the engine and offload read (every shard kind sets both):
-    # ``batched``: stepped inside the engine's multi-tensor call (device-resident state), else by
-    # its own ``step``; ``reads_ahead``: its state streams from storage and reads the next stepped
-    # shard's first tile ahead (``then``, NVMe).
+    # The optimizer-shard protocol the engine, offload and checkpoints read (every shard kind sets
+    # all three): ``batched``: stepped inside the engine's multi-tensor call (device-resident
+    # state), else by its own ``step``; ``reads_ahead``: its state streams from storage and reads
+    # the next stepped shard's first tile ahead (``then``, NVMe); ``tiles_kept``: the tensors
+    # ``state_tiles`` yields keep their contents until the whole iteration is done (views of
+    # resident state), so a checkpoint may write them to disk from where they are; False where a
+    # tile's memory is reused for the next one (NVMe streams through one buffer).
     batched = True
     reads_ahead = False
+    tiles_kept = True
 
     def __init__(self, group: ShardedGroup, init_fp32: torch.Tensor, *, tile: int | None = None):
         """``init_fp32``: the group's initial parameters in fp32, either full (only the owned range is

@@ -51,6 +51,7 @@ class NvmeOptimizerShard(HostSteppedShard):
     """All of the owned range's state in the swap file, stepped on the host tile by tile."""
 
     reads_ahead = True  # see OptimizerShard's protocol
+    tiles_kept = False  # state_tiles streams every tile through the same pinned buffer
 
     def __init__(self, group: ShardedGroup, init_fp32: torch.Tensor, *, store: SwapStore, opts: SwapOptions,
                  pin: bool):
