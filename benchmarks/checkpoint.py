@@ -13,8 +13,10 @@ of this rank's bytes (12 bytes per owned element: master, exp_avg, exp_avg_sq) o
 time between barriers, and the CPU seconds each operation costs the rank's process, also per GB
 (what bounds it on a busy machine). Each round also saves asynchronously: the training thread's
 stall (until ``save_checkpoint(..., async_save=True)`` returns) against the time until the tag is
-published and against a synchronous save (the first round's stall includes allocating the host
-buffers the engine then keeps; the ratio is the median of the later rounds). Consolidation's rate
+published and against a synchronous save, and the time of the training step that follows the call
+(whose update waits for the state's copy) against a step without a save (the first round's
+includes allocating the host buffers the engine then keeps; the ratios are medians of the later
+rounds). Loads after the first stage in those kept buffers; each round's CPU is printed. Consolidation's rate
 is compared with the O_DIRECT rates of the same run. A shared 2-core VM is noisy: every round is
 printed, medians of ``--rounds``, load average recorded.
 
@@ -86,7 +88,7 @@ def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
     buf.fill_(7)
     state = {f"{i}.{k}": t for i, s in enumerate(e.shards) for k, t in s.tensors().items()}
     rows = {k: [] for k in ("direct_write", "direct_read", "zc_save", "torch_save", "zc_load", "torch_load")}
-    stall = {"call_s": [], "written_s": [], "call_cpu_s": []}
+    stall = {"call_s": [], "written_s": [], "call_cpu_s": [], "plain_step_s": [], "next_step_s": []}
     # what a load does beyond reading: the cast of the master into the bf16 parameters and (stage
     # 2) the all-gather of the full parameters, timed apart (torch.load of a shard does neither)
     from zerocore.checkpoint import load as zload
@@ -116,13 +118,26 @@ def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
     zload._finish_gathers = timed(zload._finish_gathers, False)
     ckpt_async = os.path.join(args.dir, "ckpt_async")
 
+    x = torch.randn(1, args.dim, dtype=torch.bfloat16)
+
+    def train_step() -> float:
+        t0 = time.perf_counter()
+        e.backward(e(x).float().pow(2).mean())
+        e.step()
+        return time.perf_counter() - t0
+
     def async_save():
-        """The training thread's stall (until save_checkpoint returns) against the whole save."""
+        """The training thread's stall (until save_checkpoint returns) against the whole save,
+        and what the save costs the next training step (its update waits for the state's copy)
+        against a step without a save, in the same round."""
+        dist.barrier()
+        stall["plain_step_s"].append(train_step())
         dist.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
         h = e.save_checkpoint(ckpt_async, tag="bench", async_save=True)
         stall["call_s"].append(time.perf_counter() - t0)
         stall["call_cpu_s"].append(time.process_time() - c0)
+        stall["next_step_s"].append(train_step())
         h.wait()
         stall["written_s"].append(time.perf_counter() - t0)
         dist.barrier()
@@ -240,6 +255,7 @@ def main(argv=None) -> int:
                      "load_vs_torch_load": m["zc_load"] / m["torch_load"],
                      **{f"{k}_cpu_s": statistics.median(v) for k, v in rk["cpu_s"].items()},
                      **{f"{k}_cpu_s_per_gb": statistics.median(v) / gb for k, v in rk["cpu_s"].items()},
+                     **{f"{k}_cpu_s_per_gb_rounds": [x / gb for x in v] for k, v in rk["cpu_s"].items()},
                      # per round: a sync save's time is its bytes over its rate
                      "load_refresh_s": statistics.median(rk["refresh"]["s"]),
                      "load_refresh_s_rounds": rk["refresh"]["s"],
@@ -254,6 +270,11 @@ def main(argv=None) -> int:
                      "load_refresh_cpu_s_per_gb": statistics.median(rk["refresh"]["cpu_s"]) / gb,
                      "async_stall_s": a["call_s"], "async_written_s": a["written_s"],
                      "async_call_cpu_s": a["call_cpu_s"],
+                     "plain_step_s": a["plain_step_s"], "step_after_async_save_s": a["next_step_s"],
+                     # what the save adds to the next step (its update waits for the copy), median of rounds 2+
+                     "async_next_step_delay_s": statistics.median(
+                         [n - p for n, p in zip(a["next_step_s"], a["plain_step_s"])][1:]
+                         or [n - p for n, p in zip(a["next_step_s"], a["plain_step_s"])]),
                      "sync_save_s": [rk["bytes"] / 1e9 / r for r in rk["gbps"]["zc_save"]],
                      "async_stall_vs_sync_save": statistics.median(a["call_s"][1:] or a["call_s"])
                      / statistics.median([rk["bytes"] / 1e9 / r for r in rk["gbps"]["zc_save"]])})
@@ -276,6 +297,10 @@ def main(argv=None) -> int:
     print("CPU seconds per GB (this rank's process, all threads; medians): "
           + ", ".join(f"{k} {rows[0][f'{k}_cpu_s_per_gb']:.3f}" for k in res["ranks"][0]["cpu_s"]))
     r0 = rows[0]
+    print("  per round, save / load: " + ", ".join(
+        f"{s_:.3f} / {l_:.3f}" for s_, l_ in zip(r0["zc_save_cpu_s_per_gb_rounds"], r0["zc_load_cpu_s_per_gb_rounds"]))
+          + " (round 1's load stages in fresh memory; later loads in the buffers the engine kept from its "
+            "asynchronous save of the round before)")
     print(f"  of zc_load's: the cast to bf16 + all-gather of the parameters (the part not overlapped with copying the "
           f"moments) {r0['load_refresh_cpu_s_per_gb']:.3f} CPU s/GB, "
           f"{r0['load_refresh_s']:.3f} s; the checkpoint's reading and verifying "
@@ -293,6 +318,10 @@ def main(argv=None) -> int:
           + ", ".join(f"{x:.3f}" for x in r0["async_written_s"]) + " s; a synchronous save took "
           + ", ".join(f"{x:.3f}" for x in r0["sync_save_s"]) + " s; stall / sync save (median of rounds 2+) "
           f"{r0['async_stall_vs_sync_save']:.3f}")
+    print("  the training step right after the call took " + ", ".join(f"{x:.3f}" for x in r0["step_after_async_save_s"])
+          + " s, a step without a save " + ", ".join(f"{x:.3f}" for x in r0["plain_step_s"])
+          + f" s: the save delays the next step by {r0['async_next_step_delay_s']:.3f} s (median of rounds 2+; "
+            "its update waits for the state's copy, which overlaps the forward and backward)")
     for dt, c in cons.items():
         rate = c["out_bytes"] / c["seconds"] / 1e9
         c["vs_disk_write"] = rate / med["direct_write"]

@@ -214,9 +214,10 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state=None, save_lat
                     os.fspath(save_dir))
 
 
-def run_save(plan: SavePlan, save_dir: str, prepared: tuple | None = None) -> str:
+def run_save(plan: SavePlan, save_dir: str, prepared: tuple | BaseException | None = None) -> str:
     """The save protocol (see the module docstring) for one rank. ``prepared``: (index, image) of
-    this rank's file made beforehand by ``_write_rank`` into an ImageSink (asynchronous save)."""
+    this rank's file made beforehand by ``_write_rank`` into an ImageSink (asynchronous save), or
+    the error that making it raised."""
     comm, tag = plan.comm, plan.tag
     tmp = os.path.join(save_dir, TMP_PREFIX + tag)
     rank = comm.rank
@@ -239,6 +240,8 @@ def run_save(plan: SavePlan, save_dir: str, prepared: tuple | None = None) -> st
     try:
         if prepared is None:
             index = _write_rank(plan, tmp)
+        elif isinstance(prepared, BaseException):  # the image's copy failed: every rank learns of it below
+            raise prepared
         else:
             index, image = prepared
             if index["file"] is not None:

@@ -148,7 +148,8 @@ class DeepSpeedMethods:
         manifest; ``save_dir/<tag>`` (default ``global_step<N>``) appears, and ``save_dir/latest``
         names it (unless ``save_latest`` is false), only once complete. A collective. Returns the
         tag directory; with ``async_save`` a handle whose ``wait()`` returns it (the state is copied
-        to host memory first, then written in the background; the next save or load waits for it).
+        to host memory and written in the background; the next ``step`` waits for the copy, the
+        next save or load for the whole save).
         ``exclude_frozen_parameters`` is accepted: frozen parameters are always saved (they are
         whole on rank 0 and small beside the optimizer state), so a load finds them."""
         from ..checkpoint import async_save as asv

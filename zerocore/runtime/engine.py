@@ -126,6 +126,7 @@ class Engine(DeepSpeedMethods):
         self.micro_steps = 0
         self.global_steps = 0  # accumulation boundaries reached (including skipped updates)
         self.optimizer_steps = 0  # updates applied (Adam's step count)
+        self._zc_pending_save = None  # an asynchronous save in flight (checkpoint/async_save.py)
         self.skipped_steps = 0
         self.global_grad_norm: float | None = None
         self._backward_done = False
@@ -291,6 +292,8 @@ class Engine(DeepSpeedMethods):
         if clip > 0:
             coef *= min(1.0, clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s coefficient
         self.optimizer_steps += 1
+        if self._zc_pending_save is not None:  # an asynchronous save may still be copying the state
+            self._zc_pending_save.snapshot_taken()
         with label("zerocore.optimizer_step"):
             self._update(coef, grads, hypers)
             if self.offload is not None:
