@@ -45,11 +45,13 @@ def assert_same(a: dict, b: dict) -> None:
             assert torch.equal(x[k], y[k]), f"optimizer state tile {i} {k} changed"
 
 
-def damage(tag_dir: str, how: str, rank_file: str = "rank00000.bin") -> str:
+def damage(tag_dir: str, how: str, rank_file: str = "rank00000.bin", where: int = -1) -> str:
     f = os.path.join(tag_dir, rank_file)
     data = bytearray(open(f, "rb").read())
     if how == "flip":
-        data[-1] ^= 0x10  # the last block: a load that wrote as it read has overwritten all the state by then
+        # by default the last block: a load that wrote as it read has overwritten all the state by
+        # then; byte 0 is a master's (read first where a load gathers the parameters ahead)
+        data[where] ^= 0x10
     elif how == "truncate":
         data = data[:-100]
     with open(f, "wb") as fh:
@@ -111,9 +113,9 @@ def test_failed_load_leaves_the_engine_as_it_was(tmp_path, monkeypatch, how, pla
         twin.destroy()
 
 
-def _other_rank_corrupt(root: str, rank: int, world: int) -> dict:
-    """World 2: rank 1's file has a flipped byte; rank 0's reads are all good, and it must not
-    write them either."""
+def _other_rank_corrupt(root: str, where: int, rank: int, world: int) -> dict:
+    """World 2: rank 1's file has a flipped byte (at ``where``); rank 0's reads are all good, and
+    it must not write them either (nor the parameters it gathered ahead)."""
     blockio.BLOCK_BYTES = SMALL_BLOCK
     src = zerocore.initialize(make_model("mlp", 5), CASE.config(2, world))
     train(src, CASE, rank, world, 0, 3)
@@ -124,9 +126,18 @@ def _other_rank_corrupt(root: str, rank: int, world: int) -> dict:
     train(e, CASE, rank, world, 0, 2)
     train(twin, CASE, rank, world, 0, 2)
     if rank == 0:
-        damage(os.path.join(root, "t"), "flip", "rank00001.bin")
+        damage(os.path.join(root, "t"), "flip", "rank00001.bin", where)
     dist.barrier()
     before = snapshot(e)
+    from zerocore.checkpoint import gather_ahead
+
+    started, plain = [], gather_ahead.GatherAhead.start
+
+    def start(self, plan, masters):
+        started.append(masters is not None)
+        return plain(self, plan, masters)
+
+    gather_ahead.GatherAhead.start = start
     try:
         e.load_checkpoint(root, tag="t")
         error = None
@@ -134,19 +145,25 @@ def _other_rank_corrupt(root: str, rank: int, world: int) -> dict:
         error = str(exc)
     after = snapshot(e)
     a, b = train(e, CASE, rank, world, 2, 4), train(twin, CASE, rank, world, 2, 4)
-    out = {"load_error": error, "before": before, "after": after, "a": a, "b": b, "e": snapshot(e), "twin": snapshot(twin)}
+    gather_ahead.GatherAhead.start = plain
+    out = {"load_error": error, "before": before, "after": after, "a": a, "b": b, "e": snapshot(e), "twin": snapshot(twin),
+           "gathered_ahead": started}
     e.reducer.remove_hooks()
     twin.reducer.remove_hooks()
     return out
 
 
-def test_a_corrupt_file_of_another_rank_changes_no_rank(tmp_path):
+@pytest.mark.parametrize("where", [-1, 0])  # a moment's last block, or a master's first
+def test_a_corrupt_file_of_another_rank_changes_no_rank(tmp_path, where):
     root, work = tmp_path / "ck", tmp_path / "w2"
     os.makedirs(root)
     os.makedirs(work)
-    runs = result(spawn([("run", _other_rank_corrupt, (str(root),))], 2, work, timeout=300), "run")
+    runs = result(spawn([("run", _other_rank_corrupt, (str(root), where))], 2, work, timeout=300), "run")
     assert "rank00001.bin" in runs[1]["load_error"] and "corrupt: bytes" in runs[1]["load_error"]
-    assert "bytes 0-" not in runs[1]["load_error"]  # a later block: the blocks before it were good
+    assert ("bytes 0-" in runs[1]["load_error"]) == (where == 0)  # the blocks before a later one were good
+    # both ranks started the parameters' all-gathers before the agreement; rank 1 with the masters
+    # it had verified, or (its first master block corrupt) with nothing
+    assert runs[0]["gathered_ahead"] == [True] and runs[1]["gathered_ahead"] == [where != 0]
     assert "other rank(s) failed" in runs[0]["load_error"] and "unchanged" in runs[0]["load_error"]
     for r in runs:
         assert_same(r["after"], r["before"])
