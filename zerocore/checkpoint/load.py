@@ -11,6 +11,9 @@ for asynchronous saves where it has them), verified there while the next reads p
 the agreement copied from there into the engine. A rank whose state is
 larger than the staging budget reads twice instead: once to verify it all, then (after the
 agreement) tile by tile through a few pooled I/O buffers, verified again, into the engine.
+
+At stages 1-2 with parameters in host memory the masters are read first and the full parameters'
+all-gathers run, into side copies, while the rest is read (``gather_ahead.py``).
 """
 from __future__ import annotations
 
@@ -50,9 +53,9 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
     ts = engine._torch_step
     load_kinds_before = None if ts is None else ts.load_kinds
     err, reader, small, client_state, plan = None, None, None, None, None
-    # the state's Fetches, one per group of kinds (the masters apart where gathering ahead), each
-    # staged; empty where the state does not fit the staging and is read twice
-    staged: list[tuple[tuple[str, ...], object]] = []
+    # (kinds, Fetch, staging) of the state, one per group of kinds (the masters apart where gathering
+    # ahead); empty where the state does not fit the staging and is read twice
+    staged: list[tuple[tuple[str, ...], object, object]] = []
     ahead = GatherAhead(engine) if gather_ahead.candidate(engine, ts) else None  # the same on every rank
     can_ahead = False
     try:
