@@ -102,3 +102,19 @@ def test_staging_slices_are_aligned_and_bounded():
     with pytest.raises(MemoryError):
         a.take(1)
     a.free()
+
+
+def test_held_staging_uses_the_kept_buffers_then_fresh_ones_and_keeps_no_more():
+    piece = 3 * 4096
+    held = [staging.ops.aligned_pinned_empty(piece, torch.uint8, lock=False) for _ in range(2)]
+    ptrs = sorted(b.data_ptr() for b in held)
+    a = staging.HeldArena(held, piece)
+    # three reads of a piece, one larger than a buffer (a checkpoint with larger blocks): fresh for the last two
+    assert a.fresh_bytes([piece, 100, piece, 2 * piece + 1]) == piece + staging.padded(2 * piece + 1)
+    views = [a.take(piece), a.take(100), a.take(piece), a.take(2 * piece + 1)]
+    assert [v.numel() for v in views] == [piece, 100, piece, 2 * piece + 1]
+    assert all(v.data_ptr() % staging.ALIGN == 0 for v in views)
+    assert sorted(v.data_ptr() for v in views[:2]) == ptrs and held == []
+    a.free()
+    assert len(held) == 2  # as many as before: the fresh one beyond is dropped
+    assert sorted(b.data_ptr() for b in held) == ptrs  # the engine's own buffers, taken first, come back
