@@ -11,7 +11,8 @@ format here is a manifest of chunks in each parameter's own flattened coordinate
 (``manifest.py``), sequential per-rank files with a CRC32C per 1 MiB block written and read through aligned
 buffers and ``zerocore.ops.AsyncIO`` (``blockio.py``), and reads planned by intersection (``reader.py``).
 
-Entry points: ``engine.save_checkpoint`` / ``engine.load_checkpoint`` (``save.py``, ``load.py``,
+Entry points: ``engine.save_checkpoint`` / ``engine.load_checkpoint`` (``save.py``, ``load.py``
+with its staging in ``staging.py`` and the parameters' re-gather run ahead in ``gather_ahead.py``,
 ``async_save.py``); offline, one process and no process group: :func:`consolidate`,
 :func:`load_full_state_dict`, :func:`inspect` and the ``zerocore consolidate`` / ``zerocore
 inspect`` commands (``offline.py``, ``cli.py``).
