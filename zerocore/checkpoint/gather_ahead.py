@@ -45,29 +45,40 @@ class GatherAhead:
 
     def __init__(self, engine):
         self.engine = engine
+        self.sides: list = []  # (group index, group, side copy) of every group re-gathered after a load
         self.inflight: list = []  # (handle, group, side copy)
 
-    def start(self, plan: list[list[tuple]] | None, masters) -> None:
+    def prepare(self) -> None:
+        """Allocates the side copies; before the ranks agree to gather ahead, so that a rank
+        without the memory says so there instead of failing between collectives."""
+        self.sides = [(i, g, torch.empty_like(g.param_flat)) for i, g in enumerate(self.engine.groups)
+                      if not g.partitioned]
+
+    def start(self, plan: list[list[tuple]] | None, masters) -> Exception | None:
         """Casts the verified masters in ``masters`` (a run Fetch of ``plan``'s master pieces, per
         shard = per group; None where this rank failed before they were read) into each group's
-        side copy and starts its all-gather, every group, in order."""
-        e = self.engine
+        side copy and starts its all-gather, every group, in order. Every all-gather is started
+        whatever happens here (every rank issues the same collectives): an error while casting is
+        returned, for the load's agreement to fail."""
+        err = None
         tmp = torch.empty(CAST_TILE_ELEMS, dtype=torch.float32)
-        for i, g in enumerate(e.groups):
-            if g.partitioned:
-                continue
-            side = torch.empty_like(g.param_flat)
-            own = side[g.lo:g.hi]
-            own.zero_()  # padding, as the master's (a load zero-fills what the checkpoint does not cover)
-            if masters is not None:
-                for kind, o, _, n, file, off in plan[i]:
-                    if kind != "master":
-                        continue
-                    for x in range(0, n, CAST_TILE_ELEMS):
-                        m = min(CAST_TILE_ELEMS, n - x)
-                        masters.copy_into(file, off + x * _FP32, tmp[:m])
-                        _cast(tmp[:m], own[o + x:o + x + m])
-            self.inflight.append((e.comm.all_gather(side, async_op=True), g, side))
+        for i, g, side in self.sides:
+            if masters is not None and err is None:
+                try:
+                    own = side[g.lo:g.hi]
+                    own.zero_()  # padding, as the master's (a load zero-fills what the checkpoint does not cover)
+                    for kind, o, _, n, file, off in plan[i]:
+                        if kind != "master":
+                            continue
+                        for x in range(0, n, CAST_TILE_ELEMS):
+                            m = min(CAST_TILE_ELEMS, n - x)
+                            masters.copy_into(file, off + x * _FP32, tmp[:m])
+                            _cast(tmp[:m], own[o + x:o + x + m])
+                except Exception as e:  # noqa: BLE001 - reported through the load's agreement
+                    err = e
+            self.inflight.append((self.engine.comm.all_gather(side, async_op=True), g, side))
+        self.sides = []
+        return err
 
     def finish(self, use: bool) -> None:
         """Waits for every all-gather; ``use``: copies the side copies into the parameters (the

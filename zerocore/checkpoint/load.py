@@ -77,8 +77,13 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
                     arena.free()
                 f.run(keep=False)
             staged = []
-        can_ahead = bool(staged) and gather_ahead.side_bytes(engine) + sum(
-            f.planned_bytes() for _, f, _ in staged) <= staging.budget()
+        if ahead is not None and staged and gather_ahead.side_bytes(engine) + sum(
+                f.planned_bytes() for _, f, _ in staged) <= staging.budget():
+            try:
+                ahead.prepare()
+                can_ahead = True
+            except (MemoryError, RuntimeError):  # no room for the side copies: gathered after the load instead
+                ahead.sides = []
     except Exception as e:
         err = e
     if ahead is not None:  # every rank joins; all gather ahead or none does
@@ -93,7 +98,8 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
                 except Exception as e:
                     err = e
             if i == 0 and ahead is not None:  # the masters: their all-gathers run while the rest is read
-                ahead.start(plan, f if err is None else None)
+                cast_err = ahead.start(plan, f if err is None else None)
+                err = err or cast_err
         if err is None:
             small = reader.fetch()
             extras = _extras(engine, reader)
