@@ -33,11 +33,12 @@ def candidate(engine, ts) -> bool:
     Adam's, resident (its refresh is a cast of the master)."""
     return (engine.policy.shard_optimizer and engine.comm.world > 1 and ts is None
             and all(type(s) is OptimizerShard for s in engine.shards)
-            and any(not g.partitioned and g.param_flat.device.type == "cpu" for g in engine.groups))
+            and bool(engine.groups)
+            and all(not g.partitioned and g.param_flat.device.type == "cpu" for g in engine.groups))
 
 
 def side_bytes(engine) -> int:
-    return sum(g.param_flat.numel() * g.param_flat.element_size() for g in engine.groups if not g.partitioned)
+    return sum(g.param_flat.numel() * g.param_flat.element_size() for g in engine.groups)
 
 
 class GatherAhead:
@@ -45,14 +46,13 @@ class GatherAhead:
 
     def __init__(self, engine):
         self.engine = engine
-        self.sides: list = []  # (group index, group, side copy) of every group re-gathered after a load
+        self.sides: list = []  # (group index, group, side copy) of every group
         self.inflight: list = []  # (handle, group, side copy)
 
     def prepare(self) -> None:
         """Allocates the side copies; before the ranks agree to gather ahead, so that a rank
         without the memory says so there instead of failing between collectives."""
-        self.sides = [(i, g, torch.empty_like(g.param_flat)) for i, g in enumerate(self.engine.groups)
-                      if not g.partitioned]
+        self.sides = [(i, g, torch.empty_like(g.param_flat)) for i, g in enumerate(self.engine.groups)]
 
     def start(self, plan: list[list[tuple]] | None, masters) -> Exception | None:
         """Casts the verified masters in ``masters`` (a run Fetch of ``plan``'s master pieces, per

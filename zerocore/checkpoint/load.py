@@ -149,10 +149,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         reader.close()
         if gathers is not None:
             _finish_gathers(gathers)
-    if ahead is not None:
-        for shard in engine.shards:  # the partitioned groups' owned parameters (the others come whole)
-            if shard.group.partitioned:
-                shard.refresh_params()
+    if ahead is not None:  # every group's parameters come whole from its side copy
         ahead.finish(use=True)
     elif gathers is None:
         _refresh_params(engine)
