@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zerocore.checkpoint import blockio
+from zerocore.checkpoint import block_writer, blockio
 from zerocore.ops import aio
 
 BLOCK = 4096 * 4
@@ -42,7 +42,7 @@ def _odd_view(n: int, shift: int, gen) -> torch.Tensor:
 
 @pytest.mark.parametrize("name,settings", list(_sinks()))
 def test_kept_tensors_are_written_in_place_and_read_back_verified(tmp_path, monkeypatch, name, settings):
-    monkeypatch.setattr(blockio, "KEPT_MIN_BYTES", 3 * 4096)
+    monkeypatch.setattr(block_writer, "KEPT_MIN_BYTES", 3 * 4096)
     counting = _CountingNative(blockio._native())
     monkeypatch.setattr(blockio, "_NATIVE", counting)
     gen = torch.Generator().manual_seed(1)
@@ -58,7 +58,7 @@ def test_kept_tensors_are_written_in_place_and_read_back_verified(tmp_path, monk
         (torch.randn(3001, generator=gen).view(torch.uint8), True),  # a float tensor's bytes
     ]
     path = str(tmp_path / "f.bin")
-    w = blockio.BlockWriter(blockio.FileSink(path, settings), block=BLOCK, io_bytes=2 * BLOCK)
+    w = block_writer.BlockWriter(block_writer.FileSink(path, settings), block=BLOCK, io_bytes=2 * BLOCK)
     offsets = [w.write(t, kept=k) for t, k in parts]
     record = w.close()
     copied_kept = counting.copied - sum(t.numel() for t, k in parts if not k or t.numel() < 3 * 4096)
@@ -89,8 +89,8 @@ def test_kept_tensors_are_written_in_place_and_read_back_verified(tmp_path, monk
 def test_an_image_sink_copies_even_kept_tensors(tmp_path):
     """An asynchronous save's image is a snapshot: the state changes after the call returns."""
     cache: list = []
-    sink = blockio.ImageSink(cache)
-    w = blockio.BlockWriter(sink, block=BLOCK, io_bytes=2 * BLOCK)
+    sink = block_writer.ImageSink(cache)
+    w = block_writer.BlockWriter(sink, block=BLOCK, io_bytes=2 * BLOCK)
     t = torch.arange(3 * BLOCK, dtype=torch.uint8)
     w.write(t, kept=True)
     record = w.close()

@@ -8,13 +8,13 @@ import os
 import pytest
 import torch
 
-from zerocore.checkpoint import blockio
+from zerocore.checkpoint import block_writer, blockio
 
 BLOCK = 4096
 
 
 def _write(path: str, data: torch.Tensor) -> blockio.BlockFile:
-    w = blockio.BlockWriter(blockio.FileSink(path, None), block=BLOCK, io_bytes=4 * BLOCK)
+    w = block_writer.BlockWriter(block_writer.FileSink(path, None), block=BLOCK, io_bytes=4 * BLOCK)
     w.write(data)
     return blockio.BlockFile(path, w.close())
 

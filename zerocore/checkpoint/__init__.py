@@ -8,8 +8,9 @@ stored item whole through ``torch.load`` and then narrows it, so a rank would re
 rather than the overlapping bytes; it needs every tensor resident in a state dict, where offloaded
 state should stream tile by tile; and it keeps no per-block checksums to verify partial reads. The
 format here is a manifest of chunks in each parameter's own flattened coordinates
-(``manifest.py``), sequential per-rank files with a CRC32C per 1 MiB block written and read through aligned
-buffers and ``zerocore.ops.AsyncIO`` (``blockio.py``), and reads planned by intersection (``reader.py``).
+(``manifest.py``), sequential per-rank files with a CRC32C per 1 MiB block written and read through
+aligned buffers and ``zerocore.ops.AsyncIO`` (``blockio.py``, writing in ``block_writer.py``), and
+reads planned by intersection (``reader.py``).
 
 Entry points: ``engine.save_checkpoint`` / ``engine.load_checkpoint`` (``save.py``, ``load.py``
 with its staging in ``staging.py`` and the parameters' re-gather run ahead in ``gather_ahead.py``,

@@ -22,7 +22,7 @@ import time
 import torch
 
 from ..comm import side_comm
-from .blockio import ImageSink
+from .block_writer import ImageSink
 from .staging import held_buffers
 from .save import _write_rank, check_can_save, live_tiles, make_plan, run_save
 

@@ -11,7 +11,8 @@ import re
 import torch
 
 from .. import ops
-from .blockio import BLOCK_BYTES, IO_BYTES, BlockWriter, FileSink
+from .block_writer import BlockWriter, FileSink
+from .blockio import BLOCK_BYTES, IO_BYTES
 from .layout import fsync_dir, locate, read_manifest
 from .manifest import dtype_of
 from .reader import CheckpointReader

@@ -9,7 +9,7 @@
    (device state, NVMe tiles, small ones) are copied once into aligned I/O buffers, the CRC32C in
    the same pass. The writes go through ``zerocore.ops.AsyncIO`` (O_DIRECT, the config's ``aio``
    settings, several in flight; the page cache where it is unavailable) while the next are
-   prepared (``blockio.py``). The file is fsync'ed and a
+   prepared (``block_writer.py``). The file is fsync'ed and a
    small per-rank index (chunks, checksums, RNG state) written beside it; barrier, which also
    tells every rank whether any rank failed (then all raise, nothing is published).
 3. rank 0 merges the indexes into ``manifest.json`` (fsync'ed), renames ``.tmp-<tag>`` to
@@ -36,7 +36,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .blockio import BlockWriter, FileSink, aio_handles
+from .block_writer import BlockWriter, FileSink
+from .blockio import aio_handles
 from .layout import (LATEST, MANIFEST, TMP_PREFIX, CheckpointError, check_tag, exchange, fsync_dir, rank_file,
                      write_atomic)
 from ..sharding import FlatGroup
