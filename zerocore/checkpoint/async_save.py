@@ -90,7 +90,8 @@ def save_async(engine, save_dir: str, tag=None, client_state=None, save_latest: 
     plan = make_plan(engine, tag, client_state, comm, live_tiles(engine), save_latest=save_latest)
     # buffers (running statistics) change in the next forward: copied now (they are small)
     plan.extras = [(names, kind, t.detach().clone()) for names, kind, t in plan.extras]
-    handle = engine._zc_pending_save = AsyncSave(plan, os.fspath(save_dir), ImageSink(held_buffers(engine, create=True)))
+    image = ImageSink(held_buffers(engine, create=True))
+    handle = engine._zc_pending_save = AsyncSave(plan, os.fspath(save_dir), image)
     if not all(shard.tiles_kept for shard in engine.shards):
         handle.snapshot_taken()  # NVMe: its tiles stream through the swap buffers training uses next
     return handle
