@@ -6,8 +6,12 @@ Flat buffers are laid out rank-major: rank r's chunk of a buffer of ``world * S`
 Backend strategy (measured, see benchmarks/reduce_scatter.py): on gloo a reduce-scatter of a
 buffer takes about twice as long as an all-reduce of the same buffer, so ``reduce_scatter``
 runs an in-place all-reduce there and the caller keeps its chunk; the bytes held are the same.
-gloo's async reduce-scatter Work never reports ``is_completed()`` and has no future, so every
-handle here is completed with ``wait()`` only.
+A large all-gather on gloo runs as one broadcast per rank of that rank's chunk, all in flight:
+gloo's all-gather (``all_gather_into_tensor``) copies through temporary buffers; measured with
+benchmarks/all_gather.py (results/all_gather_gloo_w*.txt), a 200 MB gather of six buffers took
+3.0-3.6x the wall time and ~4x the CPU of the broadcasts at 2 ranks (2.6-2.8x at 4), one buffer of
+2-16 MB 1.5-2.2x. Below ``BROADCAST_GATHER_MIN_BYTES`` the two are within noise, and the one
+collective is kept there.
 """
 from __future__ import annotations
 
@@ -24,20 +28,29 @@ _all_gather_flat = getattr(dist, "all_gather_single", None) or getattr(dist, "al
 class Handle:
     """An in-flight collective; ``wait()`` (idempotent) blocks until it has completed."""
 
-    __slots__ = ("_work",)
+    __slots__ = ("_works",)
 
     def __init__(self, work=None):
-        self._work = work
+        self._works = work if isinstance(work, list) else ([] if work is None else [work])
 
-    def wait(self) -> None:
-        if self._work is not None:
-            self._work.wait()
-            self._work = None
+    def wait(self, timeout=None) -> None:
+        """``timeout`` (a ``datetime.timedelta``) bounds each backend wait; the backend raises
+        when it passes."""
+        while self._works:
+            w = self._works[0]
+            if timeout is None:
+                w.wait()
+            else:
+                w.wait(timeout=timeout)
+            self._works.pop(0)
 
 
 # The handle of a collective that completed when issued (a world of one): shared, so the hot path
 # makes no object for it and callers may skip ``wait()`` with an identity test.
 DONE = Handle()
+
+# From this size (bytes of the gathered buffer) an all-gather on gloo runs as broadcasts.
+BROADCAST_GATHER_MIN_BYTES = 2 << 20
 
 
 class Comm:
@@ -51,7 +64,8 @@ class Comm:
     without an active exception", seen in about 1 exit in 5 here).
     """
 
-    def __init__(self, group=None, *, reduce_scatter_via_all_reduce: bool | None = None, _single: bool = False):
+    def __init__(self, group=None, *, reduce_scatter_via_all_reduce: bool | None = None,
+                 all_gather_via_broadcast: bool | None = None, _single: bool = False):
         if _single:
             self.group, self.rank, self.world, self.backend = None, 0, 1, "none"
         else:
@@ -65,6 +79,12 @@ class Comm:
         if reduce_scatter_via_all_reduce is None:
             reduce_scatter_via_all_reduce = self.backend == "gloo"
         self.reduce_scatter_via_all_reduce = reduce_scatter_via_all_reduce
+        if all_gather_via_broadcast is None:
+            all_gather_via_broadcast = self.backend == "gloo"
+        self.all_gather_via_broadcast = all_gather_via_broadcast
+        # each rank's global rank: the ``src`` a broadcast in a subgroup names
+        self._global = (list(range(self.world)) if self.group is None
+                        else [dist.get_global_rank(self.group, r) for r in range(self.world)])
         # NCCL reduces only device tensors; the few scalars of a step travel there.
         self._scalar_device = (torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl"
                                else torch.device("cpu"))
@@ -104,6 +124,8 @@ class Comm:
             return DONE
         if flat.numel() % self.world:
             raise ValueError(f"all_gather: {flat.numel()} elements do not split over {self.world} ranks")
+        if self._broadcasts(flat):
+            return self._gather_by_broadcast(flat, async_op)
         return Handle(_all_gather_flat(flat, self.chunk(flat), group=self.group, async_op=async_op))
 
     def all_gather_into(self, out: torch.Tensor, mine: torch.Tensor, async_op: bool = False) -> Handle:
@@ -114,7 +136,23 @@ class Comm:
         if self.world == 1:
             out.copy_(mine)
             return DONE
+        if self._broadcasts(out):
+            self.chunk(out).copy_(mine)
+            return self._gather_by_broadcast(out, async_op)
         return Handle(_all_gather_flat(out, mine, group=self.group, async_op=async_op))
+
+    def _broadcasts(self, flat: torch.Tensor) -> bool:
+        return self.all_gather_via_broadcast and flat.numel() * flat.element_size() >= BROADCAST_GATHER_MIN_BYTES
+
+    def _gather_by_broadcast(self, flat: torch.Tensor, async_op: bool) -> Handle:
+        """The all-gather as ``world`` broadcasts, rank r's chunk from rank r, in place and all in
+        flight (every rank issues them in the same order)."""
+        works = [dist.broadcast(self.chunk(flat, r), src=self._global[r], group=self.group, async_op=True)
+                 for r in range(self.world)]
+        h = Handle(works)
+        if not async_op:
+            h.wait()
+        return h
 
     def broadcast(self, t: torch.Tensor, src: int = 0) -> None:
         if self.world > 1:

@@ -163,7 +163,7 @@ class DivergenceGuard:
                 self._headers.all_gather_into(self._out, self._mine)
             else:
                 handle = self.comm.all_gather_into(self._out, self._mine, async_op=True)
-                handle._work.wait(timeout=self.timeout)
+                handle.wait(timeout=self.timeout)
         except RuntimeError as e:
             if "timed out" not in str(e).lower():
                 raise
