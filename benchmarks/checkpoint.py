@@ -117,12 +117,6 @@ def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
 
     zload._refresh_params = timed(zload._refresh_params, True)
     zload._finish_gathers = timed(zload._finish_gathers, False)
-    # gathering ahead (stages 1-2, host parameters): the cast of the staged masters and the launch
-    # (between reads), then the wait for the all-gathers and the copy into the parameters
-    from zerocore.checkpoint import gather_ahead
-
-    gather_ahead.GatherAhead.start = timed(gather_ahead.GatherAhead.start, True)
-    gather_ahead.GatherAhead.finish = timed(gather_ahead.GatherAhead.finish, False)
     ckpt_async = os.path.join(args.dir, "ckpt_async")
 
     x = torch.randn(1, args.dim, dtype=torch.bfloat16)

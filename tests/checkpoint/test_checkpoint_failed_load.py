@@ -50,7 +50,7 @@ def damage(tag_dir: str, how: str, rank_file: str = "rank00000.bin", where: int 
     data = bytearray(open(f, "rb").read())
     if how == "flip":
         # by default the last block: a load that wrote as it read has overwritten all the state by
-        # then; byte 0 is a master's (read first where a load gathers the parameters ahead)
+        # then; byte 0: the first block, before any good one
         data[where] ^= 0x10
     elif how == "truncate":
         data = data[:-100]
@@ -114,9 +114,8 @@ def test_failed_load_leaves_the_engine_as_it_was(tmp_path, monkeypatch, how, pla
 
 
 def _other_rank_corrupt(root: str, where, rank: int, world: int) -> dict:
-    """World 2: rank 1's file has a flipped byte (at ``where``), or (``where="cast"``) rank 1 fails
-    while casting its masters for the all-gathers it runs ahead; rank 0's reads are all good, and
-    it must not write them either (nor the parameters it gathered ahead)."""
+    """World 2: rank 1's file has a flipped byte (at ``where``); rank 0's reads are all good, and
+    it must not write them either."""
     blockio.BLOCK_BYTES = SMALL_BLOCK
     src = zerocore.initialize(make_model("mlp", 5), CASE.config(2, world))
     train(src, CASE, rank, world, 0, 3)
@@ -126,25 +125,10 @@ def _other_rank_corrupt(root: str, where, rank: int, world: int) -> dict:
     twin = zerocore.initialize(make_model("mlp", 0), CASE.config(2, world))
     train(e, CASE, rank, world, 0, 2)
     train(twin, CASE, rank, world, 0, 2)
-    from zerocore.checkpoint import gather_ahead
-
-    if rank == 0 and where != "cast":
+    if rank == 0:
         damage(os.path.join(root, "t"), "flip", "rank00001.bin", where)
-    if rank == 1 and where == "cast":
-        def cast_fails(src, dst):
-            raise RuntimeError("casting failed here on purpose")
-
-        gather_ahead._cast = cast_fails
     dist.barrier()
     before = snapshot(e)
-
-    started, plain = [], gather_ahead.GatherAhead.start
-
-    def start(self, plan, masters):
-        started.append(masters is not None)
-        return plain(self, plan, masters)
-
-    gather_ahead.GatherAhead.start = start
     try:
         e.load_checkpoint(root, tag="t")
         error = None
@@ -152,72 +136,27 @@ def _other_rank_corrupt(root: str, where, rank: int, world: int) -> dict:
         error = str(exc)
     after = snapshot(e)
     a, b = train(e, CASE, rank, world, 2, 4), train(twin, CASE, rank, world, 2, 4)
-    gather_ahead.GatherAhead.start = plain
-    out = {"load_error": error, "before": before, "after": after, "a": a, "b": b, "e": snapshot(e), "twin": snapshot(twin),
-           "gathered_ahead": started}
+    out = {"load_error": error, "before": before, "after": after, "a": a, "b": b, "e": snapshot(e), "twin": snapshot(twin)}
     e.reducer.remove_hooks()
     twin.reducer.remove_hooks()
     return out
 
 
-# a moment's last block, a master's first, or no corruption but a failure between the collectives
-@pytest.mark.parametrize("where", [-1, 0, "cast"])
+# the file's last block (read last) or its first
+@pytest.mark.parametrize("where", [-1, 0])
 def test_a_corrupt_file_of_another_rank_changes_no_rank(tmp_path, where):
     root, work = tmp_path / "ck", tmp_path / "w2"
     os.makedirs(root)
     os.makedirs(work)
     runs = result(spawn([("run", _other_rank_corrupt, (str(root), where))], 2, work, timeout=300), "run")
-    if where == "cast":
-        assert "casting failed here on purpose" in runs[1]["load_error"]
-    else:
-        assert "rank00001.bin" in runs[1]["load_error"] and "corrupt: bytes" in runs[1]["load_error"]
-        assert ("bytes 0-" in runs[1]["load_error"]) == (where == 0)  # the blocks before a later one were good
-    # both ranks started the parameters' all-gathers before the agreement; rank 1 with the masters
-    # it had verified, or (its first master block corrupt) with nothing
-    assert runs[0]["gathered_ahead"] == [True] and runs[1]["gathered_ahead"] == [where != 0]
+    assert "rank00001.bin" in runs[1]["load_error"] and "corrupt: bytes" in runs[1]["load_error"]
+    assert ("bytes 0-" in runs[1]["load_error"]) == (where == 0)  # the blocks before a later one were good
     assert "other rank(s) failed" in runs[0]["load_error"] and "unchanged" in runs[0]["load_error"]
     for r in runs:
         assert_same(r["after"], r["before"])
         assert r["a"] == r["b"]
         assert_same(r["e"], r["twin"])
     shutil.rmtree(root)
-
-
-def _one_rank_without_room(root: str, rank: int, world: int) -> dict:
-    """World 2: rank 1 cannot allocate the side copies for gathering ahead; both ranks then load
-    the plain way (gathering after the agreement), and the load is whole."""
-    from zerocore.checkpoint import gather_ahead
-
-    src = zerocore.initialize(make_model("mlp", 5), CASE.config(2, world))
-    train(src, CASE, rank, world, 0, 3)
-    src.save_checkpoint(root, tag="t")
-    want = src.full_state_dict()
-    src.reducer.remove_hooks()
-    e = zerocore.initialize(make_model("mlp", 0), CASE.config(2, world))
-    if rank == 1:
-        def no_room(self):
-            raise RuntimeError("DefaultCPUAllocator: can't allocate memory (on purpose)")
-
-        gather_ahead.GatherAhead.prepare = no_room
-    started, plain = [], gather_ahead.GatherAhead.start
-
-    def start(self, plan, masters):
-        started.append(True)
-        return plain(self, plan, masters)
-
-    gather_ahead.GatherAhead.start = start
-    e.load_checkpoint(root, tag="t")
-    got = e.full_state_dict()
-    e.reducer.remove_hooks()
-    return {"equal": all(torch.equal(got[k], want[k]) for k in want), "gathered_ahead": started}
-
-
-def test_a_rank_without_room_to_gather_ahead_loads_the_plain_way(tmp_path):
-    os.makedirs(tmp_path / "w")
-    runs = result(spawn([("run", _one_rank_without_room, (str(tmp_path / "ck"),))], 2, tmp_path / "w", timeout=300),
-                  "run")
-    assert [r["gathered_ahead"] for r in runs] == [[], []]  # all or none
-    assert all(r["equal"] for r in runs)
 
 
 def test_a_checkpoint_with_zlib_checksums_still_loads(tmp_path, monkeypatch):

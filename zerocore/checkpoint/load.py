@@ -11,9 +11,6 @@ for asynchronous saves where it has them), verified there while the next reads p
 the agreement copied from there into the engine. A rank whose state is
 larger than the staging budget reads twice instead: once to verify it all, then (after the
 agreement) tile by tile through a few pooled I/O buffers, verified again, into the engine.
-
-At stages 1-2 with parameters in host memory the masters are read first and the full parameters'
-all-gathers run, into side copies, while the rest is read (``gather_ahead.py``).
 """
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ import warnings
 import torch
 
 from ..sharding import OptimizerShard, ParamState
-from . import engine_state, gather_ahead, staging
-from .gather_ahead import GatherAhead
+from . import engine_state, staging
 from .blockio import ChecksumError
 from .layout import CheckpointError, read_manifest, resolve
 from .manifest import extra_tensors, model_differences, set_rng_state
@@ -52,90 +48,54 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
     with_state = load_optimizer_states and not load_module_only
     ts = engine._torch_step
     load_kinds_before = None if ts is None else ts.load_kinds
-    err, reader, small, client_state, plan = None, None, None, None, None
-    # (kinds, Fetch, staging) of the state, one per group of kinds (the masters apart where gathering
-    # ahead); empty where the state does not fit the staging and is read twice
-    staged: list[tuple[tuple[str, ...], object, object]] = []
-    ahead = GatherAhead(engine) if gather_ahead.candidate(engine, ts) else None  # the same on every rank
-    can_ahead = False
+    err, reader, small, staged, client_state = None, None, None, None, None
     try:
         kinds = engine_state.kinds_to_read(engine, manifest, with_state)
         reader = CheckpointReader(path, manifest, dataclasses.asdict(engine.config.aio))  # files present, sizes
         reader.check_complete(saved_name.values())
         plan = _plan_state(engine, reader, saved_name, kinds)
-        parts = [("master",), tuple(k for k in kinds if k != "master")] if ahead is not None else [tuple(kinds)]
-        for ks in parts:
-            f = reader.fetch()
-            for pieces in plan:
-                for k, _, _, n, file, off in pieces:
-                    if k in ks:
-                        f.add(file, off, n * _FP32)
-            staged.append((ks, f, _staging_for(engine, f)))
-        if any(arena is None for _, _, arena in staged):  # read twice: every block checked now, again below
-            for _, f, arena in staged:
-                if arena is not None:
-                    arena.free()
-                f.run(keep=False)
-            staged = []
-        if ahead is not None and staged and gather_ahead.side_bytes(engine) + sum(
-                f.planned_bytes() for _, f, _ in staged) <= staging.budget():
-            try:
-                ahead.prepare()
-                can_ahead = True
-            except (MemoryError, RuntimeError):  # no room for the side copies: gathered after the load instead
-                ahead.sides = []
-    except Exception as e:
-        err = e
-    if ahead is not None:  # every rank joins; all gather ahead or none does
-        (n,) = engine.comm.sum_floats([float(can_ahead and err is None)])
-        if n < engine.comm.world:
-            ahead = None
-    try:
-        for i, (_, f, arena) in enumerate(staged):
-            if err is None:
-                try:
-                    f.run(arena=arena)  # every block of this rank's state, read once and checked
-                except Exception as e:
-                    err = e
-            if i == 0 and ahead is not None:  # the masters: their all-gathers run while the rest is read
-                cast_err = ahead.start(plan, f if err is None else None)
-                err = err or cast_err
-        if err is None:
-            small = reader.fetch()
-            extras = _extras(engine, reader)
-            for _, e in extras:
-                reader.add_extra(small, e)
-            if not load_module_only:
-                reader.add_client_state(small)
-            small.run()
-            if not load_module_only:
-                client_state = reader.client_state_from(small)
+        staged = reader.fetch()
+        for pieces in plan:
+            for _, _, _, n, file, off in pieces:
+                staged.add(file, off, n * _FP32)
+        arena = _staging_for(engine, staged)
+        if arena is not None:
+            staged.run(arena=arena)  # every block of this rank's state, read once and checked
+        else:
+            staged.run(keep=False)  # every block checked, and read again below
+            staged = None
+        small = reader.fetch()
+        extras = _extras(engine, reader)
+        for _, e in extras:
+            reader.add_extra(small, e)
+        if not load_module_only:
+            reader.add_client_state(small)
+        small.run()
+        if not load_module_only:
+            client_state = reader.client_state_from(small)
     except Exception as e:
         err = e
     # nothing of the engine was changed so far: a failure on any rank leaves every engine as it was
     _agree(engine.comm, err is not None, f"loading {path}", "Nothing was loaded; the engine is unchanged")
-    by_kind = {k: f for ks, f, _ in staged for k in ks} or None
     if err is not None:
-        if ahead is not None:
-            ahead.finish(use=False)
         if ts is not None:
             ts.load_kinds = load_kinds_before
-        for f in [small] + [f for _, f, _ in staged]:
+        for f in (small, staged):
             if f is not None:
                 f.release()
         if reader is not None:
             reader.close()
         raise err
     # With the state staged and resident (its tiles are views), the masters go in first and the
-    # parameters' all-gathers run while the other kinds are copied (where they did not run ahead).
-    first = ("master",) if ahead is None and by_kind is not None and ts is None and all(
+    # parameters' all-gathers run while the other kinds are copied.
+    first = ("master",) if staged is not None and ts is None and all(
         type(s) is OptimizerShard for s in engine.shards) else None
     gathers = None
     try:
-        _write_state(engine, reader, plan, by_kind, only=first)
+        _write_state(engine, reader, plan, staged, only=first)
         if first is not None:
             gathers = _refresh_params(engine, wait=False)
-            _write_state(engine, reader, plan, by_kind, skip=first)
+            _write_state(engine, reader, plan, staged, skip=first)
         for t, e in extras:
             t.detach().copy_(reader.extra_from(small, e).to(t.dtype))
     except ChecksumError as e:  # verified a moment ago (two-pass path): the file changed during the load
@@ -143,15 +103,13 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
                               "the engine's state was partly overwritten: load a good checkpoint before training "
                               "on)") from e
     finally:
-        for f in [small] + [f for _, f, _ in staged]:
+        for f in (small, staged):
             if f is not None:
                 f.release()
         reader.close()
         if gathers is not None:
             _finish_gathers(gathers)
-    if ahead is not None:  # every group's parameters come whole from its side copy
-        ahead.finish(use=True)
-    elif gathers is None:
+    if gathers is None:
         _refresh_params(engine)
     if not load_module_only:
         _restore_counters(engine, manifest, with_state)
@@ -196,9 +154,9 @@ def _plan_state(engine, reader: CheckpointReader, saved_name: dict[str, str], ki
 def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]], staged=None, only=None,
                  skip=()) -> None:
     """The verified state into the engine, tile by tile (state on NVMe streams through its
-    tiles): copied from ``staged`` (per kind, the run Fetch holding all of it), or where that is
-    None each tile's bytes fetched again (verified again) into pooled I/O buffers and copied.
-    ``only`` / ``skip``: the kinds written (all by default)."""
+    tiles): copied from ``staged`` (a run Fetch holding all of it), or where that is None each
+    tile's bytes fetched again (verified again) into pooled I/O buffers and copied. ``only`` /
+    ``skip``: the kinds written (all by default)."""
     for shard, pieces in zip(engine.shards, plan):
         kinds = sorted({p[0] for p in pieces})
         by_kind = {k: sorted((p for p in pieces if p[0] == k), key=lambda p: p[1]) for k in kinds}
@@ -213,7 +171,7 @@ def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]], stag
                     if x < y:
                         copies.append((k, x - lo, y - x, file, off + (x - o) * _FP32))
                     i += 1
-            fetch = None if staged is not None else reader.fetch()
+            fetch = staged if staged is not None else reader.fetch()
             try:
                 if staged is None:
                     for _, _, n, file, off in copies:
@@ -230,7 +188,7 @@ def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]], stag
                             continue
                         if x > filled:
                             host[filled:x].zero_()
-                        (staged[k] if staged is not None else fetch).copy_into(file, off, host[x:x + n])
+                        fetch.copy_into(file, off, host[x:x + n])
                         filled = x + n
                     if filled < hi - lo:  # padding, and the moments when only weights are loaded
                         host[filled:].zero_()
