@@ -4,6 +4,7 @@ slices: peak memory is one slice plus I/O buffers, never the model); ``load_full
 for small models; ``inspect`` summarises a checkpoint."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -33,6 +34,21 @@ def parse_size(size) -> int:
         raise ValueError(f"max_shard_size: got {size!r}; allowed: a byte count like 5GB, 500MB or 1GiB")
     base = 1024 if m.group(3) else 1000
     return int(float(m.group(1)) * base ** " KMGT".index(m.group(2) or " "))
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """torch's intra-op threads set to one while a tool streams: its casts and copies are
+    memory-bound and the other cores serve the I/O, and an OpenMP team that waits between
+    pieces burns CPU. Measured (fresh process, 100M-parameter checkpoint, 2 cores): consolidating to
+    bf16 took 0.37-0.42 CPU-s with two threads and 0.16-0.20 with one, in the same or less time;
+    load_full_state_dict 0.45-0.58 against 0.29-0.34."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _entries(manifest: dict, dtype: torch.dtype) -> list[dict]:
@@ -133,7 +149,7 @@ def consolidate(ckpt_dir: str, out: str, *, tag: str | None = None, dtype: str =
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     meta = {"format": "pt", "zerocore_tag": manifest["tag"]}
     written = []
-    with CheckpointReader(path, manifest, {}) as reader:  # the default aio settings: O_DIRECT
+    with _one_thread(), CheckpointReader(path, manifest, {}) as reader:  # the default aio settings: O_DIRECT
         if len(shards) == 1:
             _write_safetensors(out, reader, shards[0], meta)
             written.append(out)
@@ -163,7 +179,7 @@ def load_full_state_dict(ckpt_dir: str, tag: str | None = None) -> dict[str, tor
     manifest = read_manifest(path)
     out = {}
     entries = _entries(manifest, torch.float32)
-    with CheckpointReader(path, manifest, {}) as reader:
+    with _one_thread(), CheckpointReader(path, manifest, {}) as reader:
         params = [x for x in entries if "param" in x]
         flats = [torch.empty(x["numel"], dtype=torch.float32) for x in params]
         # every master streams (several reads in flight) into its tensor, one copy per byte
