@@ -8,8 +8,10 @@ caller's ``wait()`` returns. If the interpreter is already finalizing then, free
 Python gave up needs the GIL, the thread is made to exit while inside C++, and the process aborts
 with "terminate called without an active exception" after the script's last line (measured here:
 3 to 6 runs in 10 of a two-rank job). Destroying the group before finalization (an ``atexit``
-hook) joins those threads while the interpreter is whole. The same holds for a host-step worker
-still running a step: it is joined first.
+hook) joins those threads while the interpreter is whole where torch lets the group go; where
+its threads outlive the destroy (torch 2.13), exit then pauses ``EXIT_GRACE_S`` with the GIL released
+so they finish with the last collective first. The same holds for a host-step worker still running
+a step: it is joined first.
 
 At ``engine.destroy()`` only once no engine is left and only when zerocore created the default
 group (see ``engine_destroyed``); at exit always. Order: workers, then side groups (newest first), then the default group, and only the default
