@@ -206,8 +206,9 @@ def _at_exit() -> None:
 # before exit) may not yet have dropped it: dropping it during finalization aborted the process
 # ("terminate called without an active exception"; core dumps: ~AsyncAllgatherWork ->
 # TensorImpl::decref_pyobject -> take_gil on a gloo thread while Py_FinalizeEx collects). Measured
-# with tests/exit_job.py (stage 2, 2 ranks, no destroy): 4 of 60 jobs aborted without the pause
-# (1 of 20 and 1 of 40 in other runs), 0 of 60 with it. The peers are not waited for: only time.
+# with tests/exit_job.py (stage 2, 2 ranks, no destroy): 1 of 20 and 1 of 40 jobs aborted without the
+# pause (4 of 60 with the collectives' tensors held longer in Comm, which did not help), 0 of 60 with
+# it. The peers are not waited for: only time.
 EXIT_GRACE_S = 0.05
 
 
