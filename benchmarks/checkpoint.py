@@ -19,7 +19,8 @@ includes allocating the host buffers the engine then keeps; the ratios are media
 rounds). Loads after the first stage in those kept buffers; each round's CPU is printed. Consolidation's rate
 is compared with the O_DIRECT rates of the same run and with the disk's own time for reading the
 masters while writing the output (the two directions share a virtual disk's bandwidth). A shared 2-core VM is noisy: every round is
-printed, medians of ``--rounds``, load average recorded.
+printed, medians of ``--rounds``, load average recorded. Last, ``load_full_state_dict`` in a fresh
+process: time, CPU and peak memory, against the disk reading the same masters alone.
 
     python benchmarks/checkpoint.py --out benchmarks/results/checkpoint_gloo_w2.json
 """
@@ -204,9 +205,14 @@ base = status("VmRSS:")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # VmHWM := VmRSS
 t0, c0 = time.perf_counter(), time.process_time()
-ck.consolidate(sys.argv[1], sys.argv[2], dtype=sys.argv[3])
+extra = {}
+if sys.argv[3] == "full":  # load_full_state_dict: the whole fp32 model in this process
+    sd = ck.load_full_state_dict(sys.argv[1])
+    extra["bytes"] = sum(t.numel() * t.element_size() for t in {id(t): t for t in sd.values()}.values())
+else:
+    ck.consolidate(sys.argv[1], sys.argv[2], dtype=sys.argv[3])
 print(json.dumps({"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
-                  "peak_rss_growth": status("VmHWM:") - base}))
+                  "peak_rss_growth": status("VmHWM:") - base, **extra}))
 """
 
 
@@ -232,7 +238,7 @@ def _mixed_io_floor(ckpt: str, read_bytes: int, write_bytes: int, scratch: str) 
             left -= piece
     rbuf = ops.aligned_pinned_empty(piece * max(1, len(reads)), torch.uint8, lock=False)
     wn = -(-write_bytes // piece)
-    wbuf = ops.aligned_pinned_empty(piece * wn, torch.uint8, lock=False)
+    wbuf = ops.aligned_pinned_empty(piece * max(1, wn), torch.uint8, lock=False)
     rbuf.fill_(0)
     wbuf.fill_(1)
     hr, hw = zaio.AsyncIO.from_config({}), zaio.AsyncIO.from_config({})
@@ -282,6 +288,14 @@ def main(argv=None) -> int:
             cons[dt]["disk_floor_s"] = [_mixed_io_floor(os.path.join(args.dir, "ckpt"), cons[dt]["read_bytes"],
                                                         cons[dt]["out_bytes"], os.path.join(args.dir, "floor.bin"))
                                         for _ in range(2)]
+        r = subprocess.run([sys.executable, "-c", _PEAK, os.path.join(args.dir, "ckpt"), "-", "full"],
+                           capture_output=True, text=True, cwd=root, check=True)
+        full = json.loads(r.stdout.strip().splitlines()[-1])
+        full["read_bytes"] = res["params"] * 4
+        # the disk reading the same bytes alone, one process (the per-rank O_DIRECT rates above are
+        # measured with every rank reading at once)
+        full["disk_read_s"] = [_mixed_io_floor(os.path.join(args.dir, "ckpt"), full["read_bytes"], 0,
+                                               os.path.join(args.dir, "floor.bin")) for _ in range(2)]
     finally:
         if own:
             shutil.rmtree(args.dir, ignore_errors=True)
@@ -385,10 +399,19 @@ def main(argv=None) -> int:
               + ", ".join(f"{x:.2f}" for x in c["disk_floor_s"]) + f" s; consolidation runs at "
               f"{c['vs_disk_floor']:.2f}x that floor ({c['out_bytes'] / floor / 1e9 / med['direct_write']:.2f}x the "
               "O_DIRECT write is the most the floor allows)")
+    floor = min(full["disk_read_s"])
+    full["vs_disk_read_alone"] = floor / full["seconds"]
+    print(f"load_full_state_dict: {full['seconds']:.2f} s for {full['read_bytes'] / 1e9:.2f} GB of masters read "
+          f"({full['read_bytes'] / full['seconds'] / 1e9:.2f} GB/s = {full['vs_disk_read_alone']:.2f}x the disk reading "
+          f"them alone in one process, " + ", ".join(f"{x:.2f}" for x in full["disk_read_s"]) + f" s; "
+          f"{full['cpu_seconds']:.2f} s CPU = {full['cpu_seconds'] / (full['read_bytes'] / 1e9):.2f} s/GB), peak RSS "
+          f"growth {full['peak_rss_growth'] / 2**20:.1f} MiB = {full['peak_rss_growth'] / full['bytes']:.2f} x the "
+          "state dict it returns")
     print(f"load average: start {load0[0]:.2f}, end {os.getloadavg()[0]:.2f}")
     out = {"machine": machine_info(), "file_system": fs_info(args.dir), "args": vars(args), "params": res["params"],
            "load_avg_start": load0, "load_avg_end": os.getloadavg(), "seconds": time.perf_counter() - t0,
            "rows": rows, "rank0_rounds": res["ranks"][0]["gbps"], "medians_rank0": med, "consolidate": cons,
+           "load_full_state_dict": full,
            "largest_tensor_bytes": largest}
     if args.out:
         with open(args.out, "w") as f:
