@@ -155,9 +155,10 @@ class Comm:
         return h
 
     def broadcast(self, t: torch.Tensor, src: int = 0) -> None:
+        if not 0 <= src < self.world:
+            raise ValueError(f"broadcast: src={src} is not a rank of this {self.world}-rank group")
         if self.world > 1:
-            dist.broadcast(t, src=src if self.group is None else dist.get_global_rank(self.group, src),
-                           group=self.group)
+            dist.broadcast(t, src=self._global[src], group=self.group)
 
     def sum_floats(self, values: list[float]) -> list[float]:
         """Sums a few Python floats over ranks in one small collective (float64)."""
