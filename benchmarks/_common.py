@@ -61,6 +61,22 @@ class ColdFlusher:
         self.buf.mul_(1.0)
 
 
+def init_rank(rank: int, world: int, init_file: str, device: str):
+    """One spawned rank of a collective benchmark: one intra-op thread, NCCL on ``device ==
+    "cuda"`` (this rank's GPU) else gloo, the process group through ``init_file``. Returns
+    (the rank's torch.device, a function that waits for the device's queued work)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+    if device == "cuda":
+        return torch.device("cuda", rank), torch.cuda.synchronize
+    return torch.device("cpu"), lambda: None
+
+
 def spawn_ranks(worker, ranks: int, args):
     """Runs ``worker(rank, world, init_file, args, out_file)`` on ``ranks`` spawned processes
     (gloo/NCCL rendezvous through ``init_file``) and returns the JSON that rank 0 wrote to

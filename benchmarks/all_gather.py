@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import machine_info, spawn_ranks  # noqa: E402
+from _common import init_rank, machine_info, spawn_ranks  # noqa: E402
 
 _ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -34,16 +34,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def worker(rank: int, world: int, init: str, args, out: str) -> None:
-    torch.set_num_threads(1)
-    backend = "nccl" if args.device == "cuda" else "gloo"
-    if args.device == "cuda":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=f"file://{init}", rank=rank, world_size=world)
+    device, sync = init_rank(rank, world, init, args.device)
     from zerocore.comm import Comm
 
     comm = Comm()
-    device = torch.device(args.device, rank) if args.device == "cuda" else torch.device("cpu")
-    sync = (lambda: torch.cuda.synchronize()) if args.device == "cuda" else (lambda: None)
     results = []
     for dname in args.dtypes:
         dtype = DTYPES[dname]

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import machine_info, spawn_ranks  # noqa: E402
+from _common import init_rank, machine_info, spawn_ranks  # noqa: E402
 
 _rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -67,6 +67,8 @@ class BucketedCase:
             k += len(lay.slots)
         self.groups = groups
         self.reducer = GradReducer(groups, comm, overlap=True, reduce_scatter=True, device=device)
+        # what each parameter's post-accumulate-grad hook calls (driven here without autograd)
+        self.hooks = {id(q): self.reducer._make_hook(k) for k, g in enumerate(groups) for q in g.params}
         gen = torch.Generator().manual_seed(dist.get_rank())
         self.grads = [torch.randn(n, generator=gen).to(device) for n in sizes]
 
@@ -76,19 +78,13 @@ class BucketedCase:
         for i in reversed(range(len(self.params))):
             p = self.params[i]
             p.grad = self.grads[i]
-            r._on_grad(p)  # what the post-accumulate-grad hook calls
+            self.hooks[id(p)](p)
         r.finish_backward()
         r.clear()
 
 
 def worker(rank: int, world: int, init: str, args, out: str) -> None:
-    torch.set_num_threads(1)
-    backend = "nccl" if args.device == "cuda" else "gloo"
-    if args.device == "cuda":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=f"file://{init}", rank=rank, world_size=world)
-    device = torch.device(args.device, rank) if args.device == "cuda" else torch.device("cpu")
-    sync = (lambda: torch.cuda.synchronize()) if args.device == "cuda" else (lambda: None)
+    device, sync = init_rank(rank, world, init, args.device)
     results = []
     for mib in args.sizes_mib:
         total = int(mib * 2**20) // 4 // world * world
