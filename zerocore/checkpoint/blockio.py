@@ -27,7 +27,7 @@ import zlib
 import torch
 
 from .. import ops
-from .staging import padded
+from .staging import ALIGN, padded
 
 BLOCK_BYTES = 1 << 20
 IO_BYTES = 16 << 20  # one I/O buffer; a multiple of BLOCK_BYTES, so every buffer holds whole blocks
@@ -351,6 +351,72 @@ class Fetch:
             self._arena.free()
             self._arena = None
         self._pieces.clear()
+
+
+def read_into(files: dict[str, BlockFile], handles: list, targets: list[tuple[str, int, torch.Tensor]],
+              piece_bytes: int = IO_BYTES) -> None:
+    """Fills every target (file, byte offset, ``dst``: a contiguous CPU uint8 tensor) with the
+    file's bytes from that offset, every block verified. Where ``dst``'s memory lines up with the
+    file's pages (its address and the offset agree modulo 4096), the whole blocks inside the range
+    are read by O_DIRECT straight into ``dst`` and verified there: no copy and no other memory.
+    The partial blocks at a range's two ends, and every block of a range that does not line up,
+    are read into pooled buffers (once, where two ranges share a block), verified, and copied.
+    Raises ChecksumError naming the file and bytes; the targets then hold partial contents."""
+    edges = Fetch(files, handles, piece_bytes)
+    copies, direct = [], []  # (file, offset, dst) copied from ``edges``; (file, first byte, end, dst) read in place
+    page_cache = handles[0] is None  # preadv copies from the page cache into any memory
+    for name, off, dst in targets:
+        f, n = files[name], dst.numel()
+        if off < 0 or off + n > f.size:
+            raise ChecksumError(f"zerocore checkpoint: the manifest points past the end of {f.path} "
+                                f"(bytes {off}-{off + n} of {f.size})")
+        a = -(-off // f.block) * f.block  # the whole blocks inside [off, off + n): [a, b)
+        b = (off + n) // f.block * f.block
+        if a < b and (page_cache or (f.block % ALIGN == 0 and (dst.data_ptr() + a - off) % ALIGN == 0)):
+            direct.append((name, a, b, dst[a - off:b - off]))
+            copies += [(name, off, dst[:a - off]), (name, b, dst[b - off:])]
+        else:
+            copies.append((name, off, dst))
+    copies = [c for c in copies if c[2].numel()]
+    for name, off, dst in copies:
+        edges.add(name, off, dst.numel())
+    edges.run()
+    try:
+        for name, off, dst in copies:
+            edges.copy_into(name, off, dst)
+    finally:
+        edges.release()
+    reads = []  # requests of at most piece_bytes, whole blocks
+    for name, a, b, dst in sorted(direct, key=lambda d: (d[0], d[1])):
+        step = max(files[name].block, piece_bytes // files[name].block * files[name].block)
+        reads += [(name, x, min(b, x + step), dst[x - a:min(b, x + step) - a]) for x in range(a, b, step)]
+    fds: dict[str, int] = {}
+
+    def start(i: int) -> None:
+        name, a, _, dst = reads[i]
+        h = handles[i % RING]
+        if h is not None:
+            h.async_pread(dst, files[name].path, a)
+        else:
+            if name not in fds:
+                fds[name] = os.open(files[name].path, os.O_RDONLY)
+            _pread_all(fds[name], byte_view(dst), a, files[name])
+
+    try:
+        for i in range(min(RING, len(reads))):
+            start(i)
+        for i, (name, a, _, dst) in enumerate(reads):
+            if handles[i % RING] is not None:
+                handles[i % RING].wait()
+            files[name].verify(a // files[name].block, dst)  # while the next RING - 1 reads proceed
+            if i + RING < len(reads):
+                start(i + RING)
+    except BaseException:
+        _wait_quietly(handles)  # no read may land in the caller's memory after this returns
+        raise
+    finally:
+        for fd in fds.values():
+            os.close(fd)
 
 
 def stream(files: dict[str, BlockFile], handles: list, ranges: list[tuple[str, int, int]],
