@@ -182,13 +182,17 @@ class BlockWriter:
         self._buf = sink.take(io_bytes)
         self._fill = 0  # bytes of the file at [size - fill, size) are in the buffer; size - fill is aligned
 
-    def write(self, t: torch.Tensor, kept: bool = False) -> int:
+    def write(self, t: torch.Tensor, kept: bool = False, paged: bool = False) -> int:
         """Appends ``t``'s bytes (any dtype, any device); returns the file offset they start at.
         ``kept``: ``t``'s memory keeps its contents until :meth:`close` (it may be written from
-        where it is)."""
+        where it is). ``paged``: a tensor of at least a block starts on a page of the file (where
+        it is not written from its own memory, which places it by its address), so that a load
+        reads it by O_DIRECT straight into page-aligned memory (``blockio.read_into``)."""
         src = as_bytes(t)
         if kept and self.sink.direct and src.device.type == "cpu" and src.numel() >= KEPT_MIN_BYTES:
             return self._write_kept(src)
+        if paged and src.numel() >= self.block:
+            self._put(_ZEROS[:-self.size % ALIGN])
         start = self.size
         self._put(src)
         return start

@@ -21,7 +21,7 @@ import warnings
 import torch
 
 from ..sharding import OptimizerShard, ParamState
-from . import engine_state, staging
+from . import engine_state, load_in_place, staging
 from .blockio import ChecksumError
 from .layout import CheckpointError, read_manifest, resolve
 from .manifest import extra_tensors, model_differences, set_rng_state
@@ -35,7 +35,9 @@ MAX_LISTED = 10
 
 
 def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool = True,
-                    load_module_only: bool = False, load_lr_scheduler_states: bool = True):
+                    load_module_only: bool = False, load_lr_scheduler_states: bool = True, in_place=None):
+    """``in_place``: read straight into the optimizer state (``load_in_place.py``): None where
+    the engine has nothing to lose, True always, False never (a failed load then changes nothing)."""
     path = resolve(load_dir, tag)
     if path is None:
         return None, None
@@ -48,22 +50,30 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
     with_state = load_optimizer_states and not load_module_only
     ts = engine._torch_step
     load_kinds_before = None if ts is None else ts.load_kinds
-    err, reader, small, staged, client_state = None, None, None, None, None
+    err, reader, small, staged, client_state, wrote = None, None, None, None, None, False
     try:
         kinds = engine_state.kinds_to_read(engine, manifest, with_state)
         reader = CheckpointReader(path, manifest, dataclasses.asdict(engine.config.aio))  # files present, sizes
         reader.check_complete(saved_name.values())
         plan = _plan_state(engine, reader, saved_name, kinds)
-        staged = reader.fetch()
-        for pieces in plan:
-            for _, _, _, n, file, off in pieces:
-                staged.add(file, off, n * _FP32)
-        arena = _staging_for(engine, staged)
-        if arena is not None:
-            staged.run(arena=arena)  # every block of this rank's state, read once and checked
+        direct = None
+        if ts is None and in_place is not False and (in_place or load_in_place.nothing_to_lose(engine)):
+            direct = load_in_place.targets(engine, plan)
+        if direct is not None:
+            wrote = True
+            engine._zc_state_lost = path  # until this load succeeds: the state is being overwritten
+            load_in_place.read(reader, direct)  # every block of this rank's state, verified in place
         else:
-            staged.run(keep=False)  # every block checked, and read again below
-            staged = None
+            staged = reader.fetch()
+            for pieces in plan:
+                for _, _, _, n, file, off in pieces:
+                    staged.add(file, off, n * _FP32)
+            arena = _staging_for(engine, staged)
+            if arena is not None:
+                staged.run(arena=arena)  # every block of this rank's state, read once and checked
+            else:
+                staged.run(keep=False)  # every block checked, and read again below
+                staged = None
         small = reader.fetch()
         extras = _extras(engine, reader)
         for _, e in extras:
@@ -75,8 +85,10 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
             client_state = reader.client_state_from(small)
     except Exception as e:
         err = e
-    # nothing of the engine was changed so far: a failure on any rank leaves every engine as it was
-    _agree(engine.comm, err is not None, f"loading {path}", "Nothing was loaded; the engine is unchanged")
+    # nothing of the engine was changed so far (unless it read in place): a failure on any rank
+    # leaves every engine as it was
+    _agree(engine.comm, err is not None, f"loading {path}", _LOST.format(path=path) if wrote else
+           "Nothing was loaded; the engine is unchanged")
     if err is not None:
         if ts is not None:
             ts.load_kinds = load_kinds_before
@@ -85,7 +97,17 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
                 f.release()
         if reader is not None:
             reader.close()
+        if wrote:
+            raise CheckpointError(f"{err}\n{_LOST.format(path=path)}") from err
         raise err
+    if wrote:
+        reader.close()
+        for t, e in extras:
+            t.detach().copy_(reader.extra_from(small, e).to(t.dtype))
+        small.release()
+        _refresh_params(engine)
+        return _finish_load(engine, path, manifest, with_state, load_module_only, load_lr_scheduler_states,
+                            client_state)
     # With the state staged and resident (its tiles are views), the masters go in first and the
     # parameters' all-gathers run while the other kinds are copied.
     first = ("master",) if staged is not None and ts is None and all(
@@ -99,6 +121,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         for t, e in extras:
             t.detach().copy_(reader.extra_from(small, e).to(t.dtype))
     except ChecksumError as e:  # verified a moment ago (two-pass path): the file changed during the load
+        engine._zc_state_lost = path
         raise CheckpointError(f"{e}\n(it was verified earlier in this load: the file changed while it was loaded; "
                               "the engine's state was partly overwritten: load a good checkpoint before training "
                               "on)") from e
@@ -111,10 +134,31 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
             _finish_gathers(gathers)
     if gathers is None:
         _refresh_params(engine)
+    return _finish_load(engine, path, manifest, with_state, load_module_only, load_lr_scheduler_states, client_state)
+
+
+_LOST = ("The load read into the engine's optimizer state in place (load_checkpoint(in_place=...), by default "
+         "where the engine had not trained), so that state is now partly overwritten: the engine refuses "
+         "step() and save_checkpoint() until a load succeeds; its weights are unchanged. Load a good "
+         "checkpoint (or pass in_place=False to keep the engine unchanged when a load fails).")
+
+
+def _finish_load(engine, path, manifest, with_state, load_module_only, load_lr_scheduler_states, client_state):
+    """The counters, schedule and scaler; the engine's state is whole again (see load_in_place)."""
+    engine._zc_state_lost = None
+    load_in_place.mark_written(engine)
     if not load_module_only:
         _restore_counters(engine, manifest, with_state)
         engine_state.restore(engine, manifest, load_lr_scheduler_states, with_state)
     return path, (client_state if not load_module_only else {})
+
+
+def check_state_whole(engine, what: str) -> None:
+    """Raises where a failed in-place load left the optimizer state partly overwritten."""
+    lost = getattr(engine, "_zc_state_lost", None)
+    if lost is not None:
+        raise CheckpointError(f"zerocore: {what} refused: a load of {lost} failed after it had begun writing the "
+                              "optimizer state in place; load a good checkpoint first")
 
 
 def _staging_for(engine, staged):

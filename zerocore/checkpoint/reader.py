@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from .blockio import HANDLES, IO_BYTES, RING, BlockFile, Fetch, aio_handles, stream
+from .blockio import HANDLES, IO_BYTES, RING, BlockFile, Fetch, aio_handles, read_into, stream
 from .layout import CheckpointError
 from .manifest import KINDS, dtype_of
 
@@ -55,6 +55,13 @@ class CheckpointReader:
 
     def __exit__(self, *exc):
         self.close()
+
+    def read_into(self, targets: list[tuple[str, int, torch.Tensor]]) -> None:
+        """Each (file, byte offset, uint8 tensor) filled with the file's verified bytes, in place
+        where its memory lines up with the file's pages (``blockio.read_into``)."""
+        if self._handles is None:
+            self._handles = aio_handles(self.aio, RING)
+        read_into(self.files, self._handles, targets)
 
     def fetch(self, **kw) -> Fetch:
         if self._handles is None:  # made once per reader: each has its own worker threads

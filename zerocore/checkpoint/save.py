@@ -158,7 +158,7 @@ def _write_rank(plan: SavePlan, tmp: str | None, sink=None) -> dict:
         for layout, lo, hi, state, kept in plan.tiles():
             offs = []
             for k in plan.meta.get("kinds", KINDS):  # Adam's, or a client optimizer's state kinds
-                offs.append(w.write(state[k], kept=kept))
+                offs.append(w.write(state[k], kept=kept, paged=True))
                 _hook(rank, f"group {layout.index} {k}")
             for slot, a, b in layout.pieces(lo, hi):
                 skip = (slot.offset + a - lo) * _FP32
@@ -202,6 +202,10 @@ def _agree(comm, failed: bool, what: str,
 
 
 def check_can_save(engine, tag):
+    if getattr(engine, "_zc_state_lost", None) is not None:
+        from .load import check_state_whole
+
+        check_state_whole(engine, "save_checkpoint()")
     if engine._backward_done or engine.micro_steps % engine.gas:
         raise RuntimeError(f"zerocore: save_checkpoint in the middle of gradient accumulation (micro step "
                            f"{engine.micro_steps}, accumulation {engine.gas}): the gradients accumulated so far are "

@@ -161,13 +161,18 @@ class DeepSpeedMethods:
         return save_checkpoint(self, save_dir, tag, client_state, save_latest=save_latest)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
-                        load_lr_scheduler_states: bool = True, load_module_only: bool = False, custom_load_fn=None):
+                        load_lr_scheduler_states: bool = True, load_module_only: bool = False, custom_load_fn=None,
+                        in_place: bool | None = None):
         """DeepSpeed's ``load_checkpoint``: ``(path, client_state)``; ``(None, None)`` with a warning
         when ``tag`` is None and there is no checkpoint. Loads a checkpoint of any world size and
         stage. ``load_module_only``: weights only (optimizer, counters, lr and scaler stay as they
         are). ``load_lr_scheduler_states``: restore the schedule's state too. A collective.
         ``load_module_strict=False`` is refused: a checkpoint of another model is always an error
-        naming its differences. ``custom_load_fn`` is not supported."""
+        naming its differences. ``custom_load_fn`` is not supported. ``in_place``: read straight
+        into the optimizer state, no staging (``zerocore/checkpoint/load_in_place.py``): None (the
+        default) where the engine has not trained yet (a resume), True always, False never; a
+        failed in-place load leaves the state partly overwritten and the engine refusing to step
+        until a load succeeds, a staged one leaves the engine unchanged."""
         from ..checkpoint.async_save import wait_pending
         from ..checkpoint.load import load_checkpoint
 
@@ -179,7 +184,7 @@ class DeepSpeedMethods:
             raise ValueError("zerocore: load_checkpoint(custom_load_fn=...) is not supported")
         wait_pending(self)
         return load_checkpoint(self, load_dir, tag, load_optimizer_states, load_module_only,
-                               load_lr_scheduler_states=load_lr_scheduler_states)
+                               load_lr_scheduler_states=load_lr_scheduler_states, in_place=in_place)
 
     # -- lifecycle --------------------------------------------------------------------------
     def train(self, mode: bool = True):

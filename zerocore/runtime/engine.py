@@ -127,6 +127,7 @@ class Engine(DeepSpeedMethods):
         self.global_steps = 0  # accumulation boundaries reached (including skipped updates)
         self.optimizer_steps = 0  # updates applied (Adam's step count)
         self._zc_pending_save = None  # an asynchronous save in flight (checkpoint/async_save.py)
+        self._zc_state_lost = None  # a failed load overwrote part of the optimizer state (checkpoint/load.py)
         self.skipped_steps = 0
         self.global_grad_norm: float | None = None
         self._backward_done = False
@@ -251,6 +252,10 @@ class Engine(DeepSpeedMethods):
             raise RuntimeError("zerocore: step() inside no_sync(); leave the context for the last micro-batch's "
                                "backward (it reduces the accumulated gradients) and call step() after it")
         self._requires_grad.check()  # before anything changes: fix it and call step() again
+        if self._zc_state_lost is not None:
+            from ..checkpoint.load import check_state_whole
+
+            check_state_whole(self, "step()")
         boundary = self.is_gradient_accumulation_boundary()
         if self.reducer.window_lost and boundary:
             raise RuntimeError(f"zerocore: {self.reducer.window_lost} (stages 2/3 with gradient accumulation): this "

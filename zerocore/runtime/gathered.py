@@ -117,8 +117,11 @@ def gathered(params, modifier_rank: int | None = None):
                     f"zerocore.gathered: rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))} raised "
                     "an exception inside the block (its error says which); the edits were discarded on every rank")
             with torch.no_grad():
+                from ..checkpoint.load_in_place import mark_written
+
                 for engine, gi, slots in engine_groups.values():
                     _write_back(engine, gi, slots, modifier_rank)
+                    mark_written(engine)  # a failed load may no longer overwrite its state in place
                 for p in loose:
                     comm.broadcast(p.data, src=modifier_rank)
                 for p, rec in inits:

@@ -54,6 +54,17 @@ def clip_plan(plan, lo: int, hi: int):
             yield a2 - lo, b2 - lo, hp
 
 
+def page_aligned_empty(n: int, device: torch.device) -> torch.Tensor:
+    """``n`` uninitialised fp32 elements; on the CPU in page-aligned memory, which a checkpoint
+    load fills by O_DIRECT in place, with no copy (``checkpoint.blockio.read_into``)."""
+    if device.type == "cpu" and n:
+        try:
+            return ops.aligned_pinned_empty(n, torch.float32, lock=False)
+        except (RuntimeError, OSError):  # the extension's allocator is unavailable: torch's memory works too
+            pass
+    return torch.empty(n, dtype=torch.float32, device=device)
+
+
 class OptimizerShard:
     # The optimizer-shard protocol the engine, offload and checkpoints read (every shard kind sets
     # all three): ``batched``: stepped inside the engine's multi-tensor call (device-resident
@@ -77,10 +88,10 @@ class OptimizerShard:
             self.master = group.owned_params()
             self.param_out = None
         else:
-            self.master = owned.clone()
+            self.master = page_aligned_empty(owned.numel(), owned.device).copy_(owned)
             self.param_out = group.owned_params()
-        self.exp_avg = torch.zeros_like(self.master)
-        self.exp_avg_sq = torch.zeros_like(self.master)
+        self.exp_avg = page_aligned_empty(self.master.numel(), self.master.device).zero_()
+        self.exp_avg_sq = page_aligned_empty(self.master.numel(), self.master.device).zero_()
         self.tile = tile or self.master.numel() or 1
         self.pieces: Pieces | None = None
 
