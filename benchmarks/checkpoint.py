@@ -6,8 +6,8 @@ consolidation to safetensors: time and peak memory against the largest tensor.
 The model: ``--layers`` x Linear(``--dim``, ``--dim``) (default 6 x 4096^2 = 100.7M parameters),
 bf16 with an fp32 master, ZeRO stage ``--stage`` on ``--ranks`` gloo ranks, one training step
 before saving. Every round runs, interleaved, on every rank at the same time: an O_DIRECT write
-and read of this rank's byte count, zerocore save, torch.save (+fsync), zerocore load,
-torch.load. Saves include fsync and the atomic publish (durable); loads start cold: the files'
+and read of this rank's byte count, zerocore save, torch.save (+fsync), zerocore load, zerocore
+resume, torch.load. Saves include fsync and the atomic publish (durable); loads start cold: the files'
 pages are evicted first (``posix_fadvise(DONTNEED)`` on our own files only). GB/s = 1e9 bytes/s
 of this rank's bytes (12 bytes per owned element: master, exp_avg, exp_avg_sq) over the wall
 time between barriers, and the CPU seconds each operation costs the rank's process, also per GB
@@ -16,7 +16,10 @@ stall (until ``save_checkpoint(..., async_save=True)`` returns) against the time
 published and against a synchronous save, and the time of the training step that follows the call
 (whose update waits for the state's copy) against a step without a save (the first round's
 includes allocating the host buffers the engine then keeps; the ratios are medians of the later
-rounds). Loads after the first stage in those kept buffers; each round's CPU is printed. Consolidation's rate
+rounds). Loads into the trained engine are staged (a failed one changes nothing); those after the
+first stage in the buffers kept by that save; each round's CPU is printed. Each round also times a
+resume: a new, untrained engine loading the same checkpoint, which reads it in place (no staging;
+``checkpoint/load_in_place.py``), between the load and torch.load. Consolidation's rate
 is compared with the O_DIRECT rates of the same run and with the disk's own time for reading the
 masters while writing the output (the two directions share a virtual disk's bandwidth). A shared 2-core VM is noisy: every round is
 printed, medians of ``--rounds``, load average recorded. Last, ``load_full_state_dict`` in a fresh
@@ -89,13 +92,16 @@ def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
     buf = zaio.aligned_pinned_empty(nbytes // (1 << 20) * (1 << 20), torch.uint8, lock=False)
     buf.fill_(7)
     state = {f"{i}.{k}": t for i, s in enumerate(e.shards) for k, t in s.tensors().items()}
-    rows = {k: [] for k in ("direct_write", "direct_read", "zc_save", "torch_save", "zc_load", "torch_load")}
+    rows = {k: [] for k in ("direct_write", "direct_read", "zc_save", "torch_save", "zc_load", "zc_resume",
+                            "torch_load")}
     stall = {"call_s": [], "written_s": [], "call_cpu_s": [], "plain_step_s": [], "next_step_s": []}
     # what a load does beyond reading: the cast of the master into the bf16 parameters and (stage
     # 2) the all-gather of the full parameters, timed apart (torch.load of a shard does neither)
     from zerocore.checkpoint import load as zload
 
     refresh = {"s": [], "cpu_s": []}
+    refresh_resume = {"s": [], "cpu_s": []}
+    into = [refresh]  # where the next load's refresh is recorded
     depth = [0]
 
     def timed(fn, first: bool):
@@ -109,11 +115,12 @@ def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
             finally:
                 depth[0] -= 1
                 if depth[0] == 0:  # not inside another timed call
+                    rec = into[0]
                     if first:
-                        refresh["s"].append(0.0)
-                        refresh["cpu_s"].append(0.0)
-                    refresh["s"][-1] += time.perf_counter() - t0
-                    refresh["cpu_s"][-1] += time.process_time() - c0
+                        rec["s"].append(0.0)
+                        rec["cpu_s"].append(0.0)
+                    rec["s"][-1] += time.perf_counter() - t0
+                    rec["cpu_s"][-1] += time.process_time() - c0
         return run
 
     zload._refresh_params = timed(zload._refresh_params, True)
@@ -161,6 +168,17 @@ def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
             _evict(ckpt)
         _evict(tsave)
         rows["zc_load"].append(nbytes / _timed(lambda: e.load_checkpoint(ckpt, tag="bench"), "zc_load") / 1e9)
+        # a job resuming: a new engine (untrained) loads the checkpoint, read in place
+        torch.manual_seed(1)
+        fresh = zerocore.initialize(torch.nn.Sequential(
+            *[torch.nn.Linear(args.dim, args.dim, bias=False) for _ in range(args.layers)]), cfg)
+        if rank == 0:
+            _evict(ckpt)
+        into[0] = refresh_resume
+        rows["zc_resume"].append(nbytes / _timed(lambda: fresh.load_checkpoint(ckpt, tag="bench"), "zc_resume") / 1e9)
+        into[0] = refresh
+        fresh.destroy()
+        del fresh
         rows["torch_load"].append(nbytes / _timed(lambda: torch.load(tsave, weights_only=True), "torch_load") / 1e9)
         async_save()
     # what a training step's re-gather of the parameters costs (the same collectives, all in flight):
@@ -187,7 +205,8 @@ def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
     os.remove(tsave)
     gathered = [None] * world
     dist.all_gather_object(gathered, {"rank": rank, "bytes": nbytes, "gbps": rows, "cpu_s": CPU, "async": stall,
-                                      "refresh": refresh, "step_gather": step_gather})
+                                      "refresh": refresh, "refresh_resume": refresh_resume,
+                                      "step_gather": step_gather})
     if rank == 0:
         with open(out_file, "w") as f:
             json.dump({"ranks": gathered, "params": sum(g.layout.numel for g in e.groups)}, f)
@@ -331,6 +350,10 @@ def main(argv=None) -> int:
                      "step_allgather_cpu_s": statistics.median(rk["step_gather"]["cpu_s"]) if rk["step_gather"]["s"]
                      else None,
                      "load_refresh_cpu_s_per_gb": statistics.median(rk["refresh"]["cpu_s"]) / gb,
+                     "resume_vs_disk_read": m["zc_resume"] / m["direct_read"],
+                     "resume_vs_torch_load": m["zc_resume"] / m["torch_load"],
+                     "resume_refresh_s_rounds": rk["refresh_resume"]["s"],
+                     "resume_refresh_cpu_s_per_gb": statistics.median(rk["refresh_resume"]["cpu_s"]) / gb,
                      "async_stall_s": a["call_s"], "async_written_s": a["written_s"],
                      "async_call_cpu_s": a["call_cpu_s"],
                      "plain_step_s": a["plain_step_s"], "step_after_async_save_s": a["next_step_s"],
@@ -350,13 +373,20 @@ def main(argv=None) -> int:
               f"{r['save_vs_disk_write']:>9.2f} {r['save_vs_torch_save']:>10.2f} | {r['direct_read_gbps']:>10.2f} "
               f"{r['zc_load_gbps']:>8.2f} {r['torch_load_gbps']:>10.2f} {r['load_vs_disk_read']:>9.2f} "
               f"{r['load_vs_torch_load']:>10.2f}")
+    print(f"{'rank':>4} {'O_DIRECT r':>10} {'zc resume':>9} {'torch.load':>10} {'resume/disk':>11} "
+          f"{'resume/torch':>12}   (a new, untrained engine loading: read in place)")
+    for r in rows:
+        print(f"{r['rank']:>4} {r['direct_read_gbps']:>10.2f} {r['zc_resume_gbps']:>9.2f} {r['torch_load_gbps']:>10.2f} "
+              f"{r['resume_vs_disk_read']:>11.2f} {r['resume_vs_torch_load']:>12.2f}")
     print("every round, rank 0 (GB/s; the disk is noisy):")
     g = res["ranks"][0]["gbps"]
     for i in range(args.rounds):
         print(f"  round {i + 1}: save {g['zc_save'][i]:.2f} / disk {g['direct_write'][i]:.2f} = "
               f"{g['zc_save'][i] / g['direct_write'][i]:.2f}x, torch.save {g['torch_save'][i]:.2f}; "
               f"load {g['zc_load'][i]:.2f} / disk {g['direct_read'][i]:.2f} = {g['zc_load'][i] / g['direct_read'][i]:.2f}x, "
-              f"torch.load {g['torch_load'][i]:.2f} ({g['zc_load'][i] / g['torch_load'][i]:.2f}x)")
+              f"torch.load {g['torch_load'][i]:.2f} ({g['zc_load'][i] / g['torch_load'][i]:.2f}x); resume "
+              f"{g['zc_resume'][i]:.2f} = {g['zc_resume'][i] / g['direct_read'][i]:.2f}x disk, "
+              f"{g['zc_resume'][i] / g['torch_load'][i]:.2f}x torch.load")
     print("CPU seconds per GB (this rank's process, all threads; medians): "
           + ", ".join(f"{k} {rows[0][f'{k}_cpu_s_per_gb']:.3f}" for k in res["ranks"][0]["cpu_s"]))
     r0 = rows[0]
@@ -364,6 +394,9 @@ def main(argv=None) -> int:
         f"{s_:.3f} / {l_:.3f}" for s_, l_ in zip(r0["zc_save_cpu_s_per_gb_rounds"], r0["zc_load_cpu_s_per_gb_rounds"]))
           + " (round 1's load stages in fresh memory; later loads in the buffers the engine kept from its "
             "asynchronous save of the round before)")
+    print("  resume per round: " + ", ".join(f"{x:.3f}" for x in r0["zc_resume_cpu_s_per_gb_rounds"])
+          + f"; of it the parameters' cast + all-gather {r0['resume_refresh_cpu_s_per_gb']:.3f} CPU s/GB (median), "
+          f"the checkpoint's reading and verifying {r0['zc_resume_cpu_s_per_gb'] - r0['resume_refresh_cpu_s_per_gb']:.3f}")
     print(f"  of zc_load's: the cast to bf16 + all-gather of the parameters (the part not overlapped with copying the "
           f"moments) {r0['load_refresh_cpu_s_per_gb']:.3f} CPU s/GB, "
           f"{r0['load_refresh_s']:.3f} s; the checkpoint's reading and verifying "

@@ -54,15 +54,17 @@ def clip_plan(plan, lo: int, hi: int):
             yield a2 - lo, b2 - lo, hp
 
 
-def page_aligned_empty(n: int, device: torch.device) -> torch.Tensor:
-    """``n`` uninitialised fp32 elements; on the CPU in page-aligned memory, which a checkpoint
-    load fills by O_DIRECT in place, with no copy (``checkpoint.blockio.read_into``)."""
-    if device.type == "cpu" and n:
+def page_aligned_empty_like(t: torch.Tensor) -> torch.Tensor:
+    """Uninitialised fp32 elements as many as ``t`` has, on its device; on the CPU in page-aligned
+    memory, which a checkpoint load fills by O_DIRECT in place, with no copy
+    (``checkpoint.blockio.read_into``). A fake or meta tensor (the planner's dry run) gets its kind."""
+    n = t.numel()
+    if type(t) is torch.Tensor and t.device.type == "cpu" and n:
         try:
             return ops.aligned_pinned_empty(n, torch.float32, lock=False)
         except (RuntimeError, OSError):  # the extension's allocator is unavailable: torch's memory works too
             pass
-    return torch.empty(n, dtype=torch.float32, device=device)
+    return torch.empty_like(t, dtype=torch.float32).view(-1)
 
 
 class OptimizerShard:
@@ -88,10 +90,10 @@ class OptimizerShard:
             self.master = group.owned_params()
             self.param_out = None
         else:
-            self.master = page_aligned_empty(owned.numel(), owned.device).copy_(owned)
+            self.master = page_aligned_empty_like(owned).copy_(owned)
             self.param_out = group.owned_params()
-        self.exp_avg = page_aligned_empty(self.master.numel(), self.master.device).zero_()
-        self.exp_avg_sq = page_aligned_empty(self.master.numel(), self.master.device).zero_()
+        self.exp_avg = page_aligned_empty_like(self.master).zero_()
+        self.exp_avg_sq = page_aligned_empty_like(self.master).zero_()
         self.tile = tile or self.master.numel() or 1
         self.pieces: Pieces | None = None
 
