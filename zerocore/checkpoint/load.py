@@ -4,7 +4,8 @@ them; only when every rank has all of its bytes verified (a failure anywhere: a 
 truncated or missing file, an unreadable client state, another model) does any rank write them
 into its optimizer state through ``OptimizerShard.state_tiles(write=True)``; then it re-derives
 its 16-bit parameters from the master and (stages 0-2) re-gathers full parameters. A load that
-fails leaves every engine exactly as it was.
+fails leaves every engine exactly as it was, except a load that read in place
+(``load_in_place.py``: by default only into an engine that has not trained, a job resuming).
 
 Each block is read once: into one staging region (``staging.py``; the buffers the engine keeps
 for asynchronous saves where it has them), verified there while the next reads proceed, and after
@@ -87,7 +88,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         err = e
     # nothing of the engine was changed so far (unless it read in place): a failure on any rank
     # leaves every engine as it was
-    _agree(engine.comm, err is not None, f"loading {path}", _LOST.format(path=path) if wrote else
+    _agree(engine.comm, err is not None, f"loading {path}", _LOST if wrote else
            "Nothing was loaded; the engine is unchanged")
     if err is not None:
         if ts is not None:
@@ -98,7 +99,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         if reader is not None:
             reader.close()
         if wrote:
-            raise CheckpointError(f"{err}\n{_LOST.format(path=path)}") from err
+            raise CheckpointError(f"{err}\n{_LOST}") from err
         raise err
     if wrote:
         reader.close()
@@ -139,8 +140,9 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
 
 _LOST = ("The load read into the engine's optimizer state in place (load_checkpoint(in_place=...), by default "
          "where the engine had not trained), so that state is now partly overwritten: the engine refuses "
-         "step() and save_checkpoint() until a load succeeds; its weights are unchanged. Load a good "
-         "checkpoint (or pass in_place=False to keep the engine unchanged when a load fails).")
+         "step() and save_checkpoint() until a load succeeds; its 16-bit weights are unchanged (with fp32 "
+         "training the master is the weights' owned slice: overwritten too). Load a good checkpoint (or pass "
+         "in_place=False to keep the engine unchanged when a load fails).")
 
 
 def _finish_load(engine, path, manifest, with_state, load_module_only, load_lr_scheduler_states, client_state):

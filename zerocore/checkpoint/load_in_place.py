@@ -16,7 +16,8 @@ loads in place the same way); ``False`` never does.
 A failed in-place load (a corrupt block anywhere, a short file, another rank's failure) leaves
 the optimizer state partly overwritten on every rank. The engine records it: ``step()`` and
 ``save_checkpoint()`` raise, naming the failed load, until a load succeeds; the 16-bit
-parameters are re-derived only after a load succeeded, so the model keeps the weights it had.
+parameters are re-derived only after a load succeeded, so with 16-bit training the model keeps
+the weights it had (with fp32 training the master is the parameters' own owned slice).
 
 Only resident CPU state qualifies (fused Adam's master and moments whose tiles are views of
 host memory: CPU training, host offload); state on a GPU, on NVMe or of a client optimizer is
