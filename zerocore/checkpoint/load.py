@@ -101,21 +101,14 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         if wrote:
             raise CheckpointError(f"{err}\n{_LOST}") from err
         raise err
-    if wrote:
-        reader.close()
-        for t, e in extras:
-            t.detach().copy_(reader.extra_from(small, e).to(t.dtype))
-        small.release()
-        _refresh_params(engine)
-        return _finish_load(engine, path, manifest, with_state, load_module_only, load_lr_scheduler_states,
-                            client_state)
     # With the state staged and resident (its tiles are views), the masters go in first and the
-    # parameters' all-gathers run while the other kinds are copied.
+    # parameters' all-gathers run while the other kinds are copied. Read in place, it is there.
     first = ("master",) if staged is not None and ts is None and all(
         type(s) is OptimizerShard for s in engine.shards) else None
     gathers = None
     try:
-        _write_state(engine, reader, plan, staged, only=first)
+        if not wrote:
+            _write_state(engine, reader, plan, staged, only=first)
         if first is not None:
             gathers = _refresh_params(engine, wait=False)
             _write_state(engine, reader, plan, staged, skip=first)
