@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import contextlib
 import ctypes
 import os
 import threading
@@ -210,6 +211,12 @@ class BlockFile:
             raise ChecksumError(f"zerocore checkpoint: the manifest records {len(self.crcs)} checksums for "
                                 f"{path} ({self.size} bytes in blocks of {self.block}); the manifest is corrupt")
 
+    def check_range(self, offset: int, nbytes: int) -> None:
+        """Bytes [offset, offset + nbytes) lie inside the file (the manifest's offsets are data)."""
+        if offset < 0 or offset + nbytes > self.size:
+            raise ChecksumError(f"zerocore checkpoint: the manifest points past the end of {self.path} "
+                                f"(bytes {offset}-{offset + nbytes} of {self.size})")
+
     def verify(self, first_block: int, data: torch.Tensor) -> None:
         """Checks the whole blocks held in ``data`` (uint8, starting at block ``first_block``)."""
         for i in range(0, data.numel(), self.block):
@@ -239,9 +246,7 @@ class Fetch:
 
     def add(self, name: str, offset: int, nbytes: int) -> None:
         f = self.files[name]
-        if offset < 0 or offset + nbytes > f.size:
-            raise ChecksumError(f"zerocore checkpoint: the manifest points past the end of {f.path} "
-                                f"(bytes {offset}-{offset + nbytes} of {f.size})")
+        f.check_range(offset, nbytes)
         if nbytes:
             self._wants.setdefault(name, []).append((offset // f.block, (offset + nbytes - 1) // f.block))
 
@@ -277,49 +282,32 @@ class Fetch:
         ``arena`` (a ``staging.Arena`` of :meth:`planned_bytes`): the bytes are read into it and
         kept there, every block read once."""
         reads = self._plan()
-        handles = self.handles
-        fds: dict[str, int] = {}
         bufs = [None] * len(reads)
         self._arena = arena
-        try:
-            def start(i: int) -> None:
-                name, a, b = reads[i]
-                buf = bufs[i] = arena.take(b - a) if arena is not None else _take(b - a, self.piece_bytes)
-                h = handles[i % RING]
-                if h is not None:
-                    h.async_pread(buf[:b - a], self.files[name].path, a)
-                else:
-                    if name not in fds:
-                        fds[name] = os.open(self.files[name].path, os.O_RDONLY)
-                    _pread_all(fds[name], byte_view(buf[:b - a]), a, self.files[name])
 
-            for i in range(min(RING, len(reads))):
-                start(i)
-            for i, (name, a, b) in enumerate(reads):
-                if handles[i % RING] is not None:
-                    handles[i % RING].wait()
-                f = self.files[name]
-                f.verify(a // f.block, bufs[i][:b - a])  # while the next RING - 1 reads proceed
-                if keep:
-                    starts, pieces = self._pieces.setdefault(name, ([], []))
-                    starts.append(a)
-                    pieces.append((b, bufs[i]))
-                else:
-                    _give(bufs[i], self.piece_bytes)
-                    bufs[i] = None
-                if i + RING < len(reads):
-                    start(i + RING)
+        def take(i: int) -> torch.Tensor:
+            n = reads[i][2] - reads[i][1]
+            bufs[i] = arena.take(n) if arena is not None else _take(n, self.piece_bytes)
+            return bufs[i]
+
+        try:
+            with contextlib.closing(_verified_reads(self.files, self.handles, reads, take)) as ring:
+                for i, _ in ring:
+                    name, a, b = reads[i]
+                    if keep:
+                        starts, pieces = self._pieces.setdefault(name, ([], []))
+                        starts.append(a)
+                        pieces.append((b, bufs[i]))
+                    else:
+                        _give(bufs[i], self.piece_bytes)
+                        bufs[i] = None
         except BaseException:
-            _wait_quietly(handles)
             held = {id(buf) for _, pieces in self._pieces.values() for _, buf in pieces}
             for buf in bufs:
                 if buf is not None and id(buf) not in held and arena is None:
                     _give(buf, self.piece_bytes)
             self.release()
             raise
-        finally:
-            for fd in fds.values():
-                os.close(fd)
 
     def copy_into(self, name: str, offset: int, out: torch.Tensor) -> None:
         """Fills ``out`` (a contiguous CPU tensor, any dtype) with the file's verified bytes from
@@ -367,9 +355,7 @@ def read_into(files: dict[str, BlockFile], handles: list, targets: list[tuple[st
     page_cache = handles[0] is None  # preadv copies from the page cache into any memory
     for name, off, dst in targets:
         f, n = files[name], dst.numel()
-        if off < 0 or off + n > f.size:
-            raise ChecksumError(f"zerocore checkpoint: the manifest points past the end of {f.path} "
-                                f"(bytes {off}-{off + n} of {f.size})")
+        f.check_range(off, n)
         a = -(-off // f.block) * f.block  # the whole blocks inside [off, off + n): [a, b)
         b = (off + n) // f.block * f.block
         if a < b and (page_cache or (f.block % ALIGN == 0 and (dst.data_ptr() + a - off) % ALIGN == 0)):
@@ -386,37 +372,13 @@ def read_into(files: dict[str, BlockFile], handles: list, targets: list[tuple[st
             edges.copy_into(name, off, dst)
     finally:
         edges.release()
-    reads = []  # requests of at most piece_bytes, whole blocks
+    reads = []  # requests of at most piece_bytes, whole blocks: (file, first byte, end, dst)
     for name, a, b, dst in sorted(direct, key=lambda d: (d[0], d[1])):
         step = max(files[name].block, piece_bytes // files[name].block * files[name].block)
         reads += [(name, x, min(b, x + step), dst[x - a:min(b, x + step) - a]) for x in range(a, b, step)]
-    fds: dict[str, int] = {}
-
-    def start(i: int) -> None:
-        name, a, _, dst = reads[i]
-        h = handles[i % RING]
-        if h is not None:
-            h.async_pread(dst, files[name].path, a)
-        else:
-            if name not in fds:
-                fds[name] = os.open(files[name].path, os.O_RDONLY)
-            _pread_all(fds[name], byte_view(dst), a, files[name])
-
-    try:
-        for i in range(min(RING, len(reads))):
-            start(i)
-        for i, (name, a, _, dst) in enumerate(reads):
-            if handles[i % RING] is not None:
-                handles[i % RING].wait()
-            files[name].verify(a // files[name].block, dst)  # while the next RING - 1 reads proceed
-            if i + RING < len(reads):
-                start(i + RING)
-    except BaseException:
-        _wait_quietly(handles)  # no read may land in the caller's memory after this returns
-        raise
-    finally:
-        for fd in fds.values():
-            os.close(fd)
+    with contextlib.closing(_verified_reads(files, handles, [r[:3] for r in reads], lambda i: reads[i][3])) as ring:
+        for _ in ring:  # each verified where it landed
+            pass
 
 
 def stream(files: dict[str, BlockFile], handles: list, ranges: list[tuple[str, int, int]],
@@ -429,46 +391,65 @@ def stream(files: dict[str, BlockFile], handles: list, ranges: list[tuple[str, i
     reads = []  # (file, first byte read, end, first byte wanted, end wanted)
     for name, off, n in ranges:
         f = files[name]
-        if off < 0 or off + n > f.size:
-            raise ChecksumError(f"zerocore checkpoint: the manifest points past the end of {f.path} "
-                                f"(bytes {off}-{off + n} of {f.size})")
+        f.check_range(off, n)
         step = max(f.block, piece_bytes // f.block * f.block)
         lo, end = off // f.block * f.block, off + n
         for a in range(lo, end, step):
             b = min(a + step, -(-end // f.block) * f.block, f.size)
             reads.append((name, a, b, max(a, off), min(b, end)))
-    fds: dict[str, int] = {}
     bufs: list = [None] * len(reads)
 
+    def take(i: int) -> torch.Tensor:
+        bufs[i] = _take(reads[i][2] - reads[i][1], piece_bytes)
+        return bufs[i]
+
+    try:
+        with contextlib.closing(_verified_reads(files, handles, [r[:3] for r in reads], take)) as ring:
+            for i, _ in ring:
+                _, a, _, x, y = reads[i]
+                yield bufs[i][x - a:y - a]
+                _give(bufs[i], piece_bytes)
+                bufs[i] = None
+    finally:
+        for buf in bufs:
+            if buf is not None:
+                _give(buf, piece_bytes)
+
+
+def _verified_reads(files: dict[str, BlockFile], handles: list, reads: list[tuple[str, int, int]], take):
+    """The one read loop of every reader here: each read (file, first byte, end: whole blocks) into
+    ``take(i)`` (uint8 memory of at least its bytes), ``RING`` in flight, read i through
+    ``handles[i % RING]`` (AsyncIO, or the page cache where it is None). Yields (i, its bytes) once
+    every block of read i is verified; read i + RING starts when the caller asks for the next, so
+    the caller may reuse what it was given. However it ends (an error, the caller closing it), no
+    read is still in flight into the caller's memory and the files it opened are closed."""
+    fds: dict[str, int] = {}
+    data: dict[int, torch.Tensor] = {}
+
     def start(i: int) -> None:
-        name, a, b, _, _ = reads[i]
-        buf = bufs[i] = _take(b - a, piece_bytes)
+        name, a, b = reads[i]
+        buf = data[i] = take(i)[:b - a]
         h = handles[i % RING]
         if h is not None:
-            h.async_pread(buf[:b - a], files[name].path, a)
+            h.async_pread(buf, files[name].path, a)
         else:
             if name not in fds:
                 fds[name] = os.open(files[name].path, os.O_RDONLY)
-            _pread_all(fds[name], byte_view(buf[:b - a]), a, files[name])
+            _pread_all(fds[name], byte_view(buf), a, files[name])
 
     try:
         for i in range(min(RING, len(reads))):
             start(i)
-        for i, (name, a, b, x, y) in enumerate(reads):
+        for i, (name, a, _) in enumerate(reads):
             if handles[i % RING] is not None:
                 handles[i % RING].wait()
             f = files[name]
-            f.verify(a // f.block, bufs[i][:b - a])
-            yield bufs[i][x - a:y - a]
-            _give(bufs[i], piece_bytes)
-            bufs[i] = None
+            f.verify(a // f.block, data[i])  # while the next RING - 1 reads proceed
+            yield i, data.pop(i)
             if i + RING < len(reads):
                 start(i + RING)
     finally:
         _wait_quietly(handles)
-        for buf in bufs:
-            if buf is not None:
-                _give(buf, piece_bytes)
         for fd in fds.values():
             os.close(fd)
 
