@@ -77,6 +77,43 @@ def init_rank(rank: int, world: int, init_file: str, device: str):
     return torch.device("cpu"), lambda: None
 
 
+def collective_parser(doc: str, variants: list[str]):
+    """The arguments every collective benchmark takes (--ranks, --iters, --device, --variants,
+    --out); the caller adds its sizes."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--variants", nargs="+", default=variants, choices=variants)
+    ap.add_argument("--out")
+    return ap
+
+
+def backend_of(args) -> str:
+    return "nccl" if args.device == "cuda" else "gloo"
+
+
+def finish_rank(rank: int, out: str, results) -> None:
+    """The end of a spawned rank: rank 0 hands ``results`` to :func:`spawn_ranks`; the group ends."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(results, f)
+    dist.destroy_process_group()
+
+
+def write_collective_json(args, rows: list[dict]) -> None:
+    """``--out``: the machine, the backend, the arguments and the rows."""
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"machine": machine_info(), "backend": backend_of(args), "args": vars(args), "rows": rows}, f,
+                      indent=2)
+        print(f"wrote {args.out}")
+
+
 def spawn_ranks(worker, ranks: int, args):
     """Runs ``worker(rank, world, init_file, args, out_file)`` on ``ranks`` spawned processes
     (gloo/NCCL rendezvous through ``init_file``) and returns the JSON that rank 0 wrote to

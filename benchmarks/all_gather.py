@@ -14,8 +14,6 @@ NCCL with --device cuda.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -25,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import init_rank, machine_info, spawn_ranks  # noqa: E402
+from _common import (backend_of, collective_parser, finish_rank, init_rank, spawn_ranks,  # noqa: E402
+                     write_collective_json)
 
 _ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -88,25 +87,17 @@ def worker(rank: int, world: int, init: str, args, out: str) -> None:
                                 "time_us": t * 1e6, "min_us": min(wall[v]) * 1e6, "max_us": max(wall[v]) * 1e6,
                                 "cpu_us": statistics.median(cpu[v]) * 1e6, "algbw_GBps": nbytes / t / 1e9,
                                 "busbw_GBps": nbytes / t / 1e9 * (world - 1) / world})
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(results, f)
-    dist.destroy_process_group()
+    finish_rank(rank, out, results)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ranks", type=int, default=2)
+    ap = collective_parser(__doc__, VARIANTS)
     ap.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 8, 64, 200])
     ap.add_argument("--buffers", type=int, default=6, help="buffers gathered at once (a model's groups)")
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=list(DTYPES))
-    ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
-    ap.add_argument("--out")
     args = ap.parse_args()
     rows = spawn_ranks(worker, args.ranks, args)
-    backend = "nccl" if args.device == "cuda" else "gloo"
+    backend = backend_of(args)
     print(f"# {backend}, {args.ranks} ranks, {args.buffers} buffers in flight, median (min-max) of {args.iters} "
           "interleaved rounds; CPU = rank 0's process")
     print(f"{'dtype':>5} {'bytes':>11} {'variant':<20}{'time us':>10}{'min-max us':>18}{'CPU us':>10}"
@@ -119,10 +110,7 @@ def main() -> None:
             rel = f"{r['speed_vs_raw']:.2f}x" if raw else "-"
             print(f"{key[0]:>5} {key[1]:>11} {r['variant']:<20}{r['time_us']:>10.0f}"
                   f"{r['min_us']:>9.0f}-{r['max_us']:<8.0f}{r['cpu_us']:>10.0f}{r['busbw_GBps']:>11.3f}{rel:>8}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"machine": machine_info(), "backend": backend, "args": vars(args), "rows": rows}, f, indent=2)
-        print(f"wrote {args.out}")
+    write_collective_json(args, rows)
 
 
 if __name__ == "__main__":

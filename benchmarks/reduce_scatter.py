@@ -17,8 +17,6 @@ all-reduce (nccl-tests' definitions, so numbers compare across N). Variants inte
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import statistics
@@ -29,7 +27,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import init_rank, machine_info, spawn_ranks  # noqa: E402
+from _common import (backend_of, collective_parser, finish_rank, init_rank, spawn_ranks,  # noqa: E402
+                     write_collective_json)
 
 _rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -122,25 +121,17 @@ def worker(rank: int, world: int, init: str, args, out: str) -> None:
             results.append({"variant": v, "bytes": nbytes, "tensors": 1 if v.startswith("raw") else len(sizes),
                             "time_us": t * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
                             "min_us": min(times[v]) * 1e6, "max_us": max(times[v]) * 1e6})
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(results, f)
-    dist.destroy_process_group()
+    finish_rank(rank, out, results)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ranks", type=int, default=2)
+    ap = collective_parser(__doc__, VARIANTS)
     ap.add_argument("--sizes-mib", type=float, nargs="+", default=[4, 16, 64])
     ap.add_argument("--tensors", type=int, default=200)
     ap.add_argument("--bucket", type=float, default=2.5e6, help="zerocore reduce_bucket_size (elements)")
-    ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
-    ap.add_argument("--out")
     args = ap.parse_args()
     rows = spawn_ranks(worker, args.ranks, args)
-    backend = "nccl" if args.device == "cuda" else "gloo"
+    backend = backend_of(args)
     print(f"# {backend}, {args.ranks} ranks, fp32, {args.tensors} tensors for the bucketed/per-tensor variants, "
           f"zerocore bucket {args.bucket:.3g} elements, median of {args.iters} interleaved rounds")
     print(f"{'bytes':>12} {'variant':<30}{'time us':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}{'vs raw RS':>10}")
@@ -152,10 +143,7 @@ def main() -> None:
             rel = f"{r['speed_vs_raw_reduce_scatter']:.2f}x" if raw_rs else "-"
             print(f"{nbytes:>12} {r['variant']:<30}{r['time_us']:>12.0f}{r['algbw_GBps']:>12.3f}"
                   f"{r['busbw_GBps']:>12.3f}{rel:>10}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"machine": machine_info(), "backend": backend, "args": vars(args), "rows": rows}, f, indent=2)
-        print(f"wrote {args.out}")
+    write_collective_json(args, rows)
 
 
 if __name__ == "__main__":
