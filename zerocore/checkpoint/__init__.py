@@ -13,7 +13,8 @@ aligned buffers and ``zerocore.ops.AsyncIO`` (``blockio.py``, writing in ``block
 reads planned by intersection (``reader.py``).
 
 Entry points: ``engine.save_checkpoint`` / ``engine.load_checkpoint`` (``save.py``, ``load.py``
-with its staging in ``staging.py`` and its reads straight into the state in ``load_in_place.py``,
+with its plan in ``load_plan.py``, its staging in ``staging.py`` and its reads straight into the state in
+``load_in_place.py``,
 ``async_save.py``); offline, one process and no process group: :func:`consolidate`,
 :func:`load_full_state_dict`, :func:`inspect` and the ``zerocore consolidate`` / ``zerocore
 inspect`` commands (``offline.py``, ``cli.py``).

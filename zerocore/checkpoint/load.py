@@ -15,7 +15,6 @@ agreement) tile by tile through a few pooled I/O buffers, verified again, into t
 """
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import warnings
 
@@ -25,6 +24,7 @@ from ..sharding import OptimizerShard, ParamState
 from . import engine_state, load_in_place, staging
 from .blockio import ChecksumError
 from .layout import CheckpointError, read_manifest, resolve
+from .load_plan import ShardPieces, plan_state, spans
 from .manifest import extra_tensors, model_differences, set_rng_state
 from .reader import CheckpointReader
 from .save import _agree
@@ -56,7 +56,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         kinds = engine_state.kinds_to_read(engine, manifest, with_state)
         reader = CheckpointReader(path, manifest, dataclasses.asdict(engine.config.aio))  # files present, sizes
         reader.check_complete(saved_name.values())
-        plan = _plan_state(engine, reader, saved_name, kinds)
+        plan = plan_state(engine, reader, saved_name, kinds)
         direct = None
         if ts is None and in_place is not False and (in_place or load_in_place.nothing_to_lose(engine)):
             direct = load_in_place.targets(engine, plan)
@@ -174,21 +174,6 @@ def _staging_for(engine, staged):
         return None
 
 
-def _plan_state(engine, reader: CheckpointReader, saved_name: dict[str, str], kinds) -> list[list[tuple]]:
-    """Per shard, where each piece of its owned state comes from: (kind, owned-range element
-    offset, parameter element, elements, file, byte offset). Kinds not loaded are absent."""
-    plan = []
-    for shard in engine.shards:
-        g, pieces = shard.group, []
-        for slot, a, b in g.layout.pieces(g.lo, g.hi):
-            o = slot.offset + a - g.lo
-            for k in kinds:
-                for start, n, file, off in reader.ranges(saved_name[slot.name], a, b, k):
-                    pieces.append((k, o + start - a, start, n, file, off))
-        plan.append(pieces)
-    return plan
-
-
 @torch.no_grad()
 def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]], staged=None, only=None,
                  skip=()) -> None:
@@ -197,19 +182,9 @@ def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]], stag
     tile's bytes fetched again (verified again) into pooled I/O buffers and copied. ``only`` /
     ``skip``: the kinds written (all by default)."""
     for shard, pieces in zip(engine.shards, plan):
-        kinds = sorted({p[0] for p in pieces})
-        by_kind = {k: sorted((p for p in pieces if p[0] == k), key=lambda p: p[1]) for k in kinds}
-        starts = {k: [p[1] for p in ps] for k, ps in by_kind.items()}
+        planned = ShardPieces(pieces)
         for lo, hi, state in shard.state_tiles(LOAD_TILE_ELEMS, write=True):
-            copies = []  # (kind, tile element, elements, file, byte offset)
-            for k in kinds:
-                ps, i = by_kind[k], max(0, bisect.bisect_right(starts[k], lo) - 1)
-                while i < len(ps) and ps[i][1] < hi:
-                    _, o, _, n, file, off = ps[i]
-                    x, y = max(o, lo), min(o + n, hi)
-                    if x < y:
-                        copies.append((k, x - lo, y - x, file, off + (x - o) * _FP32))
-                    i += 1
+            copies = planned.in_tile(lo, hi)
             fetch = staged if staged is not None else reader.fetch()
             try:
                 if staged is None:
@@ -221,16 +196,11 @@ def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]], stag
                         continue
                     host = dst if dst.device.type == "cpu" and dst.is_contiguous() else torch.empty(
                         dst.shape, dtype=torch.float32)
-                    filled = 0
-                    for kk, x, n, file, off in copies:
-                        if kk != k:
-                            continue
-                        if x > filled:
-                            host[filled:x].zero_()
-                        fetch.copy_into(file, off, host[x:x + n])
-                        filled = x + n
-                    if filled < hi - lo:  # padding, and the moments when only weights are loaded
-                        host[filled:].zero_()
+                    for x, n, file, off in spans(copies, k, hi - lo):
+                        if file is None:
+                            host[x:x + n].zero_()
+                        else:
+                            fetch.copy_into(file, off, host[x:x + n])
                     if host is not dst:
                         dst.copy_(host)
             finally:

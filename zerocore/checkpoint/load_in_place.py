@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 
 from .blockio import as_bytes
+from .load_plan import ShardPieces, spans
 
-_FP32 = 4
 WHOLE = 1 << 62  # state_tiles in as few tiles as the shard has parts
 
 
@@ -51,24 +51,17 @@ def targets(engine, plan: list[list[tuple]]) -> tuple[list, list] | None:
     for shard, pieces in zip(engine.shards, plan):
         if not shard.tiles_kept:
             return None
-        by_kind: dict[str, list[tuple]] = {}
-        for p in sorted(pieces, key=lambda p: p[1]):
-            by_kind.setdefault(p[0], []).append(p)
+        planned = ShardPieces(pieces)
         for lo, hi, state in shard.state_tiles(WHOLE, write=True):
+            copies = planned.in_tile(lo, hi)
             for k, dst in state.items():
                 if dst.device.type != "cpu" or not dst.is_contiguous() or dst.dtype != torch.float32:
                     return None
-                filled = lo
-                for _, o, _, n, file, off in by_kind.get(k, ()):
-                    x, y = max(o, lo), min(o + n, hi)
-                    if x >= y:
-                        continue
-                    if x > filled:
-                        zeros.append(dst[filled - lo:x - lo])
-                    reads.append((file, off + (x - o) * _FP32, as_bytes(dst[x - lo:y - lo])))
-                    filled = y
-                if filled < hi:
-                    zeros.append(dst[filled - lo:])
+                for x, n, file, off in spans(copies, k, hi - lo):
+                    if file is None:
+                        zeros.append(dst[x:x + n])
+                    else:
+                        reads.append((file, off, as_bytes(dst[x:x + n])))
     return reads, zeros
 
 
