@@ -202,10 +202,9 @@ def _agree(comm, failed: bool, what: str,
 
 
 def check_can_save(engine, tag):
-    if getattr(engine, "_zc_state_lost", None) is not None:
-        from .load import check_state_whole
+    from .load import check_state_whole  # load imports this module
 
-        check_state_whole(engine, "save_checkpoint()")
+    check_state_whole(engine, "save_checkpoint()")
     if engine._backward_done or engine.micro_steps % engine.gas:
         raise RuntimeError(f"zerocore: save_checkpoint in the middle of gradient accumulation (micro step "
                            f"{engine.micro_steps}, accumulation {engine.gas}): the gradients accumulated so far are "
