@@ -28,6 +28,7 @@ import zlib
 import torch
 
 from .. import ops
+from ..comm import lifetime
 from .staging import ALIGN, padded
 
 BLOCK_BYTES = 1 << 20
@@ -103,6 +104,10 @@ class BufferPool:
             if len(free) < self.keep:
                 free.append(buf)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+
 
 POOL = BufferPool()
 
@@ -168,6 +173,9 @@ class HandlePool:
 
 HANDLES = HandlePool()
 atexit.register(HANDLES.close_all)  # their worker threads stop before the interpreter does
+# both pools are emptied once no engine is left: a process done with zerocore holds none of their memory
+lifetime.note_cache(POOL.clear)
+lifetime.note_cache(HANDLES.close_all)
 
 
 def aio_handles(settings: dict | None, n: int) -> list:

@@ -50,6 +50,8 @@ class _Registry:
         self.workers: weakref.WeakSet = weakref.WeakSet()  # objects with close(timeout_s)
         # live (not destroyed) engines -> the default group they were built on (a weakref; None: none)
         self.engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # process-wide caches (checkpoint I/O buffers and handles): emptied when no engine is left
+        self.caches: list = []
         self.hooked = False
         self.lock = threading.RLock()
 
@@ -135,6 +137,23 @@ def _current_default():
 def engine_started(engine) -> None:
     pg = _current_default()
     _R.engines[engine] = weakref.ref(pg) if pg is not None else None
+    weakref.finalize(engine, _engine_freed)  # an engine dropped without destroy()
+
+
+def note_cache(release) -> None:
+    """``release()`` empties a process-wide cache of zerocore's (buffers kept between checkpoints, say):
+    called once no engine is left, so a process that is done with zerocore holds none of its memory."""
+    _R.caches.append(release)
+
+
+def _release_caches_if_idle() -> None:
+    if not any(True for _ in _R.engines.keys()):  # dead engines are skipped by the weak mapping
+        for release in _R.caches:
+            release()
+
+
+def _engine_freed() -> None:
+    _release_caches_if_idle()
 
 
 # -- teardown ------------------------------------------------------------------------------------
@@ -168,6 +187,7 @@ def engine_destroyed(engine, collective: bool = True) -> None:
     users = [e for e, ref in list(_R.engines.items()) if ref is not None and ref() is pg]
     if collective and not users and owns_default():
         teardown()
+    _release_caches_if_idle()
 
 
 def teardown(worker_timeout_s: float = 120.0) -> None:

@@ -14,10 +14,12 @@ Each subclass calls ``__init__`` with its host part's size (``split``: the owned
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
 from .. import ops
+from .._weak import back_ref
 from ..sharding.group import ShardedGroup
 from .host_memory import host_zeros
 from .stepper import Ready
@@ -27,6 +29,7 @@ class HostSteppedShard:
     batched = False  # its own step (the host part on the worker or inline): see OptimizerShard
     reads_ahead = False
     tiles_kept = True  # the host shard's tiles are views of its state
+    group = back_ref()  # the group this shard steps (the engine owns it; see OptimizerShard.group)
 
     def __init__(self, group: ShardedGroup, *, split: int, pin: bool):
         self.group = group
@@ -99,7 +102,10 @@ class HostSteppedShard:
         """Stage 3: queued for the worker, in the next forward's order; else stepped now (the device
         stream waits for its copy back)."""
         if self.enqueue is not None:
-            self.enqueue(self.group.index, host_part, self.ready)
+            group = self.group
+            # the queued step keeps its group alive until it has run (this shard reaches the group
+            # weakly): an engine dropped right after step() is freed once its queued steps are done
+            self.enqueue(group.index, functools.partial(_keeping, group, host_part), self.ready)
             return None
         ev = host_part()
         if ev is not None:
@@ -121,3 +127,8 @@ class HostSteppedShard:
             ev.record(stream)
         self._copy_event = ev
         return ev
+
+
+def _keeping(group, fn):
+    """Runs ``fn``; ``group`` is only held (see ``HostSteppedShard._run_host``)."""
+    return fn()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from .._weak import weak_call
 from ..config.options import ConfigError
 from ..sharding.offloaded import GroupOffload
 from ..sharding.optimizer import OptimizerShard
@@ -100,9 +101,10 @@ class OffloadPlan:
             shard.param_swap = self.param_swap
             ready = ParamReady(shard.ready, self.param_swap, g.index)
         queued = self.stepper is not None and g.partitioned  # stage 3: host steps queued, gathers noted
-        g.attach_offload(GroupOffload(shard, ready, self._note_gather if queued else None, queued=queued))
+        # the group and the shard call back into this plan weakly: the plan holds the shards
+        g.attach_offload(GroupOffload(shard, ready, weak_call(self._note_gather) if queued else None, queued=queued))
         if queued:
-            shard.enqueue = self._enqueue
+            shard.enqueue = weak_call(self._enqueue)
         if self.stepper is None and shard.reads_ahead:  # stages 1/2 step in index order: read the next ahead
             last = max((i for i in self.shards if self.shards[i].reads_ahead), default=None)
             if last is not None:

@@ -60,6 +60,9 @@ def _worker(jobs: queue.Queue, threads: int) -> None:
             ready.error = e
             ev = None
         ready.set(ev)
+        # the step (a closure over its shard) must not stay alive in this frame while the worker
+        # waits for the next job: the engine would not be freed until then
+        del job, fn, ready, ev
 
 
 class HostStepper:

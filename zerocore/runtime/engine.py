@@ -13,6 +13,7 @@ import warnings
 import torch
 
 from .. import ops
+from .._weak import weak_call
 from ..profiling import label
 from ..comm import Comm
 from ..config import ZeroConfig
@@ -39,7 +40,8 @@ from .agreement import agree
 from .misuse import (RequiresGradWatch, check_loss, checked_lr, explain_dtype_error, keeps_counters_on_failure,
                      own_module_zero_grad, reports_stalls, upcast_from)
 from .preflight import check_config, check_model
-from .release import release
+from .off_stack import import_off_stack
+from .release import DESTROYED, EngineDestroyed, forget_state, release
 from .shutdown import close_engine
 from ..comm.lifetime import engine_started
 from .deepspeed_methods import DeepSpeedMethods
@@ -51,6 +53,7 @@ class Engine(DeepSpeedMethods):
         """``model_parameters``: the parameters to train, or hyper-parameter groups (``param_groups.py``);
         ``optimizer``: a client optimizer (``client_optimizer.py``); ``lr_scheduler``: a client
         schedule (``zerocore.schedules``). See ``zerocore.initialize``."""
+        import_off_stack()  # before anything here can be caught in a cycle of torch's (off_stack.py)
         # every rank checks its model and config, then all compare them: any failure raises on every rank
         self._tag = agree(comm, module, config, lambda: (check_config(config), check_model(module)))
         self.module = module
@@ -80,7 +83,7 @@ class Engine(DeepSpeedMethods):
         self._requires_grad = RequiresGradWatch(trainable, frozen)
         own_module_zero_grad(self)
         # CPU offload: where the optimizer shard (and stage-3 parameter shards) rest; None: the device
-        self.offload = OffloadPlan.build(config, self.device, self.is_gradient_accumulation_boundary)
+        self.offload = OffloadPlan.build(config, self.device, weak_call(self.is_gradient_accumulation_boundary))
         for names, p in trainable + frozen:
             check_unchanged(p, names[0])
         self.groups: list[ShardedGroup] = []
@@ -97,20 +100,23 @@ class Engine(DeepSpeedMethods):
         self.param_index = {id(p): (g.index, i) for g in self.groups for i, p in enumerate(g.params)}
         register_engine(self)
         # Stage 3: every collective is checked first against the other ranks' (divergence).
-        self.guard = DivergenceGuard(comm, self._describe, enabled=z.stage == 3 and z.stage3_check_divergence,
+        self._labels = GroupLabels()  # filled below, once the units exist: plain strings, no engine reference
+        self.guard = DivergenceGuard(comm, self._labels, enabled=z.stage == 3 and z.stage3_check_divergence,
                                      timeout_s=z.stage3_divergence_timeout)
         if z.stage == 3:
             self.gatherer = ParamGatherer(module, units, comm, self.guard, Limits(
                 prefetch_elems=z.stage3_prefetch_bucket_size, max_live=z.stage3_max_live_parameters,
                 max_reuse=z.stage3_max_reuse_distance))
+        # peers signal each other through weak calls: the engine owns all three
         self.reducer = GradReducer(self.groups, comm, overlap=z.overlap, reduce_scatter=z.reduce_scatter,
                                    device=self.device, guard=self.guard if self.guard.enabled else None,
-                                   on_complete=self.gatherer.on_group_complete if self.gatherer else None,
-                                   on_reduced=self.offload.on_reduced if self.offload else None,
+                                   on_complete=weak_call(self.gatherer.on_group_complete) if self.gatherer else None,
+                                   on_reduced=weak_call(self.offload.on_reduced) if self.offload else None,
                                    reduce_dtype=reduce_dtype(z.reduce_dtype, self.dtype),
                                    unit_signals=self.gatherer is not None)
         if self.gatherer is not None:
-            self.gatherer.on_unit_done = self.reducer.group_done
+            self.gatherer.on_unit_done = weak_call(self.reducer.group_done)
+        self._labels.fill(self.groups, self.gatherer)
         self.scaler = LossScaler(config.fp16 if config.fp16.enabled else None)
         # the optimizer face: its param_groups are the hyper-parameter groups the update reads
         self.optimizer = ZeroOptimizer(self, hyper.groups, client.defaults, decoupled=client.decoupled,
@@ -189,12 +195,7 @@ class Engine(DeepSpeedMethods):
 
     def _describe(self, op, index: int) -> str:
         """The name a divergence error gives group ``index``."""
-        if self.gatherer is not None and index in self.gatherer.by_group:
-            return self.gatherer.by_group[index].label
-        if 0 <= index < len(self.groups):
-            g = self.groups[index]
-            return f"group {index} (persistent parameters '{g.layout.slots[0].name}'...)"
-        return f"group {index}"
+        return self._labels(op, index)
 
     # -- the training loop ---------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -413,12 +414,20 @@ class Engine(DeepSpeedMethods):
             release(self, collective)
         finally:
             self.module = None
-            close_engine(self, collective)
+            try:
+                close_engine(self, collective)
+            finally:
+                forget_state(self)  # every buffer goes now, even if the engine object stays referenced
 
     def _alive(self) -> None:
         if self.module is None:
-            raise RuntimeError("zerocore: this engine was destroyed (engine.destroy()); build a new one with "
-                               "zerocore.initialize(model, config)")
+            raise EngineDestroyed(DESTROYED)
+
+    def __getattr__(self, name: str):
+        # only reached for attributes the instance does not have: after destroy() that is all its state
+        if self.__dict__.get("_destroyed"):
+            raise EngineDestroyed(f"{DESTROYED} (asked for engine.{name})")
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __enter__(self):
         return self
@@ -443,3 +452,21 @@ class Engine(DeepSpeedMethods):
         (atomically); at stage 3 only with ``stage3_gather_16bit_weights_on_model_save``. A
         collective: call it on all ranks. Returns whether a file was written (on rank 0)."""
         return weights.save_16bit_model(self, save_dir, save_filename)
+
+
+class GroupLabels:
+    """The names divergence errors give the groups (a unit's module path, else the group's first
+    persistent parameter): plain strings, so the guard holds no reference to the engine."""
+
+    def __init__(self):
+        self.names: dict[int, str] = {}
+
+    def fill(self, groups, gatherer) -> None:
+        for g in groups:
+            self.names[g.index] = f"group {g.index} (persistent parameters '{g.layout.slots[0].name}'...)"
+        if gatherer is not None:
+            for index, unit in gatherer.by_group.items():
+                self.names[index] = unit.label
+
+    def __call__(self, op, index: int) -> str:
+        return self.names.get(index, f"group {index}")

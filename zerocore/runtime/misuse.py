@@ -8,6 +8,7 @@ from itertools import filterfalse
 from operator import attrgetter
 import time
 import warnings
+import weakref
 
 import torch
 
@@ -200,18 +201,36 @@ def own_module_zero_grad(engine) -> None:
     wraps is a no-op, with a warning when it lands inside an accumulation window (where it
     would otherwise drop the micro-batches so far at stages 0/1, whose ``.grad`` are views of
     the flat buffer, and change nothing at stages 2/3, whose gradients already left ``.grad``).
-    ``engine.zero_grad()`` is the way to discard them. Undone by ``engine.destroy()``."""
+    ``engine.zero_grad()`` is the way to discard them. Undone by ``engine.destroy()``, or when the
+    engine is freed (the function reaches it weakly: the module is the engine's, not its owner)."""
     module = engine.module
+    me = weakref.ref(engine)
 
     def zero_grad(set_to_none: bool = True) -> None:
+        engine = me()
+        if engine is None:  # the engine was dropped without destroy(): the module is plain torch again
+            give_back_module_zero_grad(module_ref())
+            m = module_ref()
+            if m is not None:
+                m.zero_grad(set_to_none)
+            return
         if engine.micro_steps % engine.gas or engine._backward_done:
             warnings.warn("zerocore: model.zero_grad() inside a gradient accumulation window was ignored: the "
                           "engine owns the gradients and clears them itself at each optimizer step (as DeepSpeed "
                           "does); call engine.zero_grad() to discard the micro-batches accumulated so far",
                           RuntimeWarning, stacklevel=2)
 
+    module_ref = weakref.ref(module)  # the function is the module's own attribute: no strong reference to it
     module.__dict__["zero_grad"] = zero_grad  # an instance attribute shadows nn.Module.zero_grad
+    weakref.finalize(engine, _drop_override, module_ref, zero_grad)  # an engine dropped without destroy()
+
+
+def _drop_override(module_ref: weakref.ref, fn) -> None:
+    m = module_ref()
+    if m is not None and m.__dict__.get("zero_grad") is fn:  # not a later engine's
+        del m.__dict__["zero_grad"]
 
 
 def give_back_module_zero_grad(module) -> None:
-    module.__dict__.pop("zero_grad", None)
+    if module is not None:
+        module.__dict__.pop("zero_grad", None)

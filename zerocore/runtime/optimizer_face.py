@@ -15,10 +15,15 @@ import math
 
 import torch
 
+from .._weak import GONE, back_ref
 from ..sharding import AdamHyper
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
+    # the engine owns this face (and trainers hold it too): a weak reference back, or the engine would
+    # be in a cycle and outlive every user reference to it until the cyclic collector runs
+    _engine = back_ref()
+
     def __init__(self, engine, groups: list[dict], defaults: dict, *, decoupled: bool, shared: list | None = None):
         """``groups``: resolved param groups (every key present); ``shared``: a client optimizer's
         ``param_groups`` list to use as this face's own (same dict objects)."""
@@ -80,7 +85,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
     @property
     def overflow(self) -> bool:
         """Whether the last accumulation boundary skipped its update (fp16 overflow, Inf/NaN)."""
-        return self._engine.overflow
+        engine = self._engine
+        if engine is None:
+            raise RuntimeError(GONE)
+        return engine.overflow
 
     def __repr__(self) -> str:
         lrs = ", ".join(f"{g['lr']:g}" if isinstance(g["lr"], float) else str(g["lr"]) for g in self.param_groups)

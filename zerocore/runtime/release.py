@@ -19,6 +19,18 @@ from .weights import _full_flat as full_flat
 
 
 LOST = "_zc_lost_values"  # set on a parameter whose values were dropped with its engine
+DESTROYED = ("zerocore: this engine was destroyed (engine.destroy()) and its memory released; build a new one "
+             "with zerocore.initialize(model, config)")
+
+
+class EngineDestroyed(AttributeError, RuntimeError):
+    """Use of an engine after ``destroy()``. An AttributeError too: its state is gone, so
+    ``getattr(engine, name, default)`` and ``hasattr`` answer as for any missing attribute."""
+
+
+# What a destroyed engine keeps: its counters and config (small, and what a script may print after
+# training), and ``module`` (None: the model was given back).
+_KEPT = ("config", "micro_steps", "global_steps", "optimizer_steps", "skipped_steps", "global_grad_norm")
 
 
 @torch.no_grad()
@@ -50,3 +62,13 @@ def _unswap_classes(module: torch.nn.Module) -> None:
     for m in module.modules():
         if m.__dict__.pop("_zc_gatherer", None) is not None and getattr(type(m), "_zc_access_hooked", False):
             m.__class__ = type(m).__mro__[1]
+
+
+def forget_state(engine) -> None:
+    """The end of ``destroy()``: the engine drops every reference it holds (groups, shards, reducer,
+    gatherer, offload plan, optimizer face, schedule, checkpoint buffers), so every buffer it owned is
+    freed now by reference counting even while the engine object itself stays referenced (a Trainer,
+    a notebook, a closure). Any later use raises :class:`EngineDestroyed`, naming ``destroy()``."""
+    kept = {k: engine.__dict__[k] for k in _KEPT if k in engine.__dict__}
+    engine.__dict__.clear()
+    engine.__dict__.update(kept, module=None, _destroyed=True)

@@ -16,10 +16,12 @@ their own host step (``host_kernel``), on the offload worker at stage 3.
 from __future__ import annotations
 
 import copy
+import weakref
 
 import torch
 
 from .. import ops
+from .._weak import GONE, EngineGone
 from ..offload.host_shard import HostOptimizerShard
 
 
@@ -96,8 +98,13 @@ class TorchShardStep:
             if shard.param_out is not None:
                 ops.cast(shard.master, shard.param_out)
 
+    # The two functions below are handed to the shards this object holds: they reach it weakly (a
+    # closure over ``self`` kept by a shard would be a cycle, freed only by the cyclic collector).
     def host_kernel(self, k: int):
+        me = weakref.ref(self)
+
         def kernel(master, grad, out, grad_scale):
+            self = _alive(me)
             self._set_grads(k, grad, grad_scale)
             try:
                 self.inner.step()
@@ -137,7 +144,10 @@ class TorchShardStep:
                     self.inner.state[v][key] = t.clone().to(v.device) if isinstance(t, torch.Tensor) else t
 
     def _tiles_of(self, k: int):
+        me = weakref.ref(self)
+
         def state_tiles(max_elems: int, *, write: bool = False):
+            self = _alive(me)
             shard = self.shards[k]
             master = self._master(shard)
             if isinstance(shard, HostOptimizerShard):
@@ -162,6 +172,13 @@ class TorchShardStep:
                     for a, b, _, v in self.views[k]:
                         self.inner.state[v][kind] = full[kind][a:b].clone().to(v.device)
         return state_tiles
+
+
+def _alive(me: weakref.ref) -> "TorchShardStep":
+    self = me()
+    if self is None:
+        raise EngineGone(GONE)
+    return self
 
 
 class TorchBatch:

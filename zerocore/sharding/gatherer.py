@@ -36,11 +36,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import weakref
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from .._weak import GONE, EngineGone, proxy, remove_when_freed
 from ..comm import DONE, Comm
 from ..comm.divergence import DivergenceGuard, Op, Phase
 from ..ops.params import param_ops
@@ -68,9 +70,10 @@ class Unit:
     module: nn.Module
     group: ShardedGroup | None  # None: the root when all its parameters are in other units
     handle: object = None  # the in-flight all-gather
-    extern: set = dataclasses.field(default_factory=set)  # units whose params this unit's forward read
+    # positions of the units whose params this unit's forward read (positions, not Units: two units
+    # reading each other's parameters would otherwise reference each other, a cycle)
+    extern: set = dataclasses.field(default_factory=set)
     pending: int = 0  # post-backward Functions applied in forward whose backward has not run yet
-    done: object = None  # the post-backward callback (functools.partial: no Python frame of its own)
 
     # Plain attributes, not properties: the hooks read them several times per unit per pass.
     padded: int = 0  # elements of the full (padded) buffer a gather brings in; 0 for an empty root
@@ -116,14 +119,20 @@ class ParamGatherer:
         self.live = 0  # elements gathered or being gathered
         self.peak_live = 0
         self.backwards = 0  # backward passes begun: a pre-backward hook works once per pass
-        self.on_unit_done = None  # reducer.group_done (set by the engine): a unit's gradients are in
+        self.on_unit_done = None  # the reducer's group_done, called weakly (set by the engine): a unit's gradients are in
         self._call_before = param_ops().call_before_node  # a tensor's node runs: call fn() (post_backward.py)
+        # The module hooks, the class swap and the post-backward signals live on the user's model and
+        # reach this gatherer through a weak reference: the gatherer holds the modules, so a strong
+        # reference back would be a cycle. If the gatherer is freed without remove_hooks() (an engine
+        # dropped without destroy()), its hooks and class swaps are undone then.
+        me = weakref.ref(self)
         self._hooks = []
+        self._swapped: list = []
+        remove_when_freed(self, self._hooks)
+        remove_when_freed(self, self._swapped)
         for u in self.units:
-            u.done = functools.partial(self._post_backward, u)
-        for u in self.units:
-            self._hooks.append(u.module.register_forward_pre_hook(self._hook_pre_forward(u)))
-            self._hooks.append(u.module.register_forward_hook(self._hook_post_forward(u), always_call=True))
+            self._hooks.append(u.module.register_forward_pre_hook(self._hook_pre_forward(u, me)))
+            self._hooks.append(u.module.register_forward_hook(self._hook_post_forward(u, me), always_call=True))
         self._swap_getattr()
 
     # -- gather / free -------------------------------------------------------------------
@@ -196,8 +205,11 @@ class ParamGatherer:
             run.cursor = j + 1
 
     # -- forward -------------------------------------------------------------------------
-    def _hook_pre_forward(self, u: Unit):
+    def _hook_pre_forward(self, u: Unit, me: weakref.ref):
         def hook(module, args):
+            self = me()
+            if self is None:
+                raise EngineGone(GONE)
             if self.running is Running.BACKWARD:  # activation checkpointing recomputes inside backward:
                 self.stack.append(u)  # the unit's backward follows at once, so it stays gathered
                 self._gather(u, Phase.BACKWARD)  # until its gradients are in (its post-backward)
@@ -207,18 +219,24 @@ class ParamGatherer:
             self.stack.append(u)
             self._arrive(u, self.fwd, Phase.FORWARD, Phase.PREFETCH_FORWARD)
             if u.group is not None and args and torch.is_grad_enabled():
+                # The post-backward signal, made per call (a C-level partial, no Python frame): it lives
+                # only in this forward's autograd graph. Kept on the unit it would be a cycle.
+                done = functools.partial(self._post_backward, u)
                 a = args[0]
                 if len(args) == 1 and isinstance(a, torch.Tensor) and (a.grad_fn is not None or not a.requires_grad):
                     if a.requires_grad:  # the usual single non-leaf input: a node hook (post_backward.py)
-                        self._call_before(a, u.done)
+                        self._call_before(a, done)
                         u.pending += 1
                     return None
-                return self._post_backward_on(u, args)
+                return self._post_backward_on(u, args, done)
             return None
         return eager_only(hook)
 
-    def _hook_post_forward(self, u: Unit):
+    def _hook_post_forward(self, u: Unit, me: weakref.ref):
         def hook(module, args, output):
+            self = me()
+            if self is None:
+                raise EngineGone(GONE)
             if not self.stack or self.stack[-1] is not u:
                 return  # forward raised before our pre-hook ran (nothing to undo)
             self.stack.pop()
@@ -238,7 +256,7 @@ class ParamGatherer:
                         if isinstance(t, torch.Tensor) and t.requires_grad and not call_before(t, hook_bwd):
                             t.register_hook(hook_bwd)
             if u.extern or self.limits.max_reuse > 0:
-                for v in [u, *u.extern]:
+                for v in [u, *map(self.units.__getitem__, u.extern)]:
                     if v not in self.stack and not (self.limits.max_reuse > 0 and self._keep(v)):
                         self._free(v)
             elif u.group is not None and u not in self.stack:
@@ -302,20 +320,20 @@ class ParamGatherer:
         if seen[0] == self.backwards:
             return
         seen[0] = self.backwards
-        for v in u.extern:
-            self._gather(v, Phase.BACKWARD)
+        for pos in u.extern:
+            self._gather(self.units[pos], Phase.BACKWARD)
         self._arrive(u, self.bwd, Phase.BACKWARD, Phase.PREFETCH_BACKWARD)
 
-    def _post_backward_on(self, u: Unit, args: tuple) -> tuple | None:
+    def _post_backward_on(self, u: Unit, args: tuple, done) -> tuple | None:
         """Arranges ``u``'s post-backward signal on each of its inputs that needs a gradient
         (post_backward.py); returns the arguments to run the forward with (None: unchanged)."""
         new, routed = list(args), False
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor) and a.requires_grad:
                 if a.grad_fn is not None:
-                    self._call_before(a, u.done)
+                    self._call_before(a, done)
                 else:  # a leaf lives on: a hook on it would stay; the Function's node goes with the graph
-                    new[i], routed = PostBackward.apply(u.done, a)[0], True
+                    new[i], routed = PostBackward.apply(done, a)[0], True
                 u.pending += 1
         return tuple(new) if routed else None
 
@@ -359,20 +377,36 @@ class ParamGatherer:
             return
         self._gather(u, Phase.ON_DEMAND)
         if self.stack and self.stack[-1] is not u:
-            self.stack[-1].extern.add(u)
+            self.stack[-1].extern.add(u.pos)
 
     def _swap_getattr(self) -> None:
         """Every module registering a partitioned parameter gets the access-hooked class (access.py)."""
         modules = dict(self.root.named_modules(remove_duplicate=False))  # a shared module under each path
         owners = {id(modules[name.rpartition(".")[0]]): modules[name.rpartition(".")[0]]
                   for u in self.units if u.group is not None for slot in u.group.layout.slots for name in slot.aliases}
-        self._swapped = [(m, swap_class(m, self)) for m in owners.values()]
+        for m in owners.values():  # the modules get a weak proxy: they are the gatherer's, not its owners
+            self._swapped.append(_Swapped(m, swap_class(m, proxy(self))))
 
     def remove_hooks(self) -> None:
         """Removes the module hooks and gives the modules their own classes back."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        for m, original in self._swapped:
-            restore(m, original)
+        for s in self._swapped:
+            s.remove()
         self._swapped.clear()
+
+
+class _Swapped:
+    """A module whose class the gatherer swapped (access.py), undone by ``remove()`` (as a hook
+    handle is: ``remove_when_freed`` treats both alike)."""
+
+    __slots__ = ("module", "original")
+
+    def __init__(self, module: nn.Module, original: type):
+        self.module, self.original = weakref.ref(module), original
+
+    def remove(self) -> None:
+        m = self.module()
+        if m is not None:
+            restore(m, self.original)

@@ -69,8 +69,9 @@ class ShardedGroup:
         self._empties = [self._empty] * len(params)
         self._set_data = param_ops().set_data
         self.grad_offsets = [slot.offset for slot in layout.slots]  # where each .grad packs in a bucket
-        # How a gather is issued, chosen once (again when offload attaches): resident or offloaded.
-        self._issue = self._issue_resident if self.partitioned else self._issue_gather
+        # How a gather is issued, chosen once (again when offload attaches): resident or offloaded. The
+        # class's function, not a bound method: a bound method kept on the group would be a cycle.
+        self._issue = ShardedGroup._issue_resident if self.partitioned else ShardedGroup._issue_gather
 
     @property
     def index(self) -> int:
@@ -93,7 +94,7 @@ class ShardedGroup:
         host.copy_(self.param_shard)
         self.param_shard = host
         self.params_on_host = True
-        self._issue = self._issue_gather
+        self._issue = ShardedGroup._issue_gather
 
     def attach_offload(self, offload: GroupOffload) -> None:
         """Offload's hold on this group, handed over once: reads and gathers wait for
@@ -102,7 +103,7 @@ class ShardedGroup:
             raise RuntimeError(f"group {self.layout.index} already has its offload attached")
         self.offload = offload
         self._ready, self._on_gather = offload.ready, offload.on_gather
-        self._issue = self._issue_gather
+        self._issue = ShardedGroup._issue_gather
 
     def defer_next_gather(self) -> None:
         """The next prefetching gather of this group is issued only when the unit is waited for:
@@ -133,7 +134,7 @@ class ShardedGroup:
             # collectives in the same order.
             self._defer_gather = False
             return _DeferredGather(self, comm)
-        handle = self._issue(comm, async_op)
+        handle = self._issue(self, comm, async_op)
         if handle is DONE:  # landed already (a world of one)
             self.finish_gather()
         return handle

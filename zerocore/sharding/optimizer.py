@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import torch
 
 from .. import ops
+from .._weak import back_ref
 from .group import ShardedGroup
 from .state import GradState, expect_all
 
@@ -78,6 +79,9 @@ class OptimizerShard:
     batched = True
     reads_ahead = False
     tiles_kept = True
+    # The group this shard steps: a weak back-reference (the engine owns both; with offload the group
+    # holds its shard's readiness, and a strong reference back would close a cycle).
+    group = back_ref()
 
     def __init__(self, group: ShardedGroup, init_fp32: torch.Tensor, *, tile: int | None = None):
         """``init_fp32``: the group's initial parameters in fp32, either full (only the owned range is

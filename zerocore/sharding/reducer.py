@@ -29,8 +29,11 @@ from collections.abc import Callable
 from itertools import repeat
 from operator import attrgetter, is_not
 
+import weakref
+
 import torch
 from .. import ops
+from .._weak import GONE, EngineGone, remove_when_freed
 from ..ops.params import param_ops
 from ..profiling import label
 from ..comm import DONE, Comm, Handle
@@ -112,13 +115,19 @@ class GradReducer:
         self._added: list[int] = []  # stages 2/3: groups this backward added into their slices
         self.window_lost: str | None = None  # why the accumulated gradients of this window are unusable
         self._pack_grads = param_ops().pack_grads
+        # The hooks live on the user's parameters and reach this reducer through a weak reference
+        # (a strong one would close a cycle through C++-held hooks that the collector cannot see);
+        # they are removed with the reducer if it is freed without remove_hooks().
+        me = weakref.ref(self)
         if self.full_grads:  # one hook per group, not per parameter: catches a plain loss.backward()
-            self._hooks = [g.params[0].register_post_accumulate_grad_hook(self._check_inside) for g in groups]
+            hook = _inside_check(me)
+            self._hooks = [g.params[0].register_post_accumulate_grad_hook(hook) for g in groups]
         elif unit_signals:
             self._hooks = []
         else:
-            self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(k))
+            self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(k, me))
                            for k, g in enumerate(groups) for p in g.params]
+        remove_when_freed(self, self._hooks)
         for g in groups:
             g.bind_grads()
 
@@ -151,16 +160,15 @@ class GradReducer:
             self._had_grad = list(map(_HAS_GRAD, self.groups))
             self._added = []
 
-    def _check_inside(self, p: torch.nn.Parameter) -> None:
-        if not self.in_backward:
-            raise RuntimeError(OUTSIDE_BACKWARD)
-
-    def _make_hook(self, k: int):
+    def _make_hook(self, k: int, me: weakref.ref):
         """The post-accumulate hook of group k's parameters: counts, and at the last one hands
         the group on. One Python call per parameter, no tensor work."""
         arrived, n = self._arrived[k], len(self.groups[k].params)
 
         def hook(p: torch.nn.Parameter) -> None:
+            self = me()
+            if self is None:
+                raise EngineGone(GONE)
             if not self.in_backward:
                 raise RuntimeError(OUTSIDE_BACKWARD)
             if self.launched[k]:
@@ -352,6 +360,17 @@ class GradReducer:
 
     def bucket_tensors(self) -> list[torch.Tensor]:
         return list(self.pool.all) if self.pool is not None else []
+
+
+def _inside_check(me: weakref.ref):
+    """Stages 0/1's hook: a gradient outside engine.backward() is an error."""
+    def check_inside(p: torch.nn.Parameter) -> None:
+        self = me()
+        if self is None:
+            raise EngineGone(GONE)
+        if not self.in_backward:
+            raise RuntimeError(OUTSIDE_BACKWARD)
+    return check_inside
 
 
 def _pack_checked(g: ShardedGroup, dst: torch.Tensor) -> None:

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ... import ops
+from ..._weak import back_ref
 from ...config.options import ConfigError
 from ...sharding.state import ParamState
 from .checks import check_free_space, free_bytes
@@ -54,14 +55,17 @@ class _Buffer:
     fence: object = None  # CUDA: the device copy of a gather read from it is done when this event is
 
 
-@dataclasses.dataclass
 class _Swapped:
-    group: object  # ShardedGroup
-    n: int
-    path: str
-    commit: int = 0  # the current shard is in slot commit % 2 and carries this number
-    buffer: int | None = None
-    error: BaseException | None = None  # a failed read-ahead, raised when the group is asked for
+    """One group whose parameter shard rests in a swap file. The group is reached weakly: the group
+    holds this swap (through its readiness, ``ParamReady``), and the engine owns both."""
+
+    group = back_ref()  # ShardedGroup
+
+    def __init__(self, group, n: int, path: str):
+        self.group, self.n, self.path = group, n, path
+        self.commit = 0  # the current shard is in slot commit % 2 and carries this number
+        self.buffer: int | None = None
+        self.error: BaseException | None = None  # a failed read-ahead, raised when the group is asked for
 
 
 class ParamSwap:
