@@ -105,6 +105,15 @@ def finish_rank(rank: int, out: str, results) -> None:
     dist.destroy_process_group()
 
 
+def gather_objects(obj, world: int) -> list:
+    """Every rank's ``obj``, in rank order, on every rank (a collective)."""
+    import torch.distributed as dist
+
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def write_collective_json(args, rows: list[dict]) -> None:
     """``--out``: the machine, the backend, the arguments and the rows."""
     if args.out:

@@ -3,8 +3,11 @@ on GPUs torch AMP and DeepSpeed, on the same model, the same ranks and the same 
 
 On GPUs (``--device cuda``): one NCCL rank per GPU (``--ranks 1`` or ``--ranks all``), bf16
 everywhere (torch AMP: fp32 parameters, bf16 autocast, fused AdamW; FSDP2: bf16 parameters, fp32
-reduction; zerocore and DeepSpeed: ``bf16.enabled``), each variant built, run and freed in turn;
-median step, tokens/s, peak memory over the timed steps and memory held between steps. Models:
+reduction; zerocore and DeepSpeed: ``bf16.enabled``), each variant built, run, torn down and
+checked to have given its memory back in turn (step_cuda.py: a variant that fails to build or
+run, out of memory say, is skipped with its error); median step, tokens/s, peak memory over the
+timed steps and memory held between steps, both net of what was allocated before the variant was
+built, and what it left allocated after its teardown before and after ``gc.collect()``. Models:
 ``--model gpt`` (zerocore.demo.TinyGPT), ``hf-gpt2`` / ``hf-llama`` (Hugging Face, from configs).
 The H100 table of benchmarks/results/gpu_h100_2026-11-22 corresponds to
 ``--device cuda --vocab 32768 --dim 1024 --layers 24 --heads 16 --ctx 1024 --batch 8``. Variants
@@ -56,40 +59,20 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import machine_info, summary, spawn_ranks  # noqa: E402
+from _common import gather_objects, machine_info, summary, spawn_ranks  # noqa: E402
 
+import step_cuda  # noqa: E402
 import step_variants as sv  # noqa: E402
 import swap_probe  # noqa: E402
 
 VARIANTS = list(sv.REGISTRY)
+# a GPU variant's memory in the JSON: the absolute baseline, then the figures net of it (step_cuda.py)
+MEMORY_KEYS = ("baseline_GiB", "peak_GiB", "between_steps_GiB", "left_after_del_GiB", "left_after_gc_GiB")
 
 
 def build(variant: str, args, vocab: int, ctx: "sv.Ctx"):
     model = sv.build_model(args.model, args, vocab).to(ctx.device)
     return sv.REGISTRY[variant].build(model, ctx)
-
-
-def _timed_cuda(step, batches, args, device) -> tuple[list[float], list[float], dict]:
-    """A GPU variant alone: warm-up, then --steps x --rounds steps, each between two
-    synchronizations; peak memory over the timed steps, memory held after the last one."""
-    for i in range(args.warmup):
-        b = batches[i % len(batches)]
-        step(b[:, :-1], b[:, 1:])
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    times, losses = [], []
-    for i in range(args.steps * args.rounds):
-        b = batches[i % len(batches)]
-        torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        loss = step(b[:, :-1], b[:, 1:])
-        torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-        losses.append(loss.item())
-    gib = float(1 << 30)
-    mem = {"peak_GiB": torch.cuda.max_memory_allocated(device) / gib,
-           "between_steps_GiB": torch.cuda.memory_allocated(device) / gib}
-    return times, losses, mem
 
 
 def worker(rank: int, world: int, init: str, args, out: str) -> None:
@@ -104,69 +87,65 @@ def worker(rank: int, world: int, init: str, args, out: str) -> None:
     gen = torch.Generator().manual_seed(rank)
     batches = [torch.randint(0, vocab, (args.batch, args.ctx + 1), generator=gen).to(device) for _ in range(4)]
     n_params = sum(p.numel() for p in sv.build_model(args.model, args, vocab).parameters())
-    times = {v: [] for v in args.variants}  # [round][step] seconds
-    losses = {v: [] for v in args.variants}
-    memory = {}
     if cuda:  # one variant at a time: large models do not fit twice
-        for v in args.variants:
-            flat, losses[v], memory[v] = _timed_cuda(build(v, args, vocab, ctx), batches, args, device)
-            times[v] = [flat[r * args.steps:(r + 1) * args.steps] for r in range(args.rounds)]
-            torch.cuda.empty_cache()
-            dist.barrier()
-    else:  # all built, then interleaved rounds against the VM's drift
-        probe = swap_probe.SwapProbe()
-        nvme = [v for v in args.variants if "_nvme" in v]
-        if nvme:
-            probe.install()
-        steps, not_built = {}, {}
-        for v in args.variants:
-            probe.tag = v
-            try:
-                steps[v] = build(v, args, vocab, ctx)
-            except Exception as e:  # noqa: BLE001 - a configuration a library refuses or fails here: say why, go on
-                not_built[v] = f"failed to build: {type(e).__name__}: {e}"
-        agreed = {}  # every rank skips the same variants (one rank's refusal alone would hang the others)
-        for d in _gather(not_built, world):
-            agreed.update(d)
-        steps = {v: f for v, f in steps.items() if v not in agreed}
-        times = {v: times[v] for v in steps}
-        losses = {v: losses[v] for v in steps}
-        disk = []
-        for v in steps:  # warm-up
-            for i in range(args.warmup):
-                b = batches[i % len(batches)]
-                steps[v](b[:, :-1], b[:, 1:])
-        for r in range(args.rounds):
-            if nvme and args.disk_probe_mb:  # what the disk allows, between the rounds of the same run
-                if rank == 0:
-                    disk.append(swap_probe.disk_probe(args.nvme_dir, args.disk_probe_mb << 20, sv.aio_section(args)))
-                dist.barrier()
-            order = list(steps)
-            random.Random(r).shuffle(order)  # a fresh order each round, the same on every rank
-            for v in order:
-                dist.barrier()
-                times[v].append([])
-                for i in range(args.steps):
-                    b = batches[i % len(batches)]
-                    t0 = time.perf_counter()
-                    loss = steps[v](b[:, :-1], b[:, 1:])
-                    times[v][-1].append(time.perf_counter() - t0)
-                    losses[v].append(loss.item())
-    extra = {}
-    if not cuda:
-        if rank == 0 and disk:
-            os.remove(os.path.join(args.nvme_dir, swap_probe.PROBE_FILE))
-        extra = {"not_built": agreed, "disk": disk, "swap": _gather(probe.snapshot(), world)}
+        res = step_cuda.run_variants(args.variants, lambda v: build(v, args, vocab, ctx), batches, args,
+                                     step_cuda.CudaMemory(device), rank, world)
+    else:
+        res = _run_cpu(rank, world, args, vocab, ctx, batches)
     if rank == 0:
         with open(out, "w") as f:
-            json.dump({"times": times, "losses": losses, "memory": memory, "n_params": n_params, **extra}, f)
+            json.dump({**res, "n_params": n_params}, f)
     dist.destroy_process_group()
 
 
-def _gather(obj, world: int) -> list:
-    out = [None] * world
-    dist.all_gather_object(out, obj)
-    return out
+def _run_cpu(rank: int, world: int, args, vocab: int, ctx: "sv.Ctx", batches) -> dict:
+    """All variants built, then interleaved rounds against the VM's drift; each torn down at the end."""
+    probe = swap_probe.SwapProbe()
+    nvme = [v for v in args.variants if "_nvme" in v]
+    if nvme:
+        probe.install()
+    steps, not_built = {}, {}
+    for v in args.variants:
+        probe.tag = v
+        try:
+            steps[v] = build(v, args, vocab, ctx)
+        except Exception as e:  # noqa: BLE001 - a configuration a library refuses or fails here: say why, go on
+            not_built[v] = f"failed to build: {type(e).__name__}: {e}"
+    agreed = {}  # every rank skips the same variants (one rank's refusal alone would hang the others)
+    for d in gather_objects(not_built, world):
+        agreed.update(d)
+    for v in [v for v in steps if v in agreed]:  # built here, refused on another rank
+        steps.pop(v).close(failed=True)
+    times = {v: [] for v in steps}  # [round][step] seconds
+    losses = {v: [] for v in steps}
+    disk = []
+    for v in steps:  # warm-up
+        for i in range(args.warmup):
+            b = batches[i % len(batches)]
+            steps[v](b[:, :-1], b[:, 1:])
+    for r in range(args.rounds):
+        if nvme and args.disk_probe_mb:  # what the disk allows, between the rounds of the same run
+            if rank == 0:
+                disk.append(swap_probe.disk_probe(args.nvme_dir, args.disk_probe_mb << 20, sv.aio_section(args)))
+            dist.barrier()
+        order = list(steps)
+        random.Random(r).shuffle(order)  # a fresh order each round, the same on every rank
+        for v in order:
+            dist.barrier()
+            times[v].append([])
+            for i in range(args.steps):
+                b = batches[i % len(batches)]
+                t0 = time.perf_counter()
+                loss = steps[v](b[:, :-1], b[:, 1:])
+                times[v][-1].append(time.perf_counter() - t0)
+                losses[v].append(loss.item())
+    swap = gather_objects(probe.snapshot(), world)  # the timed steps' swap, before the teardown's
+    for v in list(steps):  # in the same order on every rank: a teardown may be collective (stage 3's gather)
+        steps.pop(v).close()
+    if rank == 0 and disk:
+        os.remove(os.path.join(args.nvme_dir, swap_probe.PROBE_FILE))
+    # the CPU has no allocator statistics to read: no memory figures
+    return {"times": times, "losses": losses, "memory": {}, "not_built": agreed, "disk": disk, "swap": swap}
 
 
 def parse_args(argv=None):
@@ -312,8 +291,11 @@ def main(argv=None) -> dict:
     for v, why in args.skipped.items():
         print(f"  skipped {v}: {why}")
     tokens = args.ranks * args.batch * args.ctx
+    if cuda:
+        print("memory: GiB net of each variant's baseline (allocated before it was built: the batches); "
+              "left/del: still allocated after its close() and del, left/gc: after gc.collect() too")
     print(f"{'variant':<24}{'median ms':>10}{'min':>8}{'p25':>8}{'p75':>8}{'max':>8}{'tokens/s':>11}{'peak GiB':>9}"
-          f"{'held GiB':>9}")
+          f"{'held GiB':>9}{'left/del':>9}{'left/gc':>9}")
     for v in args.variants:
         s = summary(flat[v])
         q = statistics.quantiles(flat[v], n=4) if len(flat[v]) > 1 else [flat[v][0]] * 3
@@ -321,12 +303,16 @@ def main(argv=None) -> dict:
         s["final_loss"] = res["losses"][v][-1]
         s["times_ms"] = [[round(t * 1e3, 2) for t in rnd] for rnd in res["times"][v]]
         s["tokens_per_s"] = tokens / (s["median_ms"] / 1e3)
-        mem = res["memory"].get(v, {})  # GPU only: the CPU has no allocator statistics to read
-        s["peak_GiB"], s["between_steps_GiB"] = mem.get("peak_GiB"), mem.get("between_steps_GiB")
+        mem = res["memory"].get(v, {})  # GPU only (rank 0's): the CPU has no allocator statistics to read
+        s.update({k: mem.get(k) for k in MEMORY_KEYS}, **({"close_error": mem["close_error"]} if
+                                                           mem.get("close_error") else {}))
         rows[v] = s
         fmt = lambda x: f"{x:>9.2f}" if x is not None else f"{'-':>9}"  # noqa: E731
         print(f"{v:<24}{s['median_ms']:>10.1f}{s['min_ms']:>8.1f}{s['p25_ms']:>8.1f}{s['p75_ms']:>8.1f}"
-              f"{s['max_ms']:>8.1f}{s['tokens_per_s']:>11.0f}{fmt(s['peak_GiB'])}{fmt(s['between_steps_GiB'])}")
+              f"{s['max_ms']:>8.1f}{s['tokens_per_s']:>11.0f}" + "".join(fmt(s[k]) for k in MEMORY_KEYS[1:]))
+    for v, mem in res["memory"].items():  # again after the table, where it is read: memory not given back
+        for line in step_cuda.leak_warnings(v, mem):
+            print(line)
     # Ratios: of the overall medians, and per round (the two variants' medians within one round,
     # minutes apart at most), whose min/median/max is the spread.
     ratios = {}
@@ -357,7 +343,8 @@ def main(argv=None) -> dict:
         d = med["zerocore_stage3"] - med["zerocore_stage3_nocheck"]
         print(f"divergence guard: {d * 1e3:+.1f} ms per step (difference of medians)")
     report = {"machine": machine_info(), "device": args.device, "gpu": torch.cuda.get_device_name(0) if cuda else None,
-              "world": args.ranks, "args": vars(args), "n_params": res["n_params"], "results": rows, "ratios": ratios}
+              "world": args.ranks, "args": vars(args), "n_params": res["n_params"], "results": rows, "ratios": ratios,
+              "skipped": {v: {"why": why, **res["memory"].get(v, {})} for v, why in args.skipped.items()}}
     if res.get("disk") or any("_nvme" in v for v in args.variants):
         report["nvme"] = nvme_report(res, args, med)
     if args.out:

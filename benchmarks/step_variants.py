@@ -1,8 +1,11 @@
 """The models and the variants of benchmarks/step.py.
 
-A variant is a builder ``(model, ctx) -> step(x, y) -> loss`` registered under its name with
-the devices it runs on and the package it needs; add one with ``@variant(...)`` (the offload
-variants go here too). ``ctx`` carries the device, the world size and the arguments.
+A variant is a builder ``(model, ctx) -> step`` registered under its name with the devices it
+runs on and the package it needs; add one with ``@variant(...)`` (the offload variants go here
+too). ``ctx`` carries the device, the world size and the arguments. The step is a ``TorchStep``
+or an ``EngineStep``: ``step(x, y) -> loss`` runs one training step, ``step.close()`` tears the
+variant down (its library's teardown, then every reference the step holds dropped) so that the
+runner can free it and check that its memory came back (benchmarks/step_cuda.py).
 """
 from __future__ import annotations
 
@@ -108,15 +111,59 @@ def loss_of(model, x, y):
 LR, WD = 1e-3, 0.01
 
 
-def _torch_step(model, opt, autocast: bool = False):
-    def step(x, y):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            loss = loss_of(model, x, y)
+class TorchStep:
+    """A torch model and optimizer (DDP, FSDP2, torch AMP). Torch has no teardown method for
+    them: ``close()`` drops both, and with them the parameters, gradients and optimizer state."""
+
+    def __init__(self, model, opt, autocast: bool = False):
+        self.model, self.opt, self.autocast = model, opt, autocast
+
+    def __call__(self, x, y):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+            loss = loss_of(self.model, x, y)
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
         return loss
-    return step
+
+    def close(self, failed: bool = False) -> None:
+        self.model = self.opt = None
+
+
+class EngineStep:
+    """A zerocore engine (the native one or its DeepSpeed face): backward and step through it.
+    ``close()`` = ``engine.destroy()``, zerocore's documented teardown (hooks off, workers and
+    swap stores closed), then the engine dropped; after a failure (``failed``) without the
+    stage-3 gather, a collective the other ranks may not join."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __call__(self, x, y):
+        loss = loss_of(self.engine, x, y)
+        self.engine.backward(loss)
+        self.engine.step()
+        return loss
+
+    def close(self, failed: bool = False) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            self._destroy(engine, failed)
+
+    @staticmethod
+    def _destroy(engine, failed: bool) -> None:
+        engine.destroy(collective=not failed)
+
+
+class DeepSpeedStep(EngineStep):
+    """DeepSpeed's engine: ``close()`` calls its ``destroy()`` (no arguments; versions without one
+    are only dropped)."""
+
+    @staticmethod
+    def _destroy(engine, failed: bool) -> None:
+        destroy = getattr(engine, "destroy", None)
+        if destroy is not None:
+            destroy()
 
 
 def _ddp(model, ctx: Ctx):
@@ -128,7 +175,7 @@ def _ddp(model, ctx: Ctx):
 @variant("ddp_torch_adamw", devices=("cpu",))
 def _ddp_torch_adamw(model, ctx):
     ddp = _ddp(model, ctx)
-    return _torch_step(ddp, torch.optim.AdamW(ddp.parameters(), lr=LR, weight_decay=WD))
+    return TorchStep(ddp, torch.optim.AdamW(ddp.parameters(), lr=LR, weight_decay=WD))
 
 
 @variant("ddp_fused_adam", devices=("cpu",))
@@ -136,14 +183,14 @@ def _ddp_fused_adam(model, ctx):
     import zerocore
 
     ddp = _ddp(model, ctx)
-    return _torch_step(ddp, zerocore.FusedAdam(ddp.parameters(), lr=LR, weight_decay=WD))
+    return TorchStep(ddp, zerocore.FusedAdam(ddp.parameters(), lr=LR, weight_decay=WD))
 
 
 @variant("torch_amp", devices=("cuda",))
 def _torch_amp(model, ctx):
     """fp32 parameters, bf16 autocast, torch's fused AdamW (DDP when there are several GPUs)."""
     m = _ddp(model, ctx) if ctx.world > 1 else model
-    return _torch_step(m, torch.optim.AdamW(m.parameters(), lr=LR, weight_decay=WD, fused=True), autocast=True)
+    return TorchStep(m, torch.optim.AdamW(m.parameters(), lr=LR, weight_decay=WD, fused=True), autocast=True)
 
 
 @variant("fsdp2")
@@ -157,17 +204,7 @@ def _fsdp2(model, ctx):
     for b in blocks_of(model):
         fully_shard(b, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
-    return _torch_step(model, torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, fused=ctx.cuda or None))
-
-
-def _engine_step(engine):
-    """A step of a DeepSpeed-style engine (zerocore's or DeepSpeed's): backward and step through it."""
-    def step(x, y):
-        loss = loss_of(engine, x, y)
-        engine.backward(loss)
-        engine.step()
-        return loss
-    return step
+    return TorchStep(model, torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, fused=ctx.cuda or None))
 
 
 def stage3_config(model, unit_class: str, persist: int) -> dict:
@@ -253,7 +290,7 @@ def _zerocore(stage: int, check: bool = True, offload: bool = False, nvme: str |
             del cfg["optimizer"]
             kw["optimizer"] = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=WD)
         engine = zerocore.initialize(model, cfg, **kw)
-        return _engine_step(engine)
+        return EngineStep(engine)
     return build
 
 
@@ -269,15 +306,25 @@ variant("zerocore_stage3_nvme")(_zerocore(3, nvme="opt"))
 variant("zerocore_stage3_nvme_param")(_zerocore(3, nvme="param"))
 
 
+def deepspeed_env(ctx: Ctx) -> None:
+    """What a launcher would have set and DeepSpeed reads when the script made the process group
+    itself (as step.py does): ``LOCAL_RANK`` (its engine refuses to start without it: "DeepSpeed
+    requires the LOCAL_RANK environment variable"), ``RANK``, ``WORLD_SIZE``; on the CPU its CPU
+    accelerator. Values a launcher set are kept. ``MASTER_ADDR``/``MASTER_PORT`` are not needed:
+    DeepSpeed reads them only to create the group, and it finds one. The ranks are one machine's
+    (step.py spawns them), so the local rank is the GPU's index, or the rank on the CPU."""
+    import os
+
+    local = ctx.device.index if ctx.cuda and ctx.device.index is not None else dist.get_rank()
+    if not ctx.cuda:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    for key, value in (("LOCAL_RANK", local), ("RANK", dist.get_rank()), ("WORLD_SIZE", dist.get_world_size())):
+        os.environ.setdefault(key, str(value))
+
+
 def _deepspeed(stage: int, offload: bool = False, nvme: str | None = None):
     def build(model, ctx):
-        import os
-
-        if not ctx.cuda:  # DeepSpeed's CPU accelerator over the gloo group the benchmark made
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
-            for key, value in (("LOCAL_RANK", dist.get_rank()), ("RANK", dist.get_rank()),
-                               ("WORLD_SIZE", dist.get_world_size())):
-                os.environ.setdefault(key, str(value))
+        deepspeed_env(ctx)
         import deepspeed
 
         a = ctx.args
@@ -299,7 +346,7 @@ def _deepspeed(stage: int, offload: bool = False, nvme: str | None = None):
             cfg["bf16"] = {"enabled": True}
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg,
                                           dist_init_required=not dist.is_initialized())
-        return _engine_step(engine)
+        return DeepSpeedStep(engine)
     return build
 
 
@@ -309,6 +356,7 @@ variant("deepspeed_stage2_offload", needs="deepspeed")(_deepspeed(2, offload=Tru
 variant("deepspeed_stage3_offload", needs="deepspeed")(_deepspeed(3, offload=True))
 variant("deepspeed_stage3_nvme", needs="deepspeed")(_deepspeed(3, nvme="opt"))
 variant("deepspeed_stage3_nvme_param", needs="deepspeed")(_deepspeed(3, nvme="param"))
+
 
 def _face(stage: int, client_sgd: bool = False):
     """Through ``zerocore.deepspeed.initialize`` as a DeepSpeed script calls it: two hyper-parameter
@@ -329,14 +377,14 @@ def _face(stage: int, client_sgd: bool = False):
         if client_sgd:
             engine, *_ = deepspeed.initialize(model=model, config=cfg,
                                               optimizer=torch.optim.SGD(groups, lr=LR, momentum=0.9))
-            return _engine_step(engine)
+            return EngineStep(engine)
         cfg["optimizer"] = {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}}
         cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": LR,
                                                            "warmup_num_steps": 1}}
         if ctx.cuda:
             cfg["bf16"] = {"enabled": True}
         engine, *_ = deepspeed.initialize(model=model, model_parameters=groups, config=cfg)
-        return _engine_step(engine)
+        return EngineStep(engine)
     return build
 
 
@@ -348,7 +396,7 @@ variant("zerocore_face_sgd_stage2", devices=("cpu",))(_face(2, client_sgd=True))
 @variant("ddp_torch_sgd", devices=("cpu",))
 def _ddp_torch_sgd(model, ctx):
     ddp = _ddp(model, ctx)
-    return _torch_step(ddp, torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9, weight_decay=WD))
+    return TorchStep(ddp, torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9, weight_decay=WD))
 
 
 CPU_DEFAULT = ["ddp_torch_adamw", "ddp_fused_adam", "fsdp2", "zerocore_stage0", "zerocore_stage1", "zerocore_stage2",

@@ -9,6 +9,7 @@ from .ops import FusedAdam  # noqa: E402
 from .config import ConfigError, ZeroConfig  # noqa: E402
 from .runtime import Engine, gathered, init, initialize  # noqa: E402
 from .comm.divergence import DivergenceError  # noqa: E402
+from . import _wiring  # noqa: E402,F401 - gives the runtime the checkpoint package's and the planner's entry points
 
 
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+
+from .cli_common import write_atomically
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,19 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("consolidate", "inspect"):
         return checkpoint_cli.run(args)
     return 2
-
-
-def write_atomically(path: str, text: str) -> None:
-    """Writes ``text`` to ``path`` through a temporary file in the same directory: a failure
-    leaves the old file (or none), never half of one."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import time
 import torch
 
 from ..comm import side_comm
+from ..runtime.checkpoint_marks import wait_pending
 from .block_writer import ImageSink
 from .staging import held_buffers
 from .save import _write_rank, check_can_save, live_tiles, make_plan, run_save
@@ -71,13 +72,6 @@ class AsyncSave:
             err, self._error = self._error, None
             raise err
         return self._result
-
-
-def wait_pending(engine) -> None:
-    pending = getattr(engine, "_zc_pending_save", None)
-    if pending is not None:
-        engine._zc_pending_save = None
-        pending.wait()
 
 
 @torch.no_grad()

@@ -17,13 +17,13 @@ import json
 import os
 import warnings
 
+# defined below the checkpoint package, whose modules take it from here: the engine's step()
+# raises it too (runtime/checkpoint_marks.py)
+from ..runtime.checkpoint_marks import CheckpointError  # noqa: F401
+
 MANIFEST = "manifest.json"
 LATEST = "latest"
 TMP_PREFIX = ".tmp-"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used: missing, incomplete, corrupt, or of another model."""
 
 
 def rank_file(rank: int) -> str:

@@ -20,14 +20,15 @@ import warnings
 
 import torch
 
+from ..runtime.checkpoint_marks import mark_written
 from ..sharding import OptimizerShard, ParamState
 from . import engine_state, load_in_place, staging
+from .agreement import agree
 from .blockio import ChecksumError
 from .layout import CheckpointError, read_manifest, resolve
 from .load_plan import ShardPieces, plan_state, spans
 from .manifest import extra_tensors, model_differences, set_rng_state
 from .reader import CheckpointReader
-from .save import _agree
 
 _FP32 = 4
 LOAD_TILE_ELEMS = 1 << 20  # per kind and tile: 12 MiB of fp32 state read (and copied) at a time
@@ -88,7 +89,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         err = e
     # nothing of the engine was changed so far (unless it read in place): a failure on any rank
     # leaves every engine as it was
-    _agree(engine.comm, err is not None, f"loading {path}", _LOST if wrote else
+    agree(engine.comm, err is not None, f"loading {path}", _LOST if wrote else
            "Nothing was loaded; the engine is unchanged")
     if err is not None:
         if ts is not None:
@@ -141,19 +142,11 @@ _LOST = ("The load read into the engine's optimizer state in place (load_checkpo
 def _finish_load(engine, path, manifest, with_state, load_module_only, load_lr_scheduler_states, client_state):
     """The counters, schedule and scaler; the engine's state is whole again (see load_in_place)."""
     engine._zc_state_lost = None
-    load_in_place.mark_written(engine)
+    mark_written(engine)
     if not load_module_only:
         _restore_counters(engine, manifest, with_state)
         engine_state.restore(engine, manifest, load_lr_scheduler_states, with_state)
     return path, (client_state if not load_module_only else {})
-
-
-def check_state_whole(engine, what: str) -> None:
-    """Raises where a failed in-place load left the optimizer state partly overwritten."""
-    lost = getattr(engine, "_zc_state_lost", None)
-    if lost is not None:
-        raise CheckpointError(f"zerocore: {what} refused: a load of {lost} failed after it had begun writing the "
-                              "optimizer state in place; load a good checkpoint first")
 
 
 def _staging_for(engine, staged):

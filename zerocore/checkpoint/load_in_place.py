@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from ..runtime.checkpoint_marks import state_written
 from .blockio import as_bytes
 from .load_plan import ShardPieces, spans
 
@@ -35,12 +36,7 @@ WHOLE = 1 << 62  # state_tiles in as few tiles as the shard has parts
 
 def nothing_to_lose(engine) -> bool:
     """The engine's optimizer state is what ``initialize`` made: no update, load or edit since."""
-    return engine.optimizer_steps == 0 and not getattr(engine, "_zc_state_written", False)
-
-
-def mark_written(engine) -> None:
-    """The state now holds more than its initialisation (a load, an edit of the parameters)."""
-    engine._zc_state_written = True
+    return engine.optimizer_steps == 0 and not state_written(engine)
 
 
 def targets(engine, plan: list[list[tuple]]) -> tuple[list, list] | None:

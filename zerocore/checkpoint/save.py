@@ -38,9 +38,10 @@ import torch
 
 from .block_writer import BlockWriter, FileSink
 from .blockio import aio_handles
-from .layout import (LATEST, MANIFEST, TMP_PREFIX, CheckpointError, check_tag, exchange, fsync_dir, rank_file,
-                     write_atomic)
+from .layout import LATEST, MANIFEST, TMP_PREFIX, check_tag, exchange, fsync_dir, rank_file, write_atomic
+from ..runtime.checkpoint_marks import check_state_whole
 from ..sharding import FlatGroup
+from .agreement import agree
 from . import engine_state
 from .manifest import FORMAT, KINDS, VERSION, dtype_name, extra_tensors, rng_state, trainable_records
 
@@ -192,18 +193,7 @@ def _manifest(plan: SavePlan, indexes: list[dict]) -> dict:
             "files": files, "rng": [ix["rng"] for ix in indexes]}
 
 
-def _agree(comm, failed: bool, what: str,
-           outcome: str = "Nothing was published; the previous checkpoint is intact") -> None:
-    """A barrier that also fails every rank when any rank failed."""
-    (n,) = comm.sum_floats([float(failed)])
-    if n and not failed:
-        raise CheckpointError(f"zerocore checkpoint: {int(n)} other rank(s) failed while {what}; see their error. "
-                              + outcome)
-
-
 def check_can_save(engine, tag):
-    from .load import check_state_whole  # load imports this module
-
     check_state_whole(engine, "save_checkpoint()")
     if engine._backward_done or engine.micro_steps % engine.gas:
         raise RuntimeError(f"zerocore: save_checkpoint in the middle of gradient accumulation (micro step "
@@ -238,7 +228,7 @@ def run_save(plan: SavePlan, save_dir: str, prepared: tuple | BaseException | No
             os.makedirs(tmp)
         except Exception as e:
             err = e
-    _agree(comm, err is not None, f"preparing {tmp}")
+    agree(comm, err is not None, f"preparing {tmp}")
     if err is not None:
         raise err
     try:
@@ -255,7 +245,7 @@ def run_save(plan: SavePlan, save_dir: str, prepared: tuple | BaseException | No
             f.write(json.dumps(index))  # dumps: C's encoder, one write (json.dump encodes in Python)
     except Exception as e:
         err = e
-    _agree(comm, err is not None, f"writing {tmp}")
+    agree(comm, err is not None, f"writing {tmp}")
     if err is not None:
         raise err
     old = None
@@ -264,7 +254,7 @@ def run_save(plan: SavePlan, save_dir: str, prepared: tuple | BaseException | No
             old = _publish(plan, save_dir, tmp)
         except Exception as e:
             err = e
-    _agree(comm, err is not None, f"publishing {os.path.join(save_dir, tag)}")
+    agree(comm, err is not None, f"publishing {os.path.join(save_dir, tag)}")
     if err is not None:
         raise err
     if old is not None:  # the tag's previous content, replaced; nothing waits for its removal

@@ -84,7 +84,7 @@ def run(args) -> int:
     print(render(plans, advice))
     print(f"planned in {time.perf_counter() - t0:.1f} s")
     if args.json:
-        from ..cli import write_atomically
+        from ..cli_common import write_atomically
 
         write_atomically(args.json, json.dumps({"plans": plans, "recommendation": advice}, indent=1))
     return 0

@@ -17,6 +17,17 @@ from .core import plan_one
 from .model_source import from_hf_config
 
 
+def with_prediction(engine, held: dict, micro_batch=None, seq_len=None, meta_model=None) -> dict:
+    """``held`` (``runtime/memory.held_bytes``) plus ``predicted`` (the planner's model-state bytes
+    by role for this rank) and, given a micro-batch and sequence length, ``predicted_step`` (its
+    peak over one step, with breakdown): ``engine.memory_report(predicted=True)``."""
+    out = dict(held)
+    out["predicted"] = predicted_states(engine)
+    if micro_batch is not None and seq_len is not None:
+        out["predicted_step"] = predicted_step(engine, micro_batch, seq_len, meta_model)
+    return out
+
+
 def predicted_states(engine) -> dict[str, int]:
     """Model-state bytes by role (``held_bytes``' roles) the planner predicts for this rank."""
     with fake_ops.fake_aware_kernels(), FakeTensorMode():

@@ -11,6 +11,9 @@ import os
 
 import torch
 
+from . import provided
+from .checkpoint_marks import wait_pending
+
 
 class DeepSpeedMethods:
     # class-level defaults: the engine sets these as instance attributes when they change
@@ -141,7 +144,7 @@ class DeepSpeedMethods:
             state = {k: v for k, v in state.items() if k not in frozen}
         return OrderedDict(state)
 
-    # -- checkpoints (zerocore/checkpoint/) -------------------------------------------------
+    # -- checkpoints (zerocore/checkpoint/, a floor above: reached through runtime/provided.py) --
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
                         exclude_frozen_parameters: bool = False, async_save: bool = False):
         """DeepSpeed's ``save_checkpoint``: every rank writes the optimizer state it owns, rank 0 the
@@ -152,13 +155,10 @@ class DeepSpeedMethods:
         next save or load for the whole save).
         ``exclude_frozen_parameters`` is accepted: frozen parameters are always saved (they are
         whole on rank 0 and small beside the optimizer state), so a load finds them."""
-        from ..checkpoint import async_save as asv
-        from ..checkpoint.save import save_checkpoint
-
         if async_save:
-            return asv.save_async(self, save_dir, tag, client_state, save_latest=save_latest)
-        asv.wait_pending(self)
-        return save_checkpoint(self, save_dir, tag, client_state, save_latest=save_latest)
+            return provided.call("save_async", self, save_dir, tag, client_state, save_latest=save_latest)
+        wait_pending(self)
+        return provided.call("save_checkpoint", self, save_dir, tag, client_state, save_latest=save_latest)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, load_module_only: bool = False, custom_load_fn=None,
@@ -173,9 +173,6 @@ class DeepSpeedMethods:
         default) where the engine has not trained yet (a resume), True always, False never; a
         failed in-place load leaves the state partly overwritten and the engine refusing to step
         until a load succeeds, a staged one leaves the engine unchanged."""
-        from ..checkpoint.async_save import wait_pending
-        from ..checkpoint.load import load_checkpoint
-
         if not load_module_strict:
             raise ValueError("zerocore: load_checkpoint(load_module_strict=False) is not supported: the checkpoint "
                              "must hold the same model (its differences are named); load the weights yourself with "
@@ -183,8 +180,8 @@ class DeepSpeedMethods:
         if custom_load_fn is not None:
             raise ValueError("zerocore: load_checkpoint(custom_load_fn=...) is not supported")
         wait_pending(self)
-        return load_checkpoint(self, load_dir, tag, load_optimizer_states, load_module_only,
-                               load_lr_scheduler_states=load_lr_scheduler_states, in_place=in_place)
+        return provided.call("load_checkpoint", self, load_dir, tag, load_optimizer_states, load_module_only,
+                             load_lr_scheduler_states=load_lr_scheduler_states, in_place=in_place)
 
     # -- lifecycle --------------------------------------------------------------------------
     def train(self, mode: bool = True):

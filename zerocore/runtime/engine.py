@@ -254,7 +254,7 @@ class Engine(DeepSpeedMethods):
                                "backward (it reduces the accumulated gradients) and call step() after it")
         self._requires_grad.check()  # before anything changes: fix it and call step() again
         if self._zc_state_lost is not None:
-            from ..checkpoint.load import check_state_whole
+            from .checkpoint_marks import check_state_whole
 
             check_state_whole(self, "step()")
         boundary = self.is_gradient_accumulation_boundary()

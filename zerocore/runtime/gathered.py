@@ -31,6 +31,7 @@ from torch import nn
 from ..comm import default_comm
 from ..comm.divergence import Op
 from ..sharding import ParamState
+from .checkpoint_marks import mark_written
 from .partition_init import InitShard, cut_chunk, gather_full
 
 # engines alive in this process, to find which one owns a parameter
@@ -117,8 +118,6 @@ def gathered(params, modifier_rank: int | None = None):
                     f"zerocore.gathered: rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))} raised "
                     "an exception inside the block (its error says which); the edits were discarded on every rank")
             with torch.no_grad():
-                from ..checkpoint.load_in_place import mark_written
-
                 for engine, gi, slots in engine_groups.values():
                     _write_back(engine, gi, slots, modifier_rank)
                     mark_written(engine)  # a failed load may no longer overwrite its state in place

@@ -2,6 +2,8 @@
 underlying storage once, under the first role that holds it), not from a formula."""
 from __future__ import annotations
 
+from . import provided
+
 ROLES = ("params", "gathered", "staged", "grads", "master", "exp_avg", "exp_avg_sq", "buckets")
 # "gathered": stage 3's full parameter buffers while gathered (zero bytes between steps);
 # "staged": the device copy of a host-resident parameter shard while its all-gather runs
@@ -55,12 +57,6 @@ def formula_bytes(numel: int, world: int, stage: int, half: bool) -> int:
 
 
 def with_prediction(engine, held: dict, micro_batch=None, seq_len=None, meta_model=None) -> dict:
-    """``held`` plus ``predicted`` (the planner's model-state bytes by role for this rank) and, given
-    a micro-batch and sequence length, ``predicted_step`` (its peak over one step, with breakdown)."""
-    from ..planner.engine_view import predicted_states, predicted_step
-
-    out = dict(held)
-    out["predicted"] = predicted_states(engine)
-    if micro_batch is not None and seq_len is not None:
-        out["predicted_step"] = predicted_step(engine, micro_batch, seq_len, meta_model)
-    return out
+    """``held`` with the planner's figures beside it (``zerocore/planner/engine_view.py``: the
+    planner sits above the runtime, which reaches it through ``provided``)."""
+    return provided.call("predict_memory", engine, held, micro_batch, seq_len, meta_model)

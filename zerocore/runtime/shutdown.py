@@ -9,7 +9,7 @@ from ..comm import lifetime
 
 
 def close_engine(engine, collective: bool = True) -> None:
-    from ..checkpoint.async_save import wait_pending
+    from .checkpoint_marks import wait_pending
 
     try:
         wait_pending(engine)  # its background barriers need the side group

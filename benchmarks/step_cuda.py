@@ -1,0 +1,182 @@
+"""The GPU runner of benchmarks/step.py: one variant at a time (large models do not fit twice),
+each built, warmed up, timed, torn down, and checked to have given its memory back before the next.
+
+Memory is read from the caching allocator (``memory_allocated``: bytes in live tensors) and
+reported net of the variant's *baseline*, what was allocated just before it was built (the
+batches, and whatever an earlier variant still held after a collection; kept absolute in the JSON
+as ``baseline_GiB``): ``peak_GiB`` over the timed steps, ``between_steps_GiB`` after the last one.
+Then the variant is torn down the way a user would: ``step.close()`` (its library's teardown:
+zerocore's or DeepSpeed's ``engine.destroy()``; torch's objects have none) and ``del``, and the
+allocator is read without ``gc.collect()`` (``left_after_del_GiB``: what a user's process keeps
+when a reference cycle holds the variant until Python's collector happens to run), then after
+``gc.collect()`` and ``empty_cache()`` (``left_after_gc_GiB``: a leak). More than 1 MiB left
+either way: a warning on stderr. The next variant starts after that collection.
+
+A variant that fails to build, in its warm-up or in a timed step (out of memory, say) is
+skipped with its error (type and message) and the run goes on. The ranks exchange their errors
+after each of the three phases, so that all of them skip it together. (A rank that fails while
+its peers wait in one of the step's collectives cannot be rescued that way: they wait for it,
+as in any NCCL job.) Whatever the variant allocated is freed as above before the next one.
+"""
+from __future__ import annotations
+
+import gc
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from _common import gather_objects
+
+GIB = float(1 << 30)
+LEAK_BYTES = 1 << 20  # more than this left after the teardown: a warning
+
+
+class CudaMemory:
+    """The caching allocator's counters and a synchronization, for one GPU (the tests pass a
+    stand-in with the same methods)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def sync(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+
+def run_variants(variants, build, batches, args, mem, rank: int, world: int) -> dict:
+    """Runs each of ``variants`` alone (``build(name)`` returns its step) for ``args.warmup``
+    steps, then ``args.steps * args.rounds`` timed ones. Returns ``times`` ({variant: [[seconds]
+    per round]}), ``losses``, ``memory`` (every variant's, a skipped one's leftovers too) and
+    ``not_built`` ({variant: why}, the same on every rank)."""
+    out = {"times": {}, "losses": {}, "memory": {}, "not_built": {}}
+    for v in variants:
+        why, flat, losses, memory = _run_one(v, build, batches, args, mem, world)
+        out["memory"][v] = memory
+        for line in leak_warnings(v, memory):
+            print(f"step.py rank {rank}: {line}", file=sys.stderr, flush=True)
+        if why is not None:
+            out["not_built"][v] = why
+            print(f"step.py rank {rank}: skipped {v}: {why}", file=sys.stderr, flush=True)
+        else:
+            out["times"][v] = [flat[r * args.steps:(r + 1) * args.steps] for r in range(args.rounds)]
+            out["losses"][v] = losses
+        dist.barrier()
+    return out
+
+
+def _run_one(v, build, batches, args, mem, world):
+    """(why skipped or None, step times, losses, memory) of one variant, torn down and collected."""
+    _collect(mem)
+    base = mem.allocated()
+    memory = {"baseline_GiB": base / GIB}
+    step, flat, losses, why = None, [], [], None
+    try:
+        step = build(v)
+    except Exception as e:  # noqa: BLE001 - a configuration a library refuses, or out of memory: say why, go on
+        why = _reason("failed to build", e)
+    why = _agree(why, world)
+    if why is None:
+        try:
+            _warm_up(step, batches, args.warmup, mem)
+        except Exception as e:  # noqa: BLE001
+            why = _reason("failed in warm-up", e)
+        why = _agree(why, world)
+    if why is None:
+        try:
+            flat, losses, peak, held = _timed(step, batches, args.steps * args.rounds, mem)
+            memory.update(peak_GiB=(peak - base) / GIB, between_steps_GiB=(held - base) / GIB)
+        except Exception as e:  # noqa: BLE001
+            why = _reason("failed in a timed step", e)
+        why = _agree(why, world)
+    if step is not None:
+        closed = _close(step, failed=why is not None)
+        if closed is not None:
+            memory["close_error"] = closed
+    del step  # the runner's last reference: from here on only the library can hold the memory
+    memory["left_after_del_GiB"] = (mem.allocated() - base) / GIB
+    _collect(mem)
+    memory["left_after_gc_GiB"] = (mem.allocated() - base) / GIB
+    return why, flat, losses, memory
+
+
+def _warm_up(step, batches, n: int, mem) -> None:
+    for i in range(n):
+        b = batches[i % len(batches)]
+        step(b[:, :-1], b[:, 1:])
+    mem.sync()  # an asynchronous error of the warm-up shows here, not in the first timed step
+
+
+def _timed(step, batches, n: int, mem):
+    """``n`` steps, each between two synchronizations: their seconds and losses, the peak
+    allocation over them and the allocation after the last one (absolute bytes)."""
+    mem.sync()
+    mem.reset_peak()
+    times, losses = [], []
+    for i in range(n):
+        b = batches[i % len(batches)]
+        mem.sync()
+        t0 = time.perf_counter()
+        loss = step(b[:, :-1], b[:, 1:])
+        mem.sync()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+        del loss
+    return times, losses, mem.peak(), mem.allocated()
+
+
+def _close(step, failed: bool) -> str | None:
+    """The step's teardown; its error as text (the run goes on: the leftovers will show it)."""
+    try:
+        step.close(failed=failed)
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _collect(mem) -> None:
+    gc.collect()
+    mem.sync()
+    mem.empty_cache()
+
+
+def _reason(phase: str, e: BaseException) -> str:
+    return f"{phase}: {type(e).__name__}: {e}"
+
+
+def _agree(why: str | None, world: int) -> str | None:
+    """Every rank learns every rank's error of the phase: the first rank's with one is the
+    reason for all (a variant skipped on one rank alone would leave the others in its collectives)."""
+    for r, w in enumerate(gather_objects(why, world)):
+        if w is not None:
+            return w if world == 1 else f"rank {r}: {w}"
+    return None
+
+
+def leak_warnings(v: str, memory: dict) -> list[str]:
+    """The warnings a variant's teardown deserves: memory not back at the baseline (more than
+    ``LEAK_BYTES``) after ``close()`` and ``del``, or even after ``gc.collect()``; a failed ``close()``."""
+    lines = []
+    if memory.get("close_error"):
+        lines.append(f"WARNING: {v}: close() raised {memory['close_error']}")
+    left_del, left_gc = memory["left_after_del_GiB"], memory["left_after_gc_GiB"]
+    if left_gc * GIB > LEAK_BYTES:
+        lines.append(f"WARNING: {v} LEAKED {left_gc:.3f} GiB: still allocated after close(), del and gc.collect() "
+                     f"({left_del:.3f} GiB before the collection); the next variants' baselines include it")
+    elif left_del * GIB > LEAK_BYTES:
+        lines.append(f"WARNING: {v} held {left_del:.3f} GiB after close() and del until gc.collect() freed it: a "
+                     f"reference cycle keeps the variant alive, so a user's process holds that memory until Python's "
+                     f"collector happens to run")
+    return lines

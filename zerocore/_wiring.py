@@ -1,0 +1,34 @@
+"""Hands the runtime the entry points of the floors above it (``runtime/provided.py``): the
+checkpoint package's save and load, the planner's prediction of an engine's memory. Each imports
+its package on first use, as ``zerocore.estimate`` does: the planner's imports cost about a second."""
+from __future__ import annotations
+
+from .runtime import provided
+
+
+def _save_checkpoint(*args, **kwargs):
+    from .checkpoint.save import save_checkpoint
+
+    return save_checkpoint(*args, **kwargs)
+
+
+def _save_async(*args, **kwargs):
+    from .checkpoint.async_save import save_async
+
+    return save_async(*args, **kwargs)
+
+
+def _load_checkpoint(*args, **kwargs):
+    from .checkpoint.load import load_checkpoint
+
+    return load_checkpoint(*args, **kwargs)
+
+
+def _predict_memory(*args, **kwargs):
+    from .planner.engine_view import with_prediction
+
+    return with_prediction(*args, **kwargs)
+
+
+provided.provide(save_checkpoint=_save_checkpoint, save_async=_save_async, load_checkpoint=_load_checkpoint,
+                 predict_memory=_predict_memory)
