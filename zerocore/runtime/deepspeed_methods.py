@@ -13,6 +13,7 @@ import torch
 
 from . import provided
 from .checkpoint_marks import wait_pending
+from .offload_states import check_resident
 
 
 class DeepSpeedMethods:
@@ -155,6 +156,7 @@ class DeepSpeedMethods:
         next save or load for the whole save).
         ``exclude_frozen_parameters`` is accepted: frozen parameters are always saved (they are
         whole on rank 0 and small beside the optimizer state), so a load finds them."""
+        check_resident(self, "save_checkpoint()")
         if async_save:
             return provided.call("save_async", self, save_dir, tag, client_state, save_latest=save_latest)
         wait_pending(self)
@@ -179,6 +181,7 @@ class DeepSpeedMethods:
                              "zerocore.gathered(..., modifier_rank=0) to copy a partial state dict")
         if custom_load_fn is not None:
             raise ValueError("zerocore: load_checkpoint(custom_load_fn=...) is not supported")
+        check_resident(self, "load_checkpoint()")
         wait_pending(self)
         return provided.call("load_checkpoint", self, load_dir, tag, load_optimizer_states, load_module_only,
                              load_lr_scheduler_states=load_lr_scheduler_states, in_place=in_place)

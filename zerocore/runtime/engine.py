@@ -41,6 +41,7 @@ from .misuse import (RequiresGradWatch, check_loss, checked_lr, explain_dtype_er
                      own_module_zero_grad, reports_stalls, upcast_from)
 from .preflight import check_config, check_model
 from .off_stack import import_off_stack
+from . import offload_states as states_aside
 from .release import DESTROYED, EngineDestroyed, forget_state, release
 from .shutdown import close_engine
 from ..comm.lifetime import engine_started
@@ -204,6 +205,7 @@ class Engine(DeepSpeedMethods):
     @reports_stalls
     def forward(self, *args, **kwargs):
         self._alive()
+        states_aside.check_resident(self, "forward")
         try:
             return self.module(*args, **kwargs)
         except RuntimeError as e:
@@ -219,6 +221,7 @@ class Engine(DeepSpeedMethods):
         accumulation steps (``loss`` itself without ``scale_wrt_gas``), as DeepSpeed does.
         Inside ``no_sync()`` (stages 0/1) gradients accumulate on each rank without a reduction."""
         self._alive()
+        states_aside.check_resident(self, "backward")
         check_loss(loss)
         if self._backward_done and not self._in_no_sync:
             raise RuntimeError("zerocore: backward() called twice without step(); call engine.step() after "
@@ -252,6 +255,7 @@ class Engine(DeepSpeedMethods):
         if self._in_no_sync:
             raise RuntimeError("zerocore: step() inside no_sync(); leave the context for the last micro-batch's "
                                "backward (it reduces the accumulated gradients) and call step() after it")
+        states_aside.check_resident(self, "step()")
         self._requires_grad.check()  # before anything changes: fix it and call step() again
         if self._zc_state_lost is not None:
             from .checkpoint_marks import check_state_whole
@@ -419,6 +423,18 @@ class Engine(DeepSpeedMethods):
             finally:
                 forget_state(self)  # every buffer goes now, even if the engine object stays referenced
 
+    def offload_states(self, include=None, device="cpu", pin_memory: bool = True, non_blocking: bool = False) -> None:
+        """Moves the training state off the device into (page-locked) host memory, its device memory
+        back to the caching allocator, until ``reload_states()`` (DeepSpeed's method: ``include`` takes
+        ``OffloadStateTypeEnum`` names; see ``runtime/offload_states.py`` for what moves)."""
+        self._alive()
+        states_aside.offload_states(self, include, device, pin_memory, non_blocking)
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        """Brings back what ``offload_states()`` moved, bit for bit."""
+        self._alive()
+        states_aside.reload_states(self, non_blocking)
+
     def _alive(self) -> None:
         if self.module is None:
             raise EngineDestroyed(DESTROYED)
@@ -445,6 +461,7 @@ class Engine(DeepSpeedMethods):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's state dict with full fp32 weights on CPU, under the model's own names (every
         name of a tied weight), on every rank. A collective: call it on all ranks."""
+        states_aside.check_resident(self, "full_state_dict()")
         return weights.full_state_dict(self, torch.float32)
 
     def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin") -> bool:
