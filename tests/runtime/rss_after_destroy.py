@@ -45,6 +45,9 @@ def main() -> None:
     x = torch.randn(args.batch, args.width)
     model(x).pow(2).mean().backward()  # torch's own first-use allocations, before any engine
     model.zero_grad(set_to_none=True)
+    # a torch optimizer's first construction imports torch._dynamo (~75 MiB of modules that stay, whoever
+    # made it): what any torch training script has paid before; the engine's first one would pay it too
+    torch.optim.AdamW(model.parameters())
     points = {"model": rss()}
     zero = {"stage": args.stage}
     if args.offload == "cpu":
