@@ -3,8 +3,12 @@
 // reject input throw std::invalid_argument, which pybind11 turns into ValueError.
 #include <torch/extension.h>
 
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "adam/adam.h"
