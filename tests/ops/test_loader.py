@@ -143,9 +143,13 @@ def test_jit_build_works(tmp_path):
         from zerocore.ops import _loader
         p = torch.zeros(5); ops.adam_step(p, torch.ones(5), torch.zeros(5), torch.zeros(5), lr=0.1, step=1)
         print(_loader.status()["how"], p.tolist())
+        print(_loader.build_compiler())
+        print(_loader.load().compiler_info()["compiler"])
         """, {"ZEROCORE_FORCE_JIT": "1", "ZEROCORE_JIT_DIR": str(tmp_path / "jit")})
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("jit") and "JIT-building" in r.stderr
+    how, built_by, compiled_in = r.stdout.splitlines()
+    assert built_by.endswith(")") and compiled_in.split()[1].split("-")[0] in built_by  # the same compiler
 
 
 def test_isa_environment_variable():

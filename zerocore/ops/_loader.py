@@ -21,6 +21,7 @@ _how: str | None = None  # "prebuilt" | "jit"
 _error: Exception | None = None
 _prebuilt_error: str | None = None
 _jit_unavailable: dict | None = None  # optional parts a JIT build left out, and why
+_jit_compiler: str | None = None  # the compiler a JIT build ran: "<--version line> (<path>)"
 
 
 class NativeBuildError(RuntimeError):
@@ -69,8 +70,9 @@ def _jit_build(op: str):
     import torch
 
     cfg = build_spec.extension_config(torch_has_cuda=torch.version.cuda is not None)
-    global _jit_unavailable
+    global _jit_unavailable, _jit_compiler
     _jit_unavailable = cfg["unavailable"]
+    _jit_compiler = build_failure.compiler_version()  # what torch runs: $CXX, else c++
     macros = [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in cfg["define_macros"]]
     libs = [f"-L{d}" for d in cfg["library_dirs"]] + [f"-l{lib}" for lib in cfg["libraries"]]
     try:
@@ -142,6 +144,21 @@ def unavailable_parts() -> dict:
         return dict(_build_info.UNAVAILABLE)
     except ImportError:
         return {}
+
+
+def build_compiler() -> str | None:
+    """The compiler that built the loaded extension, "<--version line> (<path>)": as setup.py
+    recorded it in zerocore/_build_info.py, or as the JIT build ran it; None if not recorded
+    (an extension built before zerocore recorded it). The extension's own compiler_info() says
+    what was compiled in."""
+    if _how == "jit":
+        return _jit_compiler
+    try:
+        from zerocore import _build_info  # type: ignore[attr-defined]
+
+        return getattr(_build_info, "COMPILER", None)
+    except ImportError:
+        return None
 
 
 def status() -> dict:
