@@ -142,8 +142,12 @@ def _loader_argv(root: str, triplet: str) -> tuple[list[str], list[str]]:
         raise Unavailable(f"{gxx} is missing from the unpacked packages")
     prefix = [loaders[0], "--library-path", libdir]
     # -fno-use-linker-plugin: the driver otherwise insists on liblto_plugin.so (a package we
-    # do not fetch) even for -fsyntax-only.
-    return prefix + [gxx, "-wrapper", ",".join(prefix), "-fno-use-linker-plugin"], prefix
+    # do not fetch) even for -fsyntax-only. -B <the machine's binutils>: the driver then names
+    # `as` and `ld` by their path, which the loader under -wrapper needs (it does not search
+    # PATH), so this g++ also compiles to objects (CXX=.../ccbin/g++ python setup.py build_ext
+    # reproduces a newer compiler's build failure on Debian 12).
+    binutils = os.path.dirname(shutil.which("as") or "/usr/bin/as") + os.sep
+    return prefix + [gxx, "-wrapper", ",".join(prefix), "-fno-use-linker-plugin", "-B", binutils], prefix
 
 
 def _write_ccbin(root: str, argv: list[str]) -> str:
