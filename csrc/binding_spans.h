@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>

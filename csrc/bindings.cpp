@@ -3,8 +3,12 @@
 // reject input throw std::invalid_argument, which pybind11 turns into ValueError.
 #include <torch/extension.h>
 
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "adam/adam.h"
@@ -13,6 +17,7 @@
 #include "bench/stream.h"
 #include "cast/cast.h"
 #include "checksum/crc32c.h"
+#include "compiler_info.h"
 #include "flatten/flatten.h"
 #include "isa/dispatch.h"
 #include "norm/norm.h"
@@ -256,6 +261,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported_isas", &zc::supported_isas);
   m.def("set_isa", &zc::set_isa);
   m.def("active_isa", &active_isa);
+  m.def("compiler_info", &zc::compiler_info, "compiler and C++ library this extension was built with");
   zc_params::register_params(m);
 #ifdef ZEROCORE_WITH_AIO
   register_aio(m);

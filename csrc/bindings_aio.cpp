@@ -4,9 +4,12 @@
 // errors become ValueError.
 #include <torch/extension.h>
 
+#include <cstdint>
+#include <exception>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "aio/aligned_buffer.h"

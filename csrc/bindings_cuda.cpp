@@ -13,10 +13,14 @@
 // (allocating a workspace, staging a table to the device) run on torch's current stream.
 #include <torch/extension.h>
 
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "adam/adam.h"

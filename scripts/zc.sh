@@ -9,6 +9,8 @@
 #   PYTHON=/path     use this interpreter (and whatever environment it belongs to) instead of .venv
 #   ZC_TORCH_INDEX   the PyTorch wheel index tried first for torch (default: the CPU or CUDA one
 #                    that fits this machine)
+#   ZC_STDINC=0      test: skip the check of csrc/ against a newer libstdc++ (ZC_STDINC_REQUIRE=1:
+#                    fail when no newer compiler can be had instead of warning)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_VERSION=2.13.0
@@ -125,6 +127,14 @@ else
     DS_BUILD_OPS=0 pip install -q "${optional[@]}"
   fi
 fi
+
+# Every csrc/ source compiled (syntax only) with a libstdc++ >= 13: a source that forgets a
+# standard #include builds with Debian 12's libstdc++ 12 and fails with newer g++ (it happened).
+# The machine's own g++ where it is new enough, else Debian 13's g++ 14 fetched once into
+# ~/.cache/zerocore; about a minute. Without network it warns loudly and goes on (ZC_STDINC_REQUIRE=1
+# makes that an error); ZC_STDINC=0 skips it. Why this way: scripts/check_std_includes.py.
+say "checking csrc/ for missing standard includes against a newer libstdc++"
+"$PY" scripts/check_std_includes.py
 
 say "building and running the native kernel tests (ctest)"
 cmake -S . -B build/cmake -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null

@@ -29,6 +29,9 @@ def collect() -> dict:
             info["prebuilt_missing_because"] = _loader.status()["prebuilt_error"]
         info["cpu_isa_active"] = lib.active_isa()
         info["cpu_isas_supported"] = list(lib.supported_isas())
+        info["extension_compiler"] = compiled_with(lib)
+        info["extension_built_by"] = _loader.build_compiler() or (
+            "not recorded (built before zerocore recorded its compiler; rebuild to see it)")
         if hasattr(lib, "crc32c_hardware"):
             info["crc32c"] = "SSE4.2 crc32 instruction" if lib.crc32c_hardware() else "table (no SSE4.2)"
         for op in OP_SOURCES:
@@ -51,6 +54,15 @@ def collect() -> dict:
     info["libaio_headers"] = os.path.exists("/usr/include/libaio.h")
     info["liburing_headers"] = os.path.exists("/usr/include/liburing.h")
     return info
+
+
+def compiled_with(lib) -> str:
+    """The compiler, C++ library and C++ standard compiled into the extension (its own macros:
+    true whoever built it), e.g. 'gcc 12.2.0, libstdc++ 12 (20230707), C++ 201703'."""
+    if not hasattr(lib, "compiler_info"):
+        return "unknown (this extension predates compiler_info; rebuild to see it)"
+    c = lib.compiler_info()
+    return f"{c.get('compiler', 'unknown')}, {c.get('stdlib', 'unknown')}, C++ {c.get('cplusplus', '?')}"
 
 
 def aio_backends() -> dict:

@@ -1,5 +1,6 @@
 #include "adam.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>

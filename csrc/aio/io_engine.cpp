@@ -1,6 +1,7 @@
 #include "aio/io_engine.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <stdexcept>
 #include <utility>
 

@@ -9,6 +9,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "aio/io_context.h"

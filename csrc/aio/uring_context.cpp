@@ -4,6 +4,9 @@
 #include <liburing.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <memory>
+#include <string>
 
 #include "aio/io_context.h"
 #include "aio/io_error.h"

@@ -1,9 +1,12 @@
 #include "aio/worker.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <new>
+#include <string>
 #include <utility>
 
 #include "aio/io_error.h"

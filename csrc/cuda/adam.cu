@@ -10,10 +10,13 @@
 // to 64 tensors however large they are (64-bit element offsets), and any number of tensors
 // takes ceil(n / 64) launches. Blocks whose pointers are all 16-byte aligned (fp32 arrays;
 // 8-byte for 16-bit ones) use vector loads and stores of 4 elements.
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common.cuh"
 #include "vec.cuh"

@@ -5,6 +5,12 @@
 // Either pointer may be pinned host memory: the kernel then reads or writes it over the
 // bus through its UVA device address, fusing the cast with the host<->device copy (e.g.
 // fp16 gradients on the GPU -> fp32 in a pinned buffer for CPU Adam, in one pass).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
 #include "common.cuh"
 #include "vec.cuh"
 

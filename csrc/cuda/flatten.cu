@@ -9,9 +9,12 @@
 // aligns the destination, so tensors at any offset work and aligned ones move 16 bytes per
 // access. Byte-based: every dtype.
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common.cuh"
 

@@ -6,10 +6,13 @@
 // completed, so callers may release a buffer right after queueing a copy from it. Sizes are
 // rounded to at most 1/8 above the request (and to 4 KiB), not to the next power of two as
 // torch's pinned allocator does: offload buffers are large, and doubling them wastes RAM.
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common.cuh"

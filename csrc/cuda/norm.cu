@@ -6,6 +6,9 @@
 // block count depends on n only, so the answer is the same on every run and every GPU.
 // As in the CPU kernel, squares of finite fp32 values cannot overflow a double, so the sum
 // is finite exactly when every element is: the flag is !isfinite(sum).
+#include <cstdint>
+#include <stdexcept>
+
 #include "common.cuh"
 #include "vec.cuh"
 

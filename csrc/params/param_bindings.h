@@ -13,6 +13,8 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <vector>

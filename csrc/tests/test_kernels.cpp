@@ -2,6 +2,7 @@
 // the half conversions against independent references (exhaustive where possible), every
 // ISA path bit-identical to the scalar path, Adam against a double-precision reference,
 // pack/unpack gaps and bounds.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>

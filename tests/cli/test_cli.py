@@ -1,5 +1,7 @@
 """`zerocore env` reports versions, how each op was obtained, and the ISA."""
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -14,6 +16,30 @@ def test_env_json():
         assert info["ops"][op] == "prebuilt"
     assert info["cpu_isa_active"] in info["cpu_isas_supported"]
     assert "aio" in info["ops"] and "cuda" in info["ops"]
+
+
+def test_env_names_the_compiler_that_built_the_extension():
+    """Compiled in (the extension's own macros) and recorded by the build (path and --version):
+    the two name the same compiler."""
+    r = subprocess.run([sys.executable, "-m", "zerocore", "env", "--json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    m = re.fullmatch(r"(gcc|clang) (\d+\.\d+\.\d+)\S*.*, libstdc\+\+ (\d+) \((\d{8})\), C\+\+ 201703",
+                     info["extension_compiler"])
+    assert m, info["extension_compiler"]
+    built_by = info["extension_built_by"]
+    path = built_by.rsplit(" (", 1)[1].rstrip(")")
+    assert os.path.isabs(path) and os.path.exists(path), built_by
+    assert m.group(2) in built_by  # e.g. 12.2.0 in "c++ (Debian 12.2.0-14+deb12u1) 12.2.0 (/usr/bin/c++)"
+
+
+def test_env_says_when_the_extension_does_not_report_its_compiler():
+    from zerocore.env_report import compiled_with
+
+    class OldExtension:  # built before compiler_info existed
+        pass
+
+    assert compiled_with(OldExtension()).startswith("unknown (this extension predates compiler_info")
 
 
 def test_env_text():

@@ -1,18 +1,17 @@
 """Finds the native extension: the prebuilt ``zerocore._C`` if it imports, else a JIT build of
 the same sources (``build_spec``) with torch.utils.cpp_extension and ninja, announced once.
 
-A failed build raises :class:`NativeBuildError` naming the op that needed it, the compiler
-step that failed and what to install, instead of surfacing later as an AttributeError.
+A failed build raises :class:`NativeBuildError` naming the op that needed it, the compiler's
+first error and its file, and what to install only when a tool is missing (a source that does
+not compile is zerocore's bug), instead of surfacing later as an AttributeError.
 """
 from __future__ import annotations
 
 import logging
 import os
-import re
-import shutil
 import threading
 
-from . import build_spec
+from . import build_failure, build_spec
 
 log = logging.getLogger("zerocore.ops")
 
@@ -22,6 +21,7 @@ _how: str | None = None  # "prebuilt" | "jit"
 _error: Exception | None = None
 _prebuilt_error: str | None = None
 _jit_unavailable: dict | None = None  # optional parts a JIT build left out, and why
+_jit_compiler: str | None = None  # the compiler a JIT build ran: "<--version line> (<path>)"
 
 
 class NativeBuildError(RuntimeError):
@@ -38,23 +38,15 @@ def _jit_dir() -> str:
 
 
 def _explain_build_failure(op: str, exc: BaseException) -> NativeBuildError:
-    text = str(exc)
-    failed = re.findall(r"FAILED: (\S+)", text)
-    errors = [ln.strip() for ln in text.splitlines() if "error:" in ln or "fatal error" in ln]
-    step = "compiling " + failed[0] if failed else ("linking" if "collect2" in text or "ld:" in text else "building")
-    if "Ninja is required" in text or shutil.which("ninja") is None:
-        hint = "install ninja (`pip install ninja`)"
-    elif "Python.h" in text:
-        hint = "install the Python development headers (Debian: `apt-get install python3-dev`)"
-    elif "command not found" in text or "No such file or directory" in text and ("c++" in text or "g++" in text):
-        hint = "install a C++17 compiler (Debian: `apt-get install g++`)"
-    else:
-        hint = "install g++ (C++17, OpenMP) and ninja, or install a prebuilt zerocore wheel"
-    first = errors[0] if errors else text.strip().splitlines()[-1] if text.strip() else repr(exc)
+    """The compiler's first error with its file (relative to the tree) and the compiler that
+    gave it; tool hints only for a tool that is really missing (build_failure.explain)."""
+    # A CalledProcessError (torch running the compiler itself) keeps the tool's output apart.
+    out = [getattr(exc, a, None) for a in ("output", "stderr")]
+    text = "\n".join([str(exc)] + [o.decode(errors="replace") if isinstance(o, bytes) else o for o in out if o])
+    what, advice = build_failure.explain(text)
     return NativeBuildError(
         f"zerocore op '{op}' needs the native extension, which is not prebuilt here "
-        f"({_prebuilt_error}) and failed to JIT-build: {step} failed: {first}. "
-        f"To fix: {hint}; then retry, or reinstall with `pip install --no-build-isolation .`."
+        f"({_prebuilt_error}) and failed to JIT-build: {what}. {advice}"
     )
 
 
@@ -78,8 +70,9 @@ def _jit_build(op: str):
     import torch
 
     cfg = build_spec.extension_config(torch_has_cuda=torch.version.cuda is not None)
-    global _jit_unavailable
+    global _jit_unavailable, _jit_compiler
     _jit_unavailable = cfg["unavailable"]
+    _jit_compiler = build_failure.compiler_version()  # what torch runs: $CXX, else c++
     macros = [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in cfg["define_macros"]]
     libs = [f"-L{d}" for d in cfg["library_dirs"]] + [f"-l{lib}" for lib in cfg["libraries"]]
     try:
@@ -151,6 +144,21 @@ def unavailable_parts() -> dict:
         return dict(_build_info.UNAVAILABLE)
     except ImportError:
         return {}
+
+
+def build_compiler() -> str | None:
+    """The compiler that built the loaded extension, "<--version line> (<path>)": as setup.py
+    recorded it in zerocore/_build_info.py, or as the JIT build ran it; None if not recorded
+    (an extension built before zerocore recorded it). The extension's own compiler_info() says
+    what was compiled in."""
+    if _how == "jit":
+        return _jit_compiler
+    try:
+        from zerocore import _build_info  # type: ignore[attr-defined]
+
+        return getattr(_build_info, "COMPILER", None)
+    except ImportError:
+        return None
 
 
 def status() -> dict:
