@@ -42,6 +42,8 @@ class Recorder:
             self.calls.append((name, args))
             if name == "cuda_sum_squares":
                 return torch.tensor(4.0, dtype=torch.float64), torch.tensor(False)
+            if name == "cuda_sum_squares_multi":  # rows of (sum of squares, Inf/NaN) per tensor
+                return torch.tensor([[4.0, 0.0]] * len(args[0]), dtype=torch.float64)
 
         return record
 

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .._checks import (PLAIN, adam_multi_args, adam_tensor_args, cast_args, check_adam_hyper, check_number, check_step,
-                       pack_args, steps_plain, sum_squares_args, sum_squares_multi_args)
+from .._checks import (PLAIN, adam_multi_args, adam_tensor_args, cast_args, check_adam_hyper, check_list, check_number,
+                       check_step, pack_args, steps_plain, sum_squares_args, sum_squares_multi_args)
 from ._lib import lib, stream_handle
 
 
@@ -141,6 +141,14 @@ def sum_squares_multi(tensors: list, *, sync: bool = True):
     """zerocore.ops.sum_squares_multi for CUDA tensors on one device: one binding call, no host
     sync with ``sync=False`` (a float64 device tensor [sum of squares, tensors holding Inf/NaN])."""
     mod = lib()
+    tensors = check_list("sum_squares_multi", "tensors", tensors)
+    if not tensors:
+        raise ValueError("sum_squares_multi (CUDA): 'tensors' is empty, so no device holds the result "
+                         "(zerocore.ops.sum_squares_multi returns (0.0, False) for it)")
+    if type(tensors[0]) not in PLAIN or not tensors[0].is_cuda:
+        # Not the usual call (a tensor subclass may say one thing to Python and hold another for
+        # C++; a CPU list is no CUDA call): the Python checks decide before the binding sees it.
+        sum_squares_multi_args("sum_squares_multi", tensors, cuda=True)
     device = tensors[0].device
     try:  # the binding checks every tensor before the first launch
         rows = mod.cuda_sum_squares_multi(tensors, stream_handle(device))
