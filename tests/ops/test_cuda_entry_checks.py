@@ -128,6 +128,35 @@ def test_the_native_cpu_bindings_refuse_freed_tensors_themselves():
         mod.crc32c(_freed(t, 4, keep=4), 0, True)
 
 
+def test_a_refusal_the_fast_checks_missed_is_named_by_the_full_checks(monkeypatch):
+    """The fast paths test only for a null pointer (a shrunk storage costs a storage lookup per
+    tensor to see): when the native call then refuses, the full checks run and name the tensor,
+    on either path (the GPU cases below hold it on a GPU); input they
+    find nothing wrong with gets the native error itself."""
+    from zerocore.ops import _loader
+
+    class Refuses:
+        def __getattr__(self, name):
+            def refuse(*args):
+                raise ValueError("the native side refuses")
+            return refuse
+
+    monkeypatch.setattr(_loader, "_module", Refuses())
+    t = _make("cpu")
+    shrunk = _freed(t, 4, keep=12)
+    for call, words in ((lambda: ops.pack([t(2), shrunk], [0, 4], t(8)), r"pack: 'tensors\[1\]' has 4"),
+                        (lambda: ops.adam_step(t(4), t(4), shrunk, t(4), lr=0.1, step=1), "adam_step: 'exp_avg' has 4"),
+                        (lambda: ops.adam_step_multi([t(4)], [shrunk], [t(4)], [t(4)], steps=[1], lr=0.1),
+                         r"adam_step_multi: 'grads\[0\]' has 4")):
+        with pytest.raises(ValueError, match=f"{words} elements but its storage holds 12 of the 16 bytes") as err:
+            call()
+        assert err.value.__context__ is None  # not chained to the native refusal
+    for call in (lambda: ops.pack([t(2)], [0], t(8)), lambda: ops.adam_step(t(4), t(4), t(4), t(4), lr=0.1, step=1),
+                 lambda: ops.adam_step_multi([t(4)], [t(4)], [t(4)], [t(4)], steps=[1], lr=0.1)):
+        with pytest.raises(ValueError, match="the native side refuses"):
+            call()
+
+
 # ---- CUDA only ------------------------------------------------------------------------------
 def _misaligned(n, dtype=torch.float32, *, cuda=True):
     """n elements starting 2 bytes into a buffer: not aligned to a 4-byte element."""
@@ -265,7 +294,7 @@ class _Foreign:
 
     def __init__(self, base: torch.Tensor, n: int):
         self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f4", "data": (base.data_ptr() + 2, False),
-                                         "version": 2}
+                                         "strides": None, "version": 2}
 
 
 @pytest.mark.gpu
@@ -291,14 +320,15 @@ def test_the_cuda_binding_refuses_by_itself_before_launching():
         mod.cuda_adam_step_multi([torch.zeros(64, device=DEV)], [freed], [torch.zeros(64, device=DEV)],
                                  [torch.zeros(64, device=DEV)], [], [1], 1e-3, 0.9, 0.99, 1e-8, 0.0, True, 1.0, None,
                                  stream)
-    odd = torch.as_tensor(_Foreign(torch.zeros(64, device=DEV), 16), device=DEV)
-    assert odd.data_ptr() % 4 == 2
+    backing = torch.zeros(64, device=DEV)  # outlives the foreign view of it
+    odd = torch.as_tensor(_Foreign(backing, 16), device=DEV)
+    assert odd.data_ptr() == backing.data_ptr() + 2
     with pytest.raises(ValueError, match=MISALIGNED):
         mod.cuda_sum_squares(odd, stream)
     with pytest.raises(ValueError, match=MISALIGNED):
         mod.cuda_cast(odd, torch.empty(16, dtype=B16, device=DEV), stream)
+    x = torch.zeros(16, device=DEV)
     with pytest.raises(ValueError, match="'src' and 'dst' share memory"):
-        x = torch.zeros(16, device=DEV)
         mod.cuda_cast(x, x.view(B16)[:16], stream)
     with pytest.raises(ValueError, match=MISALIGNED):  # and through zerocore.ops, named in Python
         ops.sum_squares(odd)

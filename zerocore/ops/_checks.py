@@ -252,11 +252,13 @@ def _pack_fast(tensors, offsets, flat, cuda: bool):
     return list(tensors), list(offsets)
 
 
-def pack_args(op: str, tensors, offsets, flat, *, cuda: bool) -> tuple[list, list[int]]:
+def pack_args(op: str, tensors, offsets, flat, *, cuda: bool, fast: bool = True) -> tuple[list, list[int]]:
     """pack/unpack: ``tensors[i]`` at element ``offsets[i]`` of ``flat``, same dtype, inside it,
     not overlapping each other in ``flat``, sharing no memory with ``flat``; unpack's
-    destinations share none with each other either (pack may read one tensor twice)."""
-    if op == "pack":
+    destinations share none with each other either (pack may read one tensor twice).
+    ``fast=False``: no fast path (after the binding refused what the fast path let through, e.g. a
+    shrunk storage, which only the full checks measure)."""
+    if op == "pack" and fast:
         fast = _pack_fast(tensors, offsets, flat, cuda)
         if fast is not None:
             return fast
@@ -446,14 +448,14 @@ def _spans_disjoint(spans: list) -> bool:
 
 
 def adam_tensor_args(op: str, p, g, m, v, out, *, cuda: bool, index: int | None = None,
-                     device: torch.device | None = None) -> torch.device:
+                     device: torch.device | None = None, fast: bool = True) -> torch.device:
     """One Adam tensor set: fp32 param / exp_avg / exp_avg_sq, fp32/bf16/fp16 grad, optional
     bf16/fp16 param_out, all of param's size, on param's device, sharing no memory. ``index``:
     the position in adam_step_multi's lists (names become 'params[i]', ...)."""
     def nm(single, multi):
         return single if index is None else f"{multi}[{index}]"
 
-    if index is None:
+    if index is None and fast:
         spans = []
         if _adam_fast(p, g, m, v, out, cuda, spans) and _spans_disjoint(spans):
             return p.device
@@ -475,10 +477,11 @@ def adam_tensor_args(op: str, p, g, m, v, out, *, cuda: bool, index: int | None 
     return dev
 
 
-def adam_multi_args(op: str, params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, *, cuda: bool):
+def adam_multi_args(op: str, params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, *, cuda: bool,
+                    fast: bool = True):
     """adam_step_multi's lists, checked tensor by tensor (naming the index) and as a whole
     (equal lengths, integer steps, no memory shared between tensors). Returns them as lists
-    (param_outs: None or a list) and the steps as ints."""
+    (param_outs: None or a list) and the steps as ints. ``fast=False``: as pack_args."""
     params, grads = check_list(op, "params", params), check_list(op, "grads", grads)
     exp_avgs, exp_avg_sqs = check_list(op, "exp_avgs", exp_avgs), check_list(op, "exp_avg_sqs", exp_avg_sqs)
     steps = check_list(op, "steps", steps)
@@ -494,12 +497,12 @@ def adam_multi_args(op: str, params, grads, exp_avgs, exp_avg_sqs, param_outs, s
     for i, o in enumerate(outs or ()):  # all or nothing: a None is not "no output for this one"
         if o is None:
             raise TypeError(f"{op}: 'param_outs[{i}]' must be a torch.Tensor, got NoneType")
-    if n and steps_plain(steps):
+    if n and fast and steps_plain(steps):
         try:
-            fast = _adam_multi_fast(params, grads, exp_avgs, exp_avg_sqs, outs, cuda)
+            usual = _adam_multi_fast(params, grads, exp_avgs, exp_avg_sqs, outs, cuda)
         except (AttributeError, TypeError):  # not tensors: the full checks name it
-            fast = False
-        if fast:
+            usual = False
+        if usual:
             return params, grads, exp_avgs, exp_avg_sqs, outs, steps
     first = None
     for i in range(n):
