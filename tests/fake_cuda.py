@@ -26,6 +26,17 @@ def fake(*shape, dtype=torch.float32):
     return torch.zeros(*shape, dtype=dtype).as_subclass(FakeCuda)
 
 
+class FakePinned(torch.Tensor):
+    """A CPU tensor that says it is page-locked (pinning needs a CUDA runtime)."""
+
+    def is_pinned(self, device=None):
+        return True
+
+
+def pinned(*shape, dtype=torch.float32):
+    return torch.zeros(*shape, dtype=dtype).as_subclass(FakePinned)
+
+
 class Recorder:
     """Stands in for the extension's CUDA functions: records every call."""
 

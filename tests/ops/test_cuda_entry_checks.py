@@ -21,7 +21,7 @@ from zerocore import ops
 from zerocore.ops import cuda as zcuda
 from zerocore.ops.cuda import memory
 
-from fake_cuda import FakeCuda, fake, install_recorder
+from fake_cuda import FakeCuda, fake, install_recorder, pinned
 from test_cuda import DEV, _why_skip
 from test_kernel_args import _make, assert_same_refusal
 
@@ -172,6 +172,7 @@ def recorder(monkeypatch):
 
 
 MISALIGNED = "starts at an address that is not a multiple of its element size"
+PAGEABLE = r"is pageable CPU memory; the GPU reads and writes host memory only when it is pinned \(tensor.pin_memory\(\)"
 
 
 def test_misaligned_tensors_never_reach_the_cuda_kernels_that_load_elements(recorder):
@@ -254,8 +255,12 @@ def test_async_copy_arguments_are_checked_before_the_copy(recorder):
          "'dst' has 8 elements but 'src' has 7"),
         (lambda: _copier().cast(dev.view(B16)[:8], dev), ValueError, "'src' and 'dst' share memory"),
         (lambda: _copier().cast(torch.zeros(8, dtype=torch.float64), dev), TypeError, "'dst' has dtype float64"),
-        (lambda: _copier("cuda:1").cast(torch.zeros(8, dtype=B16), dev), ValueError,
+        (lambda: _copier("cuda:1").cast(pinned(8, dtype=B16), dev), ValueError,
          "AsyncCopier.cast: 'src' is on cuda:0 but the copy's stream is on cuda:1"),
+        (lambda: zcuda.copy_async(dev, host), ValueError, f"copy_async: 'src' {PAGEABLE}"),
+        (lambda: _copier().copy(host, dev), ValueError, f"AsyncCopier.copy: 'dst' {PAGEABLE}"),
+        (lambda: _copier().cast(torch.zeros(8, dtype=B16), dev), ValueError, f"AsyncCopier.cast: 'dst' {PAGEABLE}"),
+        (lambda: ops.cast(host, fake(8, dtype=B16)), ValueError, f"cast: 'src' {PAGEABLE}"),
     ]
     for call, exc, words in cases:
         with pytest.raises(exc, match=words):

@@ -178,6 +178,15 @@ def check_memory(op: str, name: str, t: torch.Tensor, *, aligned: bool = False) 
                          f"({esize} bytes); the CUDA kernels need element-aligned tensors (call .clone())")
 
 
+def check_pinned(op: str, name: str, t: torch.Tensor) -> None:
+    """Host memory that a CUDA kernel or an async copy reads or writes directly is page-locked:
+    the GPU cannot address pageable memory (a cast kernel would fault; an async copy would
+    silently become a synchronous staged one). Only the CUDA runtime can tell (``is_pinned``)."""
+    if t.device.type == "cpu" and t.numel() and not t.is_pinned():
+        raise ValueError(f"{op}: '{name}' is pageable CPU memory; the GPU reads and writes host memory only when it "
+                         "is pinned (tensor.pin_memory() or a PinnedBufferPool buffer)")
+
+
 def check_disjoint(op: str, named) -> None:
     """No two of the (name, tensor) pairs share a byte of memory: an op that writes one of
     them while reading or writing another would give results that depend on thread timing."""
@@ -316,14 +325,17 @@ def cast_args(op: str, src, dst, dtype, *, cuda: bool):
         raise ValueError(f"{op}: dtype={dtype_name(dtype)} but 'dst' has dtype {dtype_name(dst.dtype)}; give one "
                          "or make them agree")
     check_disjoint(op, [("src", src), ("dst", dst)])
+    if cuda:  # one side may be host memory, which the kernel reads or writes itself
+        check_pinned(op, "src", src)
+        check_pinned(op, "dst", dst)
     return src, dst, None
 
 
 def copy_args(op: str, dst, src, *, device: torch.device | None = None) -> torch.device:
     """A byte copy (zerocore.ops.cuda.copy_async, AsyncCopier.copy): ``dst`` and ``src`` tensors,
     one on a CUDA device (``device`` if given: the copier's stream's), the other there too or in
-    host memory (that it is pinned, the binding checks: only the CUDA runtime can tell), dense,
-    contiguous, backed, the same number of bytes, sharing none. Returns the CUDA side's device."""
+    pinned host memory, dense, contiguous, backed, the same number of bytes, sharing none.
+    Returns the CUDA side's device."""
     for name, t in (("dst", dst), ("src", src)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: '{name}' must be a torch.Tensor, got {type(t).__name__}")
@@ -339,6 +351,8 @@ def copy_args(op: str, dst, src, *, device: torch.device | None = None) -> torch
     if nd != ns:
         raise ValueError(f"{op}: 'dst' has {nd} bytes but 'src' has {ns}")
     check_disjoint(op, [("dst", dst), ("src", src)])
+    check_pinned(op, "dst", dst)
+    check_pinned(op, "src", src)
     return device
 
 
