@@ -261,6 +261,7 @@ def test_async_copy_arguments_are_checked_before_the_copy(recorder):
         (lambda: _copier().copy(host, dev), ValueError, f"AsyncCopier.copy: 'dst' {PAGEABLE}"),
         (lambda: _copier().cast(torch.zeros(8, dtype=B16), dev), ValueError, f"AsyncCopier.cast: 'dst' {PAGEABLE}"),
         (lambda: ops.cast(host, fake(8, dtype=B16)), ValueError, f"cast: 'src' {PAGEABLE}"),
+        (lambda: ops.cast(dev, torch.zeros(8, dtype=B16)), ValueError, f"cast: 'dst' {PAGEABLE}"),  # as test_cuda
     ]
     for call, exc, words in cases:
         with pytest.raises(exc, match=words):
