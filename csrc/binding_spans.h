@@ -18,7 +18,8 @@ namespace zc_bind {
 struct Span {
   uintptr_t begin, end;
   const char* list;  // the argument's name, e.g. "params"
-  int64_t index;     // position in that list; the order key for naming a pair (argument order)
+  int64_t index;     // position in that list (-1: a lone tensor, named without an index); the order key for
+                     // naming a pair (argument order)
   int order;         // which list, in argument order
 };
 
@@ -45,13 +46,16 @@ class Spans {
         const bool a_first = a.order != b.order ? a.order < b.order : a.index < b.index;
         const Span& x = a_first ? a : b;
         const Span& y = a_first ? b : a;
-        ZC_CHECK_VALUE(false, op, ": '", x.list, "[", x.index, "]' and '", y.list, "[", y.index,
-                       "]' share memory; the op needs separate tensors");
+        ZC_CHECK_VALUE(false, op, ": '", name(x), "' and '", name(y), "' share memory; the op needs separate tensors");
       }
     }
   }
 
  private:
+  static std::string name(const Span& s) {
+    return s.index < 0 ? std::string(s.list) : std::string(s.list) + "[" + std::to_string(s.index) + "]";
+  }
+
   std::vector<Span> spans_;
 };
 

@@ -13,6 +13,7 @@
 
 #include "adam/adam.h"
 #include "binding_dtype.h"
+#include "binding_memory.h"
 #include "binding_spans.h"
 #include "bench/stream.h"
 #include "cast/cast.h"
@@ -41,6 +42,7 @@ void check_cpu_contiguous(const at::Tensor& t, const std::string& op, const std:
   ZC_CHECK_VALUE(t.device().is_cpu(), op, ": '", arg, "' is on ", t.device(),
                     "; this build has CPU kernels only (CUDA kernels are not built into it)");
   ZC_CHECK_VALUE(t.is_contiguous(), op, ": '", arg, "' must be contiguous (call .contiguous())");
+  zc_bind::check_memory(t, op, arg);
 }
 
 void check_f32(const at::Tensor& t, int64_t numel, const std::string& op, const std::string& arg) {
@@ -50,21 +52,24 @@ void check_f32(const at::Tensor& t, int64_t numel, const std::string& op, const 
 }
 
 // `index` < 0 for a single-tensor call; else the position in the list, used only to name
-// the argument in an error (names are built on failure: this runs per tensor per step).
+// the argument in an error as the Python checks do ('grad', or 'grads[3]' for a list; names are
+// built on failure: this runs per tensor per step).
 zc::AdamTensor make_adam_tensor(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m,
                                 const at::Tensor& v, const std::optional<at::Tensor>& out,
                                 const zc::AdamScalars& s, const char* op, int64_t index) {
   auto name = [index](const char* arg) {
-    return index < 0 ? std::string(arg) : std::string(arg) + "[" + std::to_string(index) + "]";
+    return index < 0 ? std::string(arg) : std::string(arg) + "s[" + std::to_string(index) + "]";
   };
   const int64_t n = p.numel();
   auto ok_f32 = [n](const at::Tensor& t) {
-    return t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == at::kFloat && t.numel() == n;
+    return t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == at::kFloat && t.numel() == n &&
+           zc_bind::holds_memory(t);
   };
   if (!ok_f32(p)) check_f32(p, n, op, name("param"));
   if (!ok_f32(m)) check_f32(m, n, op, name("exp_avg"));
   if (!ok_f32(v)) check_f32(v, n, op, name("exp_avg_sq"));
-  if (!(g.device().is_cpu() && g.is_contiguous())) check_cpu_contiguous(g, op, name("grad"));
+  if (!(g.device().is_cpu() && g.is_contiguous() && zc_bind::holds_memory(g)))
+    check_cpu_contiguous(g, op, name("grad"));
   const std::optional<zc::DType> known = zc_bind::kernel_dtype(g);
   const zc::DType gdt = known ? *known : to_zc(g, op, name("grad"));
   ZC_CHECK_VALUE(g.numel() == n, op, ": '", name("grad"), "' has ", g.numel(), " elements but '",
@@ -187,7 +192,7 @@ std::tuple<double, bool> sum_squares_multi(const std::vector<at::Tensor>& tensor
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
     const std::optional<zc::DType> d = zc_bind::kernel_dtype(t);
-    if (!(d && t.device().is_cpu() && t.is_contiguous())) {
+    if (!(d && t.device().is_cpu() && t.is_contiguous() && zc_bind::holds_memory(t))) {
       const std::string arg = "tensors[" + std::to_string(i) + "]";
       check_cpu_contiguous(t, op, arg);
       to_zc(t, op, arg);

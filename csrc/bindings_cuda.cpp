@@ -25,6 +25,7 @@
 
 #include "adam/adam.h"
 #include "binding_dtype.h"
+#include "binding_memory.h"
 #include "binding_spans.h"
 #include "cuda/api.h"
 
@@ -36,18 +37,40 @@ cudaStream_t as_stream(uint64_t s) { return reinterpret_cast<cudaStream_t>(stati
 
 using zc_bind::to_zc;
 
-// A contiguous CUDA tensor on `device` (-1: any CUDA device). Returns its device index.
-int check_cuda(const at::Tensor& t, const std::string& op, const std::string& arg, int device = -1) {
+// A contiguous CUDA tensor on `device` (-1: any CUDA device) with memory behind its elements
+// (`aligned`: at an address the kernels' element loads take). Returns its device index.
+int check_cuda(const at::Tensor& t, const std::string& op, const std::string& arg, int device = -1,
+               bool aligned = false) {
   ZC_CHECK_VALUE(t.defined(), op, ": '", arg, "' is undefined");
   ZC_CHECK_VALUE(t.is_cuda(), op, ": '", arg, "' is on ", t.device(), "; expected a CUDA tensor");
   ZC_CHECK_VALUE(device < 0 || t.get_device() == device, op, ": '", arg, "' is on ", t.device(),
                     " but the first tensor is on cuda:", device);
   ZC_CHECK_VALUE(t.is_contiguous(), op, ": '", arg, "' must be contiguous (call .contiguous())");
+  zc_bind::check_memory(t, op, arg, aligned);
   return t.get_device();
 }
 
+// Everything check_cuda checks, as one expression for the per-tensor fast paths (no strings).
+bool fine_cuda(const at::Tensor& t, int device, bool aligned) {
+  return t.defined() && t.is_cuda() && t.get_device() == device && t.layout() == at::kStrided && t.is_contiguous() &&
+         zc_bind::holds_memory(t) && (!aligned || zc_bind::element_aligned(t));
+}
+
+// Whether the byte ranges of a and b are disjoint (a kernel may write one while reading the other).
+bool apart(const at::Tensor& a, const at::Tensor& b) {
+  const int64_t na = a.numel() * static_cast<int64_t>(a.element_size());
+  const int64_t nb = b.numel() * static_cast<int64_t>(b.element_size());
+  if (na == 0 || nb == 0) return true;
+  const auto pa = reinterpret_cast<uintptr_t>(a.data_ptr()), pb = reinterpret_cast<uintptr_t>(b.data_ptr());
+  return pa + static_cast<uintptr_t>(na) <= pb || pb + static_cast<uintptr_t>(nb) <= pa;
+}
+
+void check_apart(const at::Tensor& a, const char* an, const at::Tensor& b, const char* bn, const std::string& op) {
+  ZC_CHECK_VALUE(apart(a, b), op, ": '", an, "' and '", bn, "' share memory; the op needs separate tensors");
+}
+
 void check_f32(const at::Tensor& t, int64_t numel, int device, const std::string& op, const std::string& arg) {
-  check_cuda(t, op, arg, device);
+  check_cuda(t, op, arg, device, /*aligned=*/true);
   ZC_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": '", arg, "' must be float32, got ", t.scalar_type());
   ZC_CHECK_VALUE(t.numel() == numel, op, ": '", arg, "' has ", t.numel(), " elements but 'param' has ", numel);
 }
@@ -69,7 +92,7 @@ void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at
   const float* dgs = nullptr;
   if (grad_scale_tensor.has_value()) {
     const at::Tensor& s = *grad_scale_tensor;
-    check_cuda(s, op, "grad_scale", device);
+    check_cuda(s, op, "grad_scale", device, /*aligned=*/true);
     ZC_CHECK_TYPE(s.scalar_type() == at::kFloat, op, ": a grad_scale tensor must be float32, got ", s.scalar_type());
     ZC_CHECK_VALUE(s.numel() == 1, op, ": a grad_scale tensor must have one element, got ", s.numel());
     dgs = s.data_ptr<float>();
@@ -92,27 +115,24 @@ void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at
     // Fast path: every check in one expression, messages built only when one fails.
     const int64_t numel = p.numel();
     auto fine_f32 = [&](const at::Tensor& t) {
-      return t.defined() && t.is_cuda() && t.get_device() == device && t.is_contiguous() &&
-             t.scalar_type() == at::kFloat && t.numel() == numel;
+      return fine_cuda(t, device, true) && t.scalar_type() == at::kFloat && t.numel() == numel;
     };
-    const bool ok = fine_f32(p) && fine_f32(m) && fine_f32(v) && g.defined() && g.is_cuda() &&
-                    g.get_device() == device && g.is_contiguous() && g.numel() == numel &&
+    const bool ok = fine_f32(p) && fine_f32(m) && fine_f32(v) && fine_cuda(g, device, true) && g.numel() == numel &&
                     (g.scalar_type() == at::kFloat || g.scalar_type() == at::kBFloat16 ||
                      g.scalar_type() == at::kHalf) &&
-                    (o == nullptr || (o->defined() && o->is_cuda() && o->get_device() == device && o->is_contiguous() &&
-                                      o->numel() == numel &&
+                    (o == nullptr || (fine_cuda(*o, device, true) && o->numel() == numel &&
                                       (o->scalar_type() == at::kBFloat16 || o->scalar_type() == at::kHalf)));
     if (!ok) {  // the slow path names the argument and what is wrong
       const std::string sfx = "[" + std::to_string(i) + "]";
       check_f32(p, numel, device, op, "params" + sfx);
-      check_cuda(g, op, "grads" + sfx, device);
+      check_cuda(g, op, "grads" + sfx, device, /*aligned=*/true);
       to_zc(g, op, "grads" + sfx);
       ZC_CHECK_VALUE(g.numel() == numel, op, ": 'grads", sfx, "' has ", g.numel(), " elements but 'params", sfx,
                         "' has ", numel);
       check_f32(m, numel, device, op, "exp_avgs" + sfx);
       check_f32(v, numel, device, op, "exp_avg_sqs" + sfx);
       if (o != nullptr) {
-        check_cuda(*o, op, "param_outs" + sfx, device);
+        check_cuda(*o, op, "param_outs" + sfx, device, /*aligned=*/true);
         const zc::DType odt = to_zc(*o, op, "param_outs" + sfx);
         ZC_CHECK_TYPE(odt != zc::DType::F32, op, ": 'param_outs", sfx, "' must be bfloat16 or float16, got float32");
         ZC_CHECK_VALUE(o->numel() == numel, op, ": 'param_outs", sfx, "' has ", o->numel(),
@@ -150,14 +170,16 @@ void pack_impl(const std::vector<at::Tensor>& tensors, const std::vector<int64_t
   const std::string op = pack ? "pack (CUDA)" : "unpack (CUDA)";
   ZC_CHECK_VALUE(tensors.size() == offsets.size(), op, ": got ", tensors.size(), " tensors but ", offsets.size(),
                     " offsets");
-  const int device = check_cuda(flat, op, "flat");
+  const int device = check_cuda(flat, op, "flat");  // byte copies: any alignment works
   const int64_t esize = flat.element_size();
   std::vector<zc::Segment> segs;
   segs.reserve(tensors.size());
+  // What the op writes shares no memory with what it reads (pack may read one tensor twice).
+  zc_bind::Spans spans(pack ? 0 : tensors.size() + 1);
+  if (!pack) spans.add(flat, "flat", 0, -1);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
-    const bool ok = t.defined() && t.is_cuda() && t.get_device() == device && t.is_contiguous() &&
-                    t.scalar_type() == flat.scalar_type() && offsets[i] >= 0 &&
+    const bool ok = fine_cuda(t, device, false) && t.scalar_type() == flat.scalar_type() && offsets[i] >= 0 &&
                     offsets[i] <= flat.numel() - t.numel();
     if (!ok) {
       const std::string arg = "tensors[" + std::to_string(i) + "]";
@@ -167,8 +189,14 @@ void pack_impl(const std::vector<at::Tensor>& tensors, const std::vector<int64_t
       ZC_CHECK_VALUE(false, op, ": '", arg, "' with ", t.numel(), " elements at offset ", offsets[i],
                         " does not fit in 'flat' of ", flat.numel(), " elements");
     }
+    if (pack) {
+      ZC_CHECK_VALUE(apart(flat, t), op, ": 'flat' and 'tensors[", i, "]' share memory; the op needs separate tensors");
+    } else {
+      spans.add(t, "tensors", 1, static_cast<int64_t>(i));
+    }
     segs.push_back({t.data_ptr(), offsets[i] * esize, t.numel() * esize});
   }
+  if (!pack) spans.check_disjoint(op.c_str());
   const int64_t flat_bytes = flat.numel() * esize;
   const std::vector<zcc::PackPiece> pieces = zcc::plan_pack(segs.data(), static_cast<int64_t>(segs.size()), flat_bytes, pack);
   if (pieces.empty() || flat_bytes == 0) return;
@@ -211,13 +239,16 @@ void cast(const at::Tensor& src, const at::Tensor& dst, uint64_t stream) {
   }
   const zc::DType s = to_zc(src, op, "src"), d = to_zc(dst, op, "dst");
   ZC_CHECK_VALUE(src.numel() == dst.numel(), op, ": 'dst' has ", dst.numel(), " elements but 'src' has ", src.numel());
+  zc_bind::check_memory(src, op, "src", /*aligned=*/true);
+  zc_bind::check_memory(dst, op, "dst", /*aligned=*/true);
+  check_apart(src, "src", dst, "dst", op);
   zcc::cast(src.data_ptr(), s, dst.data_ptr(), d, src.numel(), device, as_stream(stream));
 }
 
 // ---- sum of squares ----------------------------------------------------------------------
 std::tuple<at::Tensor, at::Tensor> sum_squares(const at::Tensor& t, uint64_t stream) {
   const char* op = "sum_squares (CUDA)";
-  const int device = check_cuda(t, op, "tensor");
+  const int device = check_cuda(t, op, "tensor", -1, /*aligned=*/true);
   const zc::DType dt = to_zc(t, op, "tensor");
   const auto opts = at::TensorOptions().device(t.device());
   at::Tensor ws = at::empty({zcc::sum_squares_workspace(t.numel())}, opts.dtype(at::kDouble));
@@ -242,7 +273,7 @@ at::Tensor sum_squares_multi(const std::vector<at::Tensor>& tensors, uint64_t st
   int64_t ws_elems = 1;
   for (int64_t i = 0; i < n; ++i) {
     const std::string arg = "tensors[" + std::to_string(i) + "]";
-    check_cuda(tensors[i], op, arg, device);
+    check_cuda(tensors[i], op, arg, device, /*aligned=*/true);
     dts.push_back(to_zc(tensors[i], op, arg));
     ws_elems = std::max(ws_elems, zcc::sum_squares_workspace(tensors[i].numel()));
   }
@@ -285,6 +316,7 @@ void memcpy_async(const at::Tensor& dst, const at::Tensor& src, uint64_t stream)
   const int device = dst.is_cuda() ? dst.get_device() : src.get_device();
   for (const at::Tensor* t : {&dst, &src}) {
     const char* arg = t == &dst ? "dst" : "src";
+    zc_bind::check_memory(*t, op, arg);
     if (t->is_cuda()) {
       ZC_CHECK_VALUE(t->get_device() == device, op, ": 'dst' and 'src' are on different CUDA devices");
     } else {
@@ -293,6 +325,7 @@ void memcpy_async(const at::Tensor& dst, const at::Tensor& src, uint64_t stream)
                         "; an async copy needs pinned memory (tensor.pin_memory() or a PinnedBufferPool buffer)");
     }
   }
+  check_apart(dst, "dst", src, "src", op);
   zcc::memcpy_async(dst.data_ptr(), src.data_ptr(), nbytes, device, as_stream(stream));
 }
 

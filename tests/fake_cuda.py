@@ -26,6 +26,17 @@ def fake(*shape, dtype=torch.float32):
     return torch.zeros(*shape, dtype=dtype).as_subclass(FakeCuda)
 
 
+class FakePinned(torch.Tensor):
+    """A CPU tensor that says it is page-locked (pinning needs a CUDA runtime)."""
+
+    def is_pinned(self, device=None):
+        return True
+
+
+def pinned(*shape, dtype=torch.float32):
+    return torch.zeros(*shape, dtype=dtype).as_subclass(FakePinned)
+
+
 class Recorder:
     """Stands in for the extension's CUDA functions: records every call."""
 
@@ -42,6 +53,8 @@ class Recorder:
             self.calls.append((name, args))
             if name == "cuda_sum_squares":
                 return torch.tensor(4.0, dtype=torch.float64), torch.tensor(False)
+            if name == "cuda_sum_squares_multi":  # rows of (sum of squares, Inf/NaN) per tensor
+                return torch.tensor([[4.0, 0.0]] * len(args[0]), dtype=torch.float64)
 
         return record
 

@@ -19,6 +19,8 @@
 #include <memory>
 #include <vector>
 
+#include "binding_memory.h"
+
 namespace zc_params {
 
 namespace py = pybind11;
@@ -53,12 +55,13 @@ py::object make_access_getattr(py::object fallback) {
 }
 
 // Returns false, touching nothing, unless every present gradient has the bucket's dtype and
-// device, is contiguous, fits at its (ascending) offset and shares no memory with the bucket:
-// the caller then packs through the checked op, which names what is wrong.
+// device, is contiguous with memory behind it, fits at its (ascending) offset and shares no
+// memory with the bucket (itself contiguous and backed): the caller then packs through the
+// checked op, which names what is wrong.
 bool pack_grads(const std::vector<at::Tensor>& params, const std::vector<int64_t>& offsets, at::Tensor& flat) {
   TORCH_CHECK_VALUE(params.size() == offsets.size(), "pack_grads: ", params.size(), " parameters but ",
                     offsets.size(), " offsets");
-  if (!flat.is_contiguous()) return false;
+  if (!flat.is_contiguous() || !zc_bind::holds_memory(flat)) return false;
   const int64_t total = flat.numel();
   const int64_t esize = flat.element_size();
   const auto* lo = static_cast<const char*>(flat.data_ptr());
@@ -69,7 +72,7 @@ bool pack_grads(const std::vector<at::Tensor>& params, const std::vector<int64_t
     if (!g.defined()) continue;
     const int64_t o = offsets[i], n = g.numel();
     if (o < end || o + n > total || g.scalar_type() != flat.scalar_type() || g.device() != flat.device() ||
-        !g.is_contiguous())
+        !g.is_contiguous() || !zc_bind::holds_memory(g))
       return false;
     const auto* p = static_cast<const char*>(g.data_ptr());
     if (n && p < hi && lo < p + n * esize) return false;

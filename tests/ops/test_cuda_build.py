@@ -21,7 +21,7 @@ from zerocore.ops import _loader, build_spec
 from zerocore.ops import cuda as zcuda
 from zerocore.ops.cuda import _lib
 
-from fake_cuda import fake, install_recorder
+from fake_cuda import fake, install_recorder, pinned
 
 ROOT = build_spec.repo_root()
 NVCC = next((p for p in (os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc"),
@@ -125,7 +125,7 @@ def test_ops_route_cuda_tensors_to_the_cuda_kernels(recorder):
     ops.unpack(flat, [p], [3])
     assert [c[0] for c in recorder.calls[-2:]] == ["cuda_pack", "cuda_unpack"]
     assert recorder.calls[-2][1][1:] == ([0, 8], flat, 1234) and recorder.calls[-1][1][2:] == ([3], 1234)
-    pinned_like = torch.zeros(5)
+    pinned_like = pinned(5)
     ops.cast(p, pinned_like)  # device -> host: still the CUDA path (the kernel writes host memory)
     assert recorder.calls[-1][0] == "cuda_cast" and recorder.calls[-1][1][1] is pinned_like
     assert ops.sum_squares(p) == (4.0, False)

@@ -96,8 +96,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name, call, exc, words", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_same_error_on_cpu_and_cuda_paths(name, call, exc, words, monkeypatch):
+def assert_same_refusal(name, call, exc, words, monkeypatch) -> None:
+    """``call`` raises ``exc`` matching ``words`` with CPU tensors and, word for word, with stood-in
+    CUDA tensors, where no CUDA kernel call happens."""
     with pytest.raises(exc, match=words) as on_cpu:
         call(_make("cpu"))
     rec = install_recorder(monkeypatch)
@@ -105,6 +106,11 @@ def test_bad_input_same_error_on_cpu_and_cuda_paths(name, call, exc, words, monk
         call(_make("cuda"))
     assert rec.calls == [], f"{name}: the CUDA path reached the kernels with bad input"
     assert str(on_cuda.value) == str(on_cpu.value)
+
+
+@pytest.mark.parametrize("name, call, exc, words", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_same_error_on_cpu_and_cuda_paths(name, call, exc, words, monkeypatch):
+    assert_same_refusal(name, call, exc, words, monkeypatch)
 
 
 def test_mixed_devices_are_named(monkeypatch):

@@ -5,7 +5,9 @@ TypeError/ValueError naming the op and the argument on every device (never a pyb
 
 Rules shared by every op:
 - tensors are torch.Tensors on the op's device (the CPU, or one CUDA device; ``cast`` may read
-  or write host memory from a CUDA kernel), contiguous, of a dtype the kernel takes;
+  or write host memory from a CUDA kernel), dense and contiguous, of a dtype the kernel takes,
+  with the memory their elements need (not a freed or shrunk storage: a kernel would write
+  through a null or dangling pointer); on CUDA, element-aligned where a kernel loads elements;
 - integers (offsets, step counts) are ints or integer-like (``operator.index``), never floats
   or bools, and in range for the kernels' int64;
 - what an op writes shares no memory with anything else it reads or writes.
@@ -122,9 +124,10 @@ def check_home(op: str, name: str, t, *, cuda: bool) -> torch.device:
 
 
 def check_tensor(op: str, name: str, t, dtypes, *, device: torch.device, home: str, numel: int | None = None,
-                 ref: str | None = None, host_ok: bool = False) -> None:
+                 ref: str | None = None, host_ok: bool = False, aligned: bool = False) -> None:
     """``t`` is a contiguous tensor of one of ``dtypes`` on ``device`` (the device of the op's
-    ``home`` argument; with ``host_ok`` also CPU memory) with ``numel`` elements (those of ``ref``)."""
+    ``home`` argument; with ``host_ok`` also CPU memory) with ``numel`` elements (those of ``ref``),
+    and memory behind them (:func:`check_memory`; ``aligned``: element-aligned too)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: '{name}' must be a torch.Tensor, got {type(t).__name__}")
     dev = t.device
@@ -134,10 +137,54 @@ def check_tensor(op: str, name: str, t, dtypes, *, device: torch.device, home: s
         raise ValueError(f"{op}: '{name}' is on {dev} but '{home}' is on {device}")
     if t.dtype not in dtypes:
         raise TypeError(f"{op}: '{name}' has dtype {dtype_name(t.dtype)}; expected {_dtypes_text(dtypes)}")
-    if not t.is_contiguous():
-        raise ValueError(f"{op}: '{name}' must be contiguous (call .contiguous())")
+    check_dense(op, name, t)
     if numel is not None and t.numel() != numel:
         raise ValueError(f"{op}: '{name}' has {t.numel()} elements but '{ref}' has {numel}")
+    check_memory(op, name, t, aligned=aligned)
+
+
+def check_dense(op: str, name: str, t: torch.Tensor) -> None:
+    """A strided (not sparse) contiguous tensor: the kernels walk its elements as one array."""
+    if t.layout != torch.strided:
+        raise ValueError(f"{op}: '{name}' is a {str(t.layout).replace('torch.', '')} tensor; zerocore's kernels "
+                         "take dense tensors (call .to_dense())")
+    if not t.is_contiguous():
+        raise ValueError(f"{op}: '{name}' must be contiguous (call .contiguous())")
+
+
+def check_memory(op: str, name: str, t: torch.Tensor, *, aligned: bool = False) -> None:
+    """The (contiguous) tensor's storage holds the bytes its elements need. A storage freed or
+    shrunk under the tensor (``untyped_storage().resize_(0)``, as stage 3 frees a partitioned
+    parameter outside ``zerocore.gathered()``) leaves a null or dangling data pointer that a
+    kernel would write through: a segfault on the CPU, an illegal address that ends the process's
+    CUDA context on a GPU. ``aligned``: the address is a multiple of the element size, as the
+    CUDA kernels' element loads need (torch's own tensors always are; memory from elsewhere, e.g.
+    ``torch.frombuffer(..., offset=1)`` or a foreign ``__cuda_array_interface__``, may not be)."""
+    n = t.numel()
+    if n == 0:
+        return
+    esize = t.element_size()
+    try:
+        have = t.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):  # a wrapper subclass with no storage of its own
+        raise TypeError(f"{op}: '{name}' ({type(t).__name__}) has no storage of its own; zerocore's kernels take "
+                        "tensors backed by memory") from None
+    need = (t.storage_offset() + n) * esize
+    if have < need:
+        raise ValueError(f"{op}: '{name}' has {n} elements but its storage holds {have} of the {need} bytes they "
+                         "need: its memory was freed or shrunk (e.g. a stage-3 parameter outside zerocore.gathered())")
+    if aligned and t.data_ptr() % esize:
+        raise ValueError(f"{op}: '{name}' starts at an address that is not a multiple of its element size "
+                         f"({esize} bytes); the CUDA kernels need element-aligned tensors (call .clone())")
+
+
+def check_pinned(op: str, name: str, t: torch.Tensor) -> None:
+    """Host memory that a CUDA kernel or an async copy reads or writes directly is page-locked:
+    the GPU cannot address pageable memory (a cast kernel would fault; an async copy would
+    silently become a synchronous staged one). Only the CUDA runtime can tell (``is_pinned``)."""
+    if t.device.type == "cpu" and t.numel() and not t.is_pinned():
+        raise ValueError(f"{op}: '{name}' is pageable CPU memory; the GPU reads and writes host memory only when it "
+                         "is pinned (tensor.pin_memory() or a PinnedBufferPool buffer)")
 
 
 def check_disjoint(op: str, named) -> None:
@@ -194,6 +241,8 @@ def _pack_fast(tensors, offsets, flat, cuda: bool):
         index = -1
     dtype, total, esize = flat.dtype, flat.numel(), flat.element_size()
     lo = flat.data_ptr()
+    if not lo and total:  # a freed bucket: the full checks name it
+        return None
     hi = lo + total * esize
     end = 0
     for t, o in zip(tensors, offsets):  # inline tests only: the engine packs a whole group per call
@@ -206,23 +255,25 @@ def _pack_fast(tensors, offsets, flat, cuda: bool):
             return None
         if n:
             p = t.data_ptr()
-            if p < hi and lo < p + n * esize:
+            if not p or (p < hi and lo < p + n * esize):  # freed, or inside flat: the full checks name it
                 return None
         end = o + n
     return list(tensors), list(offsets)
 
 
-def pack_args(op: str, tensors, offsets, flat, *, cuda: bool) -> tuple[list, list[int]]:
+def pack_args(op: str, tensors, offsets, flat, *, cuda: bool, fast: bool = True) -> tuple[list, list[int]]:
     """pack/unpack: ``tensors[i]`` at element ``offsets[i]`` of ``flat``, same dtype, inside it,
     not overlapping each other in ``flat``, sharing no memory with ``flat``; unpack's
-    destinations share none with each other either (pack may read one tensor twice)."""
-    if op == "pack":
+    destinations share none with each other either (pack may read one tensor twice).
+    ``fast=False``: no fast path (after the binding refused what the fast path let through, e.g. a
+    shrunk storage, which only the full checks measure)."""
+    if op == "pack" and fast:
         fast = _pack_fast(tensors, offsets, flat, cuda)
         if fast is not None:
             return fast
     device = check_home(op, "flat", flat, cuda=cuda)
-    if not flat.is_contiguous():
-        raise ValueError(f"{op}: 'flat' must be contiguous (call .contiguous())")
+    check_dense(op, "flat", flat)
+    check_memory(op, "flat", flat)  # pack and unpack are byte copies: any alignment works
     tensors = check_list(op, "tensors", tensors)
     offsets = check_list(op, "offsets", offsets)
     if len(offsets) != len(tensors):
@@ -258,10 +309,10 @@ def cast_args(op: str, src, dst, dtype, *, cuda: bool):
         if not isinstance(dst, torch.Tensor) or not dst.is_cuda:
             raise ValueError(f"{op}: neither 'src' nor 'dst' is a CUDA tensor")
         device = dst.device  # a host -> device cast: the kernel reads pinned host memory
-        check_tensor(op, "src", src, KERNEL_DTYPES, device=device, home="dst", host_ok=True)
+        check_tensor(op, "src", src, KERNEL_DTYPES, device=device, home="dst", host_ok=True, aligned=True)
     else:
         device = check_home(op, "src", src, cuda=cuda)
-        check_tensor(op, "src", src, KERNEL_DTYPES, device=device, home="src")
+        check_tensor(op, "src", src, KERNEL_DTYPES, device=device, home="src", aligned=cuda)
     if dtype is not None:
         dtype = check_dtype_arg(op, dtype)
     if dst is None:
@@ -269,18 +320,50 @@ def cast_args(op: str, src, dst, dtype, *, cuda: bool):
             raise ValueError(f"{op}: cast needs 'dst' or 'dtype'")
         return src, None, dtype
     check_tensor(op, "dst", dst, KERNEL_DTYPES, device=device, home="src", numel=src.numel(), ref="src",
-                 host_ok=cuda)
+                 host_ok=cuda, aligned=cuda)
     if dtype is not None and dst.dtype != dtype:
         raise ValueError(f"{op}: dtype={dtype_name(dtype)} but 'dst' has dtype {dtype_name(dst.dtype)}; give one "
                          "or make them agree")
     check_disjoint(op, [("src", src), ("dst", dst)])
+    if cuda:  # one side may be host memory, which the kernel reads or writes itself
+        check_pinned(op, "src", src)
+        check_pinned(op, "dst", dst)
     return src, dst, None
+
+
+def copy_args(op: str, dst, src, *, device: torch.device | None = None) -> torch.device:
+    """A byte copy (zerocore.ops.cuda.copy_async, AsyncCopier.copy): ``dst`` and ``src`` tensors,
+    one on a CUDA device (``device`` if given: the copier's stream's), the other there too or in
+    pinned host memory, dense, contiguous, backed, the same number of bytes, sharing none.
+    Returns the CUDA side's device."""
+    for name, t in (("dst", dst), ("src", src)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    home, side = ("dst", dst) if dst.is_cuda else ("src", src)
+    if not side.is_cuda:
+        raise ValueError(f"{op}: neither 'dst' nor 'src' is a CUDA tensor")
+    if device is not None and side.device != device:
+        raise ValueError(f"{op}: '{home}' is on {side.device} but the copy's stream is on {device}")
+    device = side.device
+    for name, t in (("dst", dst), ("src", src)):
+        check_tensor(op, name, t, (t.dtype,), device=device, home=home, host_ok=True)
+    nd, ns = dst.numel() * dst.element_size(), src.numel() * src.element_size()
+    if nd != ns:
+        raise ValueError(f"{op}: 'dst' has {nd} bytes but 'src' has {ns}")
+    check_disjoint(op, [("dst", dst), ("src", src)])
+    check_pinned(op, "dst", dst)
+    check_pinned(op, "src", src)
+    return device
 
 
 def sum_squares_args(op: str, t, *, cuda: bool, name: str = "tensor", device: torch.device | None = None) -> None:
     """One tensor of sum_squares (``name``; with ``device``: it must be there, as the first of a list is)."""
-    dev = check_home(op, name, t, cuda=cuda)
-    check_tensor(op, name, t, KERNEL_DTYPES, device=device or dev, home="tensors[0]" if device else name)
+    if device is None:
+        device = check_home(op, name, t, cuda=cuda)
+        home = name
+    else:  # a later tensor of a list: named against the first, on either path
+        home = "tensors[0]"
+    check_tensor(op, name, t, KERNEL_DTYPES, device=device, home=home, aligned=cuda)
 
 
 def sum_squares_multi_args(op: str, tensors, *, cuda: bool) -> None:
@@ -321,8 +404,10 @@ def _adam_fast(p, g, m, v, out, cuda: bool, spans: list) -> bool:
         if (not t.is_cuda or t.get_device() != index) if cuda else not t.is_cpu:  # inline: per group
             return False
         if n:
-            a = t.data_ptr()
-            spans.append((a, a + n * t.element_size()))
+            a, size = t.data_ptr(), t.element_size()
+            if not a or (cuda and a % size):  # freed or misaligned: the full checks name it
+                return False
+            spans.append((a, a + n * size))
     return True
 
 
@@ -351,10 +436,13 @@ def _adam_multi_fast(params, grads, exp_avgs, exp_avg_sqs, outs, cuda: bool) -> 
             return False
         if n:
             a, b, c, d = p.data_ptr(), m.data_ptr(), v.data_ptr(), g.data_ptr()
+            gsize = g.element_size()
+            if not (a and b and c and d) or (cuda and ((a | b | c) & 3 or d % gsize)):  # freed or misaligned
+                return False
             add((a, a + 4 * n))
             add((b, b + 4 * n))
             add((c, c + 4 * n))
-            add((d, d + n * g.element_size()))
+            add((d, d + n * gsize))
         if outs is not None:
             o = outs[j]
             if o.dtype not in f16s or o.numel() != n or not o.is_contiguous() \
@@ -362,6 +450,8 @@ def _adam_multi_fast(params, grads, exp_avgs, exp_avg_sqs, outs, cuda: bool) -> 
                 return False
             if n:
                 e = o.data_ptr()
+                if not e or (cuda and e & 1):
+                    return False
                 add((e, e + 2 * n))
     return _spans_disjoint(spans)
 
@@ -372,14 +462,14 @@ def _spans_disjoint(spans: list) -> bool:
 
 
 def adam_tensor_args(op: str, p, g, m, v, out, *, cuda: bool, index: int | None = None,
-                     device: torch.device | None = None) -> torch.device:
+                     device: torch.device | None = None, fast: bool = True) -> torch.device:
     """One Adam tensor set: fp32 param / exp_avg / exp_avg_sq, fp32/bf16/fp16 grad, optional
     bf16/fp16 param_out, all of param's size, on param's device, sharing no memory. ``index``:
     the position in adam_step_multi's lists (names become 'params[i]', ...)."""
     def nm(single, multi):
         return single if index is None else f"{multi}[{index}]"
 
-    if index is None:
+    if index is None and fast:
         spans = []
         if _adam_fast(p, g, m, v, out, cuda, spans) and _spans_disjoint(spans):
             return p.device
@@ -387,23 +477,25 @@ def adam_tensor_args(op: str, p, g, m, v, out, *, cuda: bool, index: int | None 
     dev = check_home(op, pn, p, cuda=cuda)
     if device is not None and dev != device and not cuda:
         raise ValueError(f"{op}: '{pn}' is on {dev} but 'params[0]' is on {device}")
-    check_tensor(op, pn, p, F32, device=dev, home=pn)
+    check_tensor(op, pn, p, F32, device=dev, home=pn, aligned=cuda)
     n = p.numel()
-    check_tensor(op, nm("grad", "grads"), g, GRAD_DTYPES, device=dev, home=pn, numel=n, ref=pn)
-    check_tensor(op, nm("exp_avg", "exp_avgs"), m, F32, device=dev, home=pn, numel=n, ref=pn)
-    check_tensor(op, nm("exp_avg_sq", "exp_avg_sqs"), v, F32, device=dev, home=pn, numel=n, ref=pn)
+    check_tensor(op, nm("grad", "grads"), g, GRAD_DTYPES, device=dev, home=pn, numel=n, ref=pn, aligned=cuda)
+    check_tensor(op, nm("exp_avg", "exp_avgs"), m, F32, device=dev, home=pn, numel=n, ref=pn, aligned=cuda)
+    check_tensor(op, nm("exp_avg_sq", "exp_avg_sqs"), v, F32, device=dev, home=pn, numel=n, ref=pn, aligned=cuda)
     if out is not None:
-        check_tensor(op, nm("param_out", "param_outs"), out, FLOAT16S, device=dev, home=pn, numel=n, ref=pn)
+        check_tensor(op, nm("param_out", "param_outs"), out, FLOAT16S, device=dev, home=pn, numel=n, ref=pn,
+                     aligned=cuda)
     if index is None:  # adam_step_multi checks all its tensors together
         check_disjoint(op, [("param", p), ("grad", g), ("exp_avg", m), ("exp_avg_sq", v)] +
                        ([("param_out", out)] if out is not None else []))
     return dev
 
 
-def adam_multi_args(op: str, params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, *, cuda: bool):
+def adam_multi_args(op: str, params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, *, cuda: bool,
+                    fast: bool = True):
     """adam_step_multi's lists, checked tensor by tensor (naming the index) and as a whole
     (equal lengths, integer steps, no memory shared between tensors). Returns them as lists
-    (param_outs: None or a list) and the steps as ints."""
+    (param_outs: None or a list) and the steps as ints. ``fast=False``: as pack_args."""
     params, grads = check_list(op, "params", params), check_list(op, "grads", grads)
     exp_avgs, exp_avg_sqs = check_list(op, "exp_avgs", exp_avgs), check_list(op, "exp_avg_sqs", exp_avg_sqs)
     steps = check_list(op, "steps", steps)
@@ -419,12 +511,12 @@ def adam_multi_args(op: str, params, grads, exp_avgs, exp_avg_sqs, param_outs, s
     for i, o in enumerate(outs or ()):  # all or nothing: a None is not "no output for this one"
         if o is None:
             raise TypeError(f"{op}: 'param_outs[{i}]' must be a torch.Tensor, got NoneType")
-    if n and steps_plain(steps):
+    if n and fast and steps_plain(steps):
         try:
-            fast = _adam_multi_fast(params, grads, exp_avgs, exp_avg_sqs, outs, cuda)
+            usual = _adam_multi_fast(params, grads, exp_avgs, exp_avg_sqs, outs, cuda)
         except (AttributeError, TypeError):  # not tensors: the full checks name it
-            fast = False
-        if fast:
+            usual = False
+        if usual:
             return params, grads, exp_avgs, exp_avg_sqs, outs, steps
     first = None
     for i in range(n):

@@ -31,8 +31,15 @@ def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, ex
     lr, beta1, beta2, eps, weight_decay = check_adam_hyper(lr, betas, eps, weight_decay)
     grad_scale = check_number("grad_scale", grad_scale, low=float("-inf"))
     step = check_step("step", step)
-    _loader.load("adam").adam_step(param, grad, exp_avg, exp_avg_sq, param_out, lr, beta1, beta2, eps,
-                                   weight_decay, step, bool(adamw_mode), grad_scale)
+    try:
+        _loader.load("adam").adam_step(param, grad, exp_avg, exp_avg_sq, param_out, lr, beta1, beta2, eps,
+                                       weight_decay, step, bool(adamw_mode), grad_scale)
+        return
+    except (TypeError, ValueError) as exc:
+        refused = exc
+    # the binding refused what the fast checks let through (a shrunk storage): the full checks name it
+    adam_tensor_args("adam_step", param, grad, exp_avg, exp_avg_sq, param_out, cuda=False, fast=False)
+    raise refused
 
 
 def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, betas=(0.9, 0.999),
@@ -48,6 +55,7 @@ def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, b
         return kernels.adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, steps=steps, lr=lr, betas=betas,
                                        eps=eps, weight_decay=weight_decay, adamw_mode=adamw_mode,
                                        grad_scale=grad_scale, param_outs=param_outs)
+    refused = False
     if params and type(params[0]) in PLAIN and type(steps) in (list, tuple) and type(grad_scale) in (float, int) \
             and steps_plain(steps):
         # The usual call: the binding checks every tensor (dtypes, sizes, devices, no shared
@@ -59,9 +67,10 @@ def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, b
                                                  bool(adamw_mode), float(grad_scale))
             return
         except (TypeError, ValueError):
-            pass
+            refused = True  # the full checks (no fast path) name what the binding refused
     params, grads, exp_avgs, exp_avg_sqs, outs, steps = adam_multi_args(
-        "adam_step_multi", params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, cuda=False)
+        "adam_step_multi", params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, cuda=False,
+        fast=not refused)
     lr, beta1, beta2, eps, weight_decay = check_adam_hyper(lr, betas, eps, weight_decay)
     grad_scale = check_number("grad_scale", grad_scale, low=float("-inf"))
     _loader.load("adam").adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps,

@@ -22,9 +22,16 @@ def pack(tensors: Sequence[torch.Tensor], offsets: Sequence[int], flat: torch.Te
 
         return kernels.pack(tensors, offsets, flat)
     args = _pack_fast(tensors, offsets, flat, False) if tensor else None
-    tensors, offs = args if args is not None else pack_args("pack", tensors, offsets, flat, cuda=False)
-    (_loader._module or _loader.load("flatten")).pack(tensors, offs, flat)
-    return flat
+    checked, offs = args if args is not None else pack_args("pack", tensors, offsets, flat, cuda=False)
+    try:
+        (_loader._module or _loader.load("flatten")).pack(checked, offs, flat)
+        return flat
+    except (TypeError, ValueError) as exc:
+        refused = exc
+    # The binding refused what the fast checks let through (a shrunk storage): the full checks
+    # name it, raised here rather than inside the except so the binding's error is not chained.
+    pack_args("pack", checked, offs, flat, cuda=False, fast=False)
+    raise refused
 
 
 def unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .._checks import (PLAIN, adam_multi_args, adam_tensor_args, cast_args, check_adam_hyper, check_number, check_step,
-                       pack_args, steps_plain, sum_squares_args, sum_squares_multi_args)
+from .._checks import (PLAIN, adam_multi_args, adam_tensor_args, cast_args, check_adam_hyper, check_list, check_number,
+                       check_step, pack_args, steps_plain, sum_squares_args, sum_squares_multi_args)
 from ._lib import lib, stream_handle
 
 
@@ -29,6 +29,7 @@ def adam_step_multi(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor
     computed on the GPU) that the kernel reads itself, so no host sync is needed. Tensors on
     several devices are stepped device by device; each launch covers up to 64 tensors."""
     mod = lib()
+    refused = False
     if type(params) is list and params and type(params[0]) in PLAIN and type(steps) in (list, tuple) \
             and steps_plain(steps) and params[0].is_cuda:
         # The usual call (one device): the binding checks every tensor, overlaps included, in C++
@@ -40,9 +41,10 @@ def adam_step_multi(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor
                                      steps, *hyper, _scale_on(scale_tensor, device), stream_handle(device))
             return
         except (TypeError, ValueError):
-            pass
+            refused = True  # the full checks (no fast path) name what the binding refused
     params, grads, exp_avgs, exp_avg_sqs, outs, steps = adam_multi_args(
-        "adam_step_multi", params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, cuda=True)
+        "adam_step_multi", params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, cuda=True,
+        fast=not refused)
     hyper, scale_tensor = _adam_hyper("adam_step_multi", lr, betas, eps, weight_decay, adamw_mode, grad_scale)
     _launch_adam(mod, params, grads, exp_avgs, exp_avg_sqs, outs or [], steps, hyper, scale_tensor)
 
@@ -54,8 +56,15 @@ def adam_step(param, grad, exp_avg, exp_avg_sq, *, lr, betas=(0.9, 0.999), eps=1
     adam_tensor_args("adam_step", param, grad, exp_avg, exp_avg_sq, param_out, cuda=True)
     hyper, scale_tensor = _adam_hyper("adam_step", lr, betas, eps, weight_decay, adamw_mode, grad_scale)
     step = check_step("step", step)
-    _launch_adam(mod, [param], [grad], [exp_avg], [exp_avg_sq], [] if param_out is None else [param_out], [step],
-                 hyper, scale_tensor)
+    try:
+        _launch_adam(mod, [param], [grad], [exp_avg], [exp_avg_sq], [] if param_out is None else [param_out],
+                     [step], hyper, scale_tensor)
+        return
+    except (TypeError, ValueError) as exc:
+        refused = exc
+    # the binding refused what the fast checks let through: the full checks name it
+    adam_tensor_args("adam_step", param, grad, exp_avg, exp_avg_sq, param_out, cuda=True, fast=False)
+    raise refused
 
 
 def _adam_hyper(op: str, lr, betas, eps, weight_decay, adamw_mode, grad_scale):
@@ -100,9 +109,14 @@ def _scale_on(scale: torch.Tensor | None, device: torch.device) -> torch.Tensor 
 def pack(tensors: Sequence[torch.Tensor], offsets: Sequence[int], flat: torch.Tensor) -> torch.Tensor:
     """zerocore.ops.pack on the GPU: one launch for the whole bucket, gaps zeroed."""
     mod = lib()
-    tensors, offs = pack_args("pack", tensors, offsets, flat, cuda=True)
-    mod.cuda_pack(tensors, offs, flat, stream_handle(flat.device))
-    return flat
+    checked, offs = pack_args("pack", tensors, offsets, flat, cuda=True)
+    try:
+        mod.cuda_pack(checked, offs, flat, stream_handle(flat.device))
+        return flat
+    except (TypeError, ValueError) as exc:
+        refused = exc
+    pack_args("pack", checked, offs, flat, cuda=True, fast=False)  # as zerocore.ops.pack: the full checks name it
+    raise refused
 
 
 def unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
@@ -141,6 +155,14 @@ def sum_squares_multi(tensors: list, *, sync: bool = True):
     """zerocore.ops.sum_squares_multi for CUDA tensors on one device: one binding call, no host
     sync with ``sync=False`` (a float64 device tensor [sum of squares, tensors holding Inf/NaN])."""
     mod = lib()
+    tensors = check_list("sum_squares_multi", "tensors", tensors)
+    if not tensors:
+        raise ValueError("sum_squares_multi (CUDA): 'tensors' is empty, so no device holds the result "
+                         "(zerocore.ops.sum_squares_multi returns (0.0, False) for it)")
+    if type(tensors[0]) not in PLAIN or not tensors[0].is_cuda:
+        # Not the usual call (a tensor subclass may say one thing to Python and hold another for
+        # C++; a CPU list is no CUDA call): the Python checks decide before the binding sees it.
+        sum_squares_multi_args("sum_squares_multi", tensors, cuda=True)
     device = tensors[0].device
     try:  # the binding checks every tensor before the first launch
         rows = mod.cuda_sum_squares_multi(tensors, stream_handle(device))

@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from .._checks import cast_args, check_int, copy_args
 from ._lib import lib
 
 
@@ -27,6 +28,9 @@ class PinnedBufferPool:
         """A pinned CPU tensor of ``shape`` and ``dtype`` (contents undefined). Its block goes
         back to the pool when the tensor (and every view of it) is freed."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        shape = tuple(check_int(f"PinnedBufferPool.empty: 'shape[{i}]'", d, low=0) for i, d in enumerate(shape))
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"PinnedBufferPool.empty: 'dtype' must be a torch.dtype, got {type(dtype).__name__}")
         itemsize = torch.empty((), dtype=dtype).element_size()
         raw = self._pool.tensor(math.prod(shape) * itemsize)
         return raw.view(dtype).view(shape)
@@ -56,10 +60,8 @@ def copy_async(dst: torch.Tensor, src: torch.Tensor, *, stream: torch.cuda.Strea
     the other CUDA or pinned CPU; pageable memory is refused) on ``stream`` (default: the current
     stream of the CUDA side's device). Does not order ``stream`` after other streams: see
     :class:`AsyncCopier` for that."""
-    cuda_side = dst if dst.is_cuda else src
-    if not cuda_side.is_cuda:
-        raise ValueError("copy_async: neither 'dst' nor 'src' is a CUDA tensor")
-    stream = stream or torch.cuda.current_stream(cuda_side.device)
+    device = copy_args("copy_async", dst, src, device=None if stream is None else stream.device)
+    stream = stream or torch.cuda.current_stream(device)
     lib().cuda_memcpy_async(dst, src, stream.cuda_stream)
     _mark_in_use(stream, pool, dst, src)
 
@@ -102,8 +104,9 @@ class AsyncCopier:
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> torch.cuda.Event:
         """Byte copy (same dtype and size): device->pinned host, pinned host->device or device->device."""
-        if dst.dtype != src.dtype:
+        if isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor) and dst.dtype != src.dtype:
             raise TypeError(f"AsyncCopier.copy: dtypes differ ({src.dtype} -> {dst.dtype}); use cast()")
+        copy_args("AsyncCopier.copy", dst, src, device=self.device)
         self._begin()
         lib().cuda_memcpy_async(dst, src, self.stream.cuda_stream)
         return self._end(dst, src)
@@ -111,6 +114,11 @@ class AsyncCopier:
     def cast(self, dst: torch.Tensor, src: torch.Tensor) -> torch.cuda.Event:
         """Copy with a dtype conversion in the same pass (e.g. fp16 grads on the GPU -> fp32 in a
         pinned buffer): the kernel reads/writes the host memory directly."""
+        cast_args("AsyncCopier.cast", src, dst, None, cuda=True)  # the checks of zerocore.ops.cast
+        side = src if src.is_cuda else dst
+        if side.device != self.device:
+            raise ValueError(f"AsyncCopier.cast: '{'src' if side is src else 'dst'}' is on {side.device} but the "
+                             f"copy's stream is on {self.device}")
         self._begin()
         lib().cuda_cast(src, dst, self.stream.cuda_stream)
         return self._end(dst, src)
