@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One GPU session's checks, each step with its own time limit, results written under $OUT as they come
-# (a step that times out or fails does not stop the next). Run on a lent GPU machine from the checkout:
+# One GPU session's checks, each step with its own time limit, results written as they come (a step that
+# times out or fails does not stop the next). Run on a lent GPU machine from the checkout:
 #   OUT=/some/dir bash scripts/gpu_check.sh [steps...]       # default: build env tests step offload
+# Every file goes to $OUT/work/; after each step $OUT/results.tgz is made anew from it (the device tool
+# brings back at most 8 files), and $OUT/summary.txt says what each step did.
 # Steps:
 #   build    TORCH_CUDA_ARCH_LIST=9.0 pip install --no-build-isolation --no-deps -e . ; zerocore env
 #   env      zerocore env (what was built, with which compiler)
@@ -14,40 +16,45 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a folder for the results}
 PY=${PY:-python3}
-mkdir -p "$OUT"
+W="$OUT/work"
+mkdir -p "$W"
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(build env tests step offload)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 summary="$OUT/summary.txt"
 note() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$summary"; }
-run() {  # run NAME SECONDS CMD...: output to $OUT/NAME.log, status and time to the summary
+pack() { cp "$summary" "$W/" 2>/dev/null; tar czf "$OUT/results.tgz.tmp" -C "$W" . && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"; }
+run() {  # run NAME SECONDS CMD...: output to $W/NAME.log, status and time to the summary
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
-  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  timeout --kill-after=10 "$limit" "$@" >"$W/$name.log" 2>&1
   local rc=$?
   note "$name: rc=$rc in $((SECONDS - t0)) s (limit $limit)$([ $rc = 124 ] && echo ' TIMED OUT')"
-  tail -n 25 "$OUT/$name.log"
+  tail -n 25 "$W/$name.log"
+  pack
   return 0
 }
 GPT=(--vocab 32768 --dim 1024 --layers 24 --heads 16 --ctx 1024 --batch 8)
 note "machine: $(nvidia-smi -L 2>/dev/null | head -1); $($PY -c 'import sys, torch; print(sys.version.split()[0], torch.__version__)')"
 for s in "${steps[@]}"; do
   case $s in
-    build)
-      run build "${T_BUILD:-300}" env TORCH_CUDA_ARCH_LIST="${ZC_ARCH:-9.0}" MAX_JOBS=16 \
-        "$PY" -m pip install --no-build-isolation --no-deps --no-index -v -e . ;;
+    build)  # in place: the checkout's zerocore/ gets _C*.so (PYTHONPATH points here)
+      run build "${T_BUILD:-240}" env TORCH_CUDA_ARCH_LIST="${ZC_ARCH:-9.0}" MAX_JOBS=16 \
+        "$PY" setup.py build_ext --inplace ;;
     env)
       run env 60 "$PY" -m zerocore env ;;
     tests)
-      run tests "${T_TESTS:-300}" "$PY" scripts/gpu_tests.py --out "$OUT/gpu_tests.json" --timeout 150 ;;
+      run tests "${T_TESTS:-220}" "$PY" scripts/gpu_tests.py --out "$W/gpu_tests.json" --timeout 120 --reruns 1 \
+        --budget "${B_TESTS:-190}" ;;
     step)
-      run step "${T_STEP:-240}" "$PY" benchmarks/step.py --device cuda --ranks 1 "${GPT[@]}" --steps 5 --rounds 2 \
+      run step "${T_STEP:-150}" "$PY" benchmarks/step.py --device cuda --ranks 1 "${GPT[@]}" --steps 5 --rounds 2 \
         --warmup 2 --variants torch_amp zerocore_stage0 zerocore_stage1 zerocore_stage2 zerocore_stage3 \
-        --out "$OUT/step_gpt337M.json" ;;
+        --out "$W/step_gpt337M.json" ;;
     offload)
-      run offload "${T_OFFLOAD:-180}" "$PY" benchmarks/offload_states.py --device cuda "${GPT[@]}" --stages 0 1 2 3 \
-        --rounds 3 --out "$OUT/offload_states.json" ;;
+      run offload "${T_OFFLOAD:-120}" "$PY" benchmarks/offload_states.py --device cuda "${GPT[@]}" --stages 0 1 2 3 \
+        --rounds 3 --out "$W/offload_states.json" ;;
     *) note "unknown step $s" ;;
   esac
 done
 note "done"
+pack
