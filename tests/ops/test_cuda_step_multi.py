@@ -60,6 +60,7 @@ class _Shard:
         self.exp_avg_sq = torch.rand(n, device=DEV, generator=g)
         self.param_out = torch.empty(n, dtype=torch.bfloat16, device=DEV) if out else None
         self.tile = tile
+        self.pieces = None  # one hyper-parameter group over the whole owned range (OptimizerShard's default)
 
 
 def test_multi_shard_step_equals_per_tile_calls_on_gpu():

@@ -40,6 +40,50 @@ CXX_FLAGS = ["-O3", "-std=c++17", "-fopenmp", "-fno-math-errno", "-ffp-contract=
 LINK_FLAGS = ["-fopenmp"]
 
 
+def shared_libstdcxx_args(cxx: str | None = None) -> list[str]:
+    """Link flags that make the extension use the shared libstdc++, the one torch and the process use.
+
+    The GPU image's CXX=/opt/gcc/bin/g++ ships libstdc++ only as a static archive, so it linked a private
+    copy into the extension (its NEEDED entries had no libstdc++), whose exported symbols the loader
+    partly bound to the process's shared copy: std::locale facets of one copy then reached the other's
+    streams, and formatting a number into an error message crashed the process (H200, 2026-11-26: every
+    refused argument whose message held a number; scripts/native_throw_probe.py). The shared library,
+    given to the linker by path ahead of the driver's own libraries, resolves every libstdc++ reference
+    to it, whatever the driver adds after. Which one: the compiler's own (``-print-file-name``), else the
+    one this process has loaded (setup.py and the JIT build import torch first, which loads it).
+    [] when neither is found (then the compiler decides, as before)."""
+    path = _compiler_libstdcxx(cxx or os.environ.get("CXX") or "c++") or loaded_libstdcxx()
+    return [f"-Wl,--no-as-needed,{path},--as-needed"] if path else []
+
+
+def _compiler_libstdcxx(cxx: str) -> str | None:
+    import shutil
+    import subprocess
+
+    if not cxx or shutil.which(cxx.split()[0]) is None:
+        return None
+    try:
+        path = subprocess.run([*cxx.split(), "-print-file-name=libstdc++.so"], capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # a compiler that has no shared libstdc++ echoes the bare name back
+    return os.path.realpath(path) if os.path.isabs(path) and os.path.exists(path) else None
+
+
+def loaded_libstdcxx(maps: str = "/proc/self/maps") -> str | None:
+    """The libstdc++.so this process has mapped (torch's), or None."""
+    try:
+        with open(maps) as f:
+            for line in f:
+                path = line.split()[-1] if line.strip() else ""
+                if os.path.basename(path).startswith("libstdc++.so") and os.path.exists(path):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
 # Optional parts of the extension. Each returns a dict with keys: sources (repo-relative),
 # define_macros [(name, value)], extra_compile_args (cxx), extra_link_args, libraries,
 # library_dirs, include_dirs, and "unavailable" (None when built, else the reason, which
@@ -156,7 +200,8 @@ def extension_config(root: str | None = None, torch_has_cuda: bool = False) -> d
     can be built here. Used by setup.py and the JIT loader alike."""
     root = root or repo_root()
     cfg = dict(sources=sources(root), include_dirs=include_dirs(root), define_macros=[],
-               extra_compile_args=list(CXX_FLAGS), extra_cuda_args=[], extra_link_args=list(LINK_FLAGS),
+               extra_compile_args=list(CXX_FLAGS), extra_cuda_args=[],
+               extra_link_args=list(LINK_FLAGS) + shared_libstdcxx_args(),
                libraries=[], library_dirs=[], unavailable={}, with_cuda=False)
     for name, part in (("aio", aio_config(root)), ("cuda", cuda_config(root, torch_has_cuda))):
         if part["unavailable"]:
