@@ -11,7 +11,10 @@ decides), ``"zerocore_stage_1"``, ``"zerocore_stage_2"``, ``"zerocore_stage_2_of
 - ``accumulate_grad_batches`` becomes the engine's accumulation, ``gradient_clip_val`` its
   ``gradient_clipping`` (by norm; by value is refused);
 - checkpoints are zerocore checkpoints (a directory, loadable at another world size), with
-  Lightning's own state (loops, callbacks, schedulers) stored as their client state.
+  Lightning's own state (loops, callbacks, schedulers) stored as their client state;
+- at the end of each ``fit``/``validate``/``test``/``predict`` (``teardown``) the engine is destroyed:
+  its memory is freed then, not when Python's cyclic collector reaches Lightning's Trainer, and the
+  model holds the trained weights (full, at every stage).
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ LIGHTNING_VERSION = check_version("lightning", "2.4", "3", "zerocore.integration
 import lightning.pytorch as pl  # noqa: E402
 from lightning.pytorch.plugins.precision import Precision  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry  # noqa: E402
-from lightning.pytorch.trainer.states import TrainerFn  # noqa: E402
+from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus  # noqa: E402
 from lightning.pytorch.utilities import GradClipAlgorithmType  # noqa: E402
 
 import zerocore  # noqa: E402
@@ -113,6 +116,7 @@ class ZerocoreStrategy(DDPStrategy):
             yield
 
     def setup(self, trainer: "pl.Trainer") -> None:
+        self._give_back_engine(collective=True)  # a previous run's, had its teardown not run
         self.accelerator.setup(trainer)
         self.model_to_device()
         fitting = trainer.state.fn == TrainerFn.FITTING
@@ -187,6 +191,12 @@ class ZerocoreStrategy(DDPStrategy):
 
     # -- checkpoints ---------------------------------------------------------------------
     def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
+        if self.engine is None:
+            raise RuntimeError("zerocore strategy: save_checkpoint() without an engine: the engine exists from "
+                               "setup to the end of fit/validate/test/predict, whose teardown destroys it to give "
+                               "its memory back (the model then holds the trained weights: save those with "
+                               "torch.save(model.state_dict(), path)); save zerocore checkpoints during fit, e.g. "
+                               "with ModelCheckpoint")
         if storage_options is not None:
             raise TypeError("zerocore strategy: storage_options is not supported (the engine writes the files)")
         filepath = self.broadcast(str(filepath))
@@ -221,7 +231,22 @@ class ZerocoreStrategy(DDPStrategy):
             shutil.rmtree(filepath, ignore_errors=True)
 
     def teardown(self) -> None:
+        # Lightning's Trainer, module and strategy reference each other (by Lightning's design), so
+        # an engine left here would live until Python's cyclic collector ran, and a second fit would
+        # add its memory to the first's. Destroyed at the end of each run instead: its buffers are
+        # freed now and the model holds the trained weights as plain tensors, as after DDP.
+        trainer = getattr(self.lightning_module, "_trainer", None)
+        failed = trainer is not None and trainer.state.status == TrainerStatus.INTERRUPTED
+        # after an error the other ranks may not be there for stage 3's gather
+        self._give_back_engine(collective=not failed)
         super().teardown()
+
+    def _give_back_engine(self, collective: bool) -> None:
+        engine, self.engine = self.engine, None
+        if isinstance(self.precision_plugin, ZerocorePrecision):
+            self.precision_plugin.engine = None
+        if engine is not None:
+            engine.destroy(collective=collective)
 
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
