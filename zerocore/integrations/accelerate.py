@@ -7,8 +7,9 @@ library is patched; Accelerate's own DeepSpeed route is not used):
   the engine; the model comes back as a module whose forward is the engine's (no DDP), the
   optimizer as Accelerate's wrapper of a face whose ``param_groups`` the scheduler writes and the
   engine reads, whose ``step``/``zero_grad`` do nothing; loaders and schedulers as Accelerate does;
-- ``backward(loss)``: the engine's backward, then its step (which updates at the accumulation
-  boundary: ``gradient_accumulation_steps`` of the Accelerator is the engine's);
+- ``backward(loss)``: the engine's backward, then its step, which updates where Accelerate syncs
+  (``sync_gradients``: every ``gradient_accumulation_steps`` micro-batches inside ``accumulate()``,
+  and at the loader's end, a short window);
 - ``free_memory()`` / ``clear()``: the engine destroyed (its memory given back at once), as
   Accelerate does with DeepSpeed's;
 - ``clip_grad_norm_``: the engine clips (set ``gradient_clipping`` in the config); returns its norm;
@@ -21,7 +22,8 @@ import os
 
 import torch
 
-from ._common import EngineOptimizer, check_version, global_grad_norm, initialize, optimizer_section, sync_lr
+from ._common import (EngineOptimizer, backward_at, check_version, global_grad_norm, initialize, optimizer_section,
+                      sync_lr)
 
 ACCELERATE_VERSION = check_version("accelerate", "1.0", "2", "zerocore.integrations.accelerate")
 
@@ -97,8 +99,12 @@ class ZeroAccelerator(Accelerator):
         engine = self.zerocore_engine
         if engine is None:
             return super().backward(loss, **kwargs)
-        engine.backward(loss)  # divides by the accumulation steps, as Accelerate would
-        if (engine.micro_steps + 1) % engine.gas == 0 and self._optimizers:
+        # accumulate() decides the boundary: every gradient_accumulation_steps micro-batches and at
+        # the loader's end (a short window); the engine divides by the accumulation steps, as
+        # Accelerate divides on DDP, a short window too
+        boundary = self.sync_gradients
+        backward_at(engine, loss, boundary, divided=False)
+        if boundary and self._optimizers:
             sync_lr(engine, self._optimizers[0])
         engine.step()
 

@@ -12,6 +12,7 @@ decides), ``"zerocore_stage_1"``, ``"zerocore_stage_2"``, ``"zerocore_stage_2_of
   ``gradient_clipping`` (by norm; by value is refused);
 - checkpoints are zerocore checkpoints (a directory, loadable at another world size), with
   Lightning's own state (loops, callbacks, schedulers) stored as their client state;
+- the optimizer steps where Lightning steps (an epoch's short last window included, as DDP);
 - at the end of each ``fit``/``validate``/``test``/``predict`` (``teardown``) the engine is destroyed:
   its memory is freed then, not when Python's cyclic collector reaches Lightning's Trainer, and the
   model holds the trained weights (full, at every stage).
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ._common import EngineOptimizer, backward_divided, check_version, initialize, optimizer_section, sync_lr
+from ._common import EngineOptimizer, backward_at, check_version, initialize, optimizer_section, sync_lr
 
 LIGHTNING_VERSION = check_version("lightning", "2.4", "3", "zerocore.integrations.lightning")
 
@@ -44,7 +45,12 @@ _PRECISIONS = {"32-true": {}, "32": {}, "bf16-mixed": {"bf16": {"enabled": True}
 
 
 class ZerocorePrecision(Precision):
-    """Backward and step through the engine; the engine clips (``gradient_clipping``)."""
+    """Backward and step through the engine; the engine clips (``gradient_clipping``).
+
+    The accumulation window ends where Lightning steps: Lightning calls ``optimizer_step`` (whose
+    closure runs the micro-batch's backward) at the end of each window and at an epoch's last batch,
+    a short window when the epoch's batches are not a multiple of ``accumulate_grad_batches``, as
+    with DDP; every other micro-batch's backward comes outside it."""
 
     def __init__(self, precision: str = "32-true") -> None:
         if str(precision) not in _PRECISIONS:
@@ -52,16 +58,24 @@ class ZerocorePrecision(Precision):
                              f"{sorted(_PRECISIONS)}")
         self.precision = str(precision)
         self.engine = None  # set by the strategy once built
+        self._in_optimizer_step = False
 
     def backward(self, tensor, model, optimizer, *args, **kwargs) -> None:
         engine = self.engine
-        # Lightning already divided the loss by accumulate_grad_batches (the engine's accumulation)
-        backward_divided(engine, tensor)
-        if (engine.micro_steps + 1) % engine.gas:
+        # manual optimization (no accumulation in Lightning there): each backward ends its window,
+        # the user's optimizer.step() comes next
+        boundary = self._in_optimizer_step or not model.automatic_optimization
+        # Lightning already divided the loss by accumulate_grad_batches, a short window too
+        backward_at(engine, tensor, boundary, divided=True)
+        if not boundary:
             engine.step()  # inside the window: counts the micro-batch, updates nothing
 
     def optimizer_step(self, optimizer, model, closure, **kwargs) -> Any:
-        result = closure()  # training_step + backward of the window's last micro-batch
+        self._in_optimizer_step = True
+        try:
+            result = closure()  # training_step + backward of the window's last micro-batch
+        finally:
+            self._in_optimizer_step = False
         self._after_closure(model, optimizer)
         if model.automatic_optimization and result is None:
             raise RuntimeError("zerocore strategy: training_step returned None (a skipped backward); the engine "
