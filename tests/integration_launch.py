@@ -28,3 +28,12 @@ def max_diff(a, b) -> float:
         return max(max_diff(a[k], b[k]) for k in a)
     assert len(a) == len(b), (len(a), len(b))
     return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+
+
+def max_rel_diff(a, b) -> float:
+    """``max_diff`` relative to the reference's scale: of each list (a curve, a weight tensor) its
+    largest difference over its largest magnitude."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), (sorted(a), sorted(b))
+        return max(max_rel_diff(a[k], b[k]) for k in a)
+    return max_diff(a, b) / max(max((abs(x) for x in a), default=0.0), 1e-30)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import warnings
 
 import pytest
 import torch
@@ -96,6 +97,31 @@ def test_set_gradient_accumulation_boundary_overrides_the_counter():
     assert engine.global_steps == 1
     with pytest.raises(TypeError, match="bool"):
         engine.set_gradient_accumulation_boundary(1)
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_windows_the_boundary_ends_early_are_whole(stage, tmp_path):
+    # a trainer's epoch of 5 micro-batches with accumulation 2: windows of 2, 2, then 1 (issue 34);
+    # after each update the engine is between windows, though micro_steps is not a multiple of 2
+    engine = zerocore.initialize(_model(), _cfg(stage=stage, gas=2))
+    for i, (x, y) in enumerate(_batches(5)):
+        engine.set_gradient_accumulation_boundary(i in (1, 3, 4))
+        engine.backward(_loss(engine, x, y))
+        engine.step()
+    assert (engine.micro_steps, engine.global_steps) == (5, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "zero_grad() inside a gradient accumulation window" warning
+        engine.module.zero_grad()
+    engine.save_checkpoint(str(tmp_path), tag="after_short")  # not refused as "in the middle"
+    engine.set_gradient_accumulation_boundary(False)
+    engine.backward(_loss(engine, *_batches(1)[0]))
+    engine.step()
+    with pytest.raises(RuntimeError, match="middle of gradient accumulation"):
+        engine.save_checkpoint(str(tmp_path), tag="inside")
+    # a load lands on a boundary: the window starts there (micro_steps becomes 3 x 2)
+    engine.load_checkpoint(str(tmp_path), tag="after_short")
+    assert (engine.micro_steps, engine.global_steps) == (6, 3)
+    engine.save_checkpoint(str(tmp_path), tag="reloaded")
 
 
 @pytest.mark.parametrize("stage", [0, 1])

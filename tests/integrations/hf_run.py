@@ -4,7 +4,9 @@ gradient norms, the final weights and checks of what was saved.
 
 argv: out.json then key=value options: backend=ddp|zerocore stage=2 offload=0|1 steps=30
 save_steps=0 resume=<checkpoint dir> trainer=trainer|sft lora=0|1 gen=0|1 init=0|1 (stage-3
-from_pretrained of a saved tiny model before training)."""
+from_pretrained of a saved tiny model before training) rows=<dataset size> (default: steps x 4 x acc
+x ranks; with rows / (4 x ranks) micro-batches per rank not a multiple of acc, each epoch ends with
+a short accumulation window)."""
 import json
 import os
 import sys
@@ -19,7 +21,7 @@ VOCAB, SEQ = 96, 16
 
 def opts():
     o = dict(backend="zerocore", stage="2", offload="0", steps="30", save_steps="0", resume="", trainer="trainer",
-             lora="0", gen="0", init="0", acc="2", wd="0.0", best="0")
+             lora="0", gen="0", init="0", acc="2", wd="0.0", best="0", rows="0")
     for a in sys.argv[2:]:
         k, v = a.split("=", 1)
         o[k] = v
@@ -97,7 +99,7 @@ def main():
 
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                                  lora_dropout=0.0))
-    data = Tokens(steps * 4 * acc * world)
+    data = Tokens(int(o["rows"]) or steps * 4 * acc * world)
     kw = dict(model=model, args=args, train_dataset=data)
     if o["best"] == "1":  # a held-out set whose loss picks the checkpoint loaded at the end
         kw["eval_dataset"] = torch.utils.data.Subset(Tokens(64), range(40, 64))

@@ -1,5 +1,8 @@
-"""One Lightning run under torchrun (or alone): prints a JSON line with rank 0's losses, learning
-rates and final weights. argv: strategy out.json [steps] [accumulate] [ckpt_every] [resume_dir]."""
+"""One Lightning run under torchrun (or alone): writes a JSON with rank 0's losses, learning rates,
+the gradient norms of the optimizer steps and the final weights.
+argv: strategy out.json [steps] [accumulate] [ckpt_every] [resume_dir or -] [samples]. With
+samples / (8 x ranks) batches per rank not a multiple of accumulate, each epoch ends with a short
+accumulation window."""
 import json
 import os
 import sys
@@ -15,7 +18,8 @@ import zerocore.integrations.lightning  # noqa: F401  (registers the zerocore_* 
 class Net(pl.LightningModule):
     def __init__(self):
         super().__init__()
-        self.losses, self.lrs = [], []
+        self.losses, self.lrs, self.norms = [], [], []
+        self._steps_seen = 0
 
     def configure_model(self):
         if hasattr(self, "body"):
@@ -29,6 +33,17 @@ class Net(pl.LightningModule):
         self.losses.append(loss.item())
         self.lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
         return loss
+
+    def on_before_optimizer_step(self, optimizer):
+        if getattr(self.trainer.strategy, "engine", None) is None:  # DDP: the averaged gradients, before clipping
+            grads = [p.grad for p in self.parameters() if p.grad is not None]
+            self.norms.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        engine = getattr(self.trainer.strategy, "engine", None)
+        if engine is not None and self.trainer.global_step > self._steps_seen:  # the engine stepped: its norm
+            self.norms.append(engine.get_global_grad_norm())
+        self._steps_seen = self.trainer.global_step
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.parameters(), lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.05)
@@ -51,6 +66,7 @@ def main():
     acc = int(sys.argv[4]) if len(sys.argv) > 4 else 2
     ckpt_every = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     resume = sys.argv[6] if len(sys.argv) > 6 and sys.argv[6] != "-" else None
+    samples = int(sys.argv[7]) if len(sys.argv) > 7 else 320
     world = int(os.environ.get("WORLD_SIZE", "1"))
     torch.set_num_threads(1)
     callbacks = []
@@ -62,16 +78,15 @@ def main():
                          enable_checkpointing=bool(ckpt_every), callbacks=callbacks, enable_progress_bar=False,
                          enable_model_summary=False, deterministic=True)
     model = Net()
-    loader = torch.utils.data.DataLoader(data(), batch_size=8, shuffle=False)
+    loader = torch.utils.data.DataLoader(data(samples), batch_size=8, shuffle=False)
     trainer.fit(model, loader, ckpt_path=resume)
-    eng = getattr(trainer.strategy, "engine", None)
-    if eng is not None:
-        sd = eng.full_state_dict()
-    else:
-        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    # the zerocore strategy destroyed its engine at the end of fit: the model holds the full weights
+    assert getattr(trainer.strategy, "engine", None) is None
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if trainer.global_rank == 0:
         with open(out, "w") as f:
-            json.dump({"losses": model.losses, "lrs": model.lrs, "global_step": trainer.global_step,
+            json.dump({"losses": model.losses, "lrs": model.lrs, "grad_norms": model.norms,
+                       "global_step": trainer.global_step,
                        "weights": {k: v.reshape(-1).tolist() for k, v in sd.items()}}, f)
 
 

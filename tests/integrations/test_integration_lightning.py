@@ -1,12 +1,13 @@
 """Lightning's Trainer with the zerocore strategy on 2 CPU ranks (torchrun, gloo) against the
-same Trainer with DDP: losses, learning rates and final weights; a checkpoint resumed."""
+same Trainer with DDP: losses, learning rates and final weights; a checkpoint resumed; epochs that
+end with a short accumulation window (issue 34)."""
 import os
 
 import pytest
 
 pytest.importorskip("lightning", reason="lightning is not installed")
 
-from integration_launch import max_diff, torchrun  # noqa: E402
+from integration_launch import max_diff, max_rel_diff, torchrun  # noqa: E402
 
 STEPS, ACC = "20", "2"
 
@@ -22,6 +23,7 @@ def _check_matches(ref, got):
     assert got["global_step"] == ref["global_step"] == int(STEPS)
     assert max_diff(ref["lrs"], got["lrs"]) == 0.0  # warm-up then decay, stepped per optimizer step
     assert max_diff(ref["losses"], got["losses"]) < 2e-5
+    assert max_diff(ref["grad_norms"], got["grad_norms"]) < 2e-5
     assert max_diff(ref["weights"], got["weights"]) < 2e-5
 
 
@@ -55,3 +57,35 @@ def test_stage3_matches_ddp_and_resumes(ddp, tmp_path):
 def test_stage2_offload_matches_ddp(ddp, tmp_path):
     out = str(tmp_path / "out.json")
     _check_matches(ddp, torchrun("lightning_run.py", ["zerocore_stage_2_offload", out, STEPS, ACC], out))
+
+
+# 128 samples, 2 ranks, batch 8: 8 batches per rank and epoch, accumulate_grad_batches 3: windows 3, 3
+# and 2; 6 steps are two epochs. argv after the output: steps, accumulate, ckpt_every, resume, samples
+SHORT = ["6", "3", "0", "-", "128"]
+
+
+@pytest.fixture(scope="module")
+def ddp_short(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("ddp_short") / "out.json")
+    return torchrun("lightning_run.py", ["ddp", out, *SHORT], out)
+
+
+def _check_short(ref, got):
+    # Lightning steps at the epoch's last batch (the loss divided by accumulate_grad_batches, as on
+    # DDP); before the fix the engine's own counter crashed there ("step() without backward()")
+    assert got["global_step"] == ref["global_step"] == 6
+    assert len(got["losses"]) == len(ref["losses"]) == 16 and len(ref["grad_norms"]) == 6
+    assert max_diff(ref["lrs"], got["lrs"]) == 0.0
+    assert max_rel_diff(ref["losses"], got["losses"]) < 1e-5
+    assert max_rel_diff(ref["grad_norms"], got["grad_norms"]) < 1e-5
+    assert max_rel_diff(ref["weights"], got["weights"]) < 1e-5
+
+
+def test_stage2_short_last_window_matches_ddp(ddp_short, tmp_path):
+    out = str(tmp_path / "out.json")
+    _check_short(ddp_short, torchrun("lightning_run.py", ["zerocore_stage_2", out, *SHORT], out))
+
+
+def test_stage3_short_last_window_matches_ddp(ddp_short, tmp_path):
+    out = str(tmp_path / "out.json")
+    _check_short(ddp_short, torchrun("lightning_run.py", ["zerocore_stage_3", out, *SHORT], out))

@@ -1,13 +1,14 @@
 """Hugging Face Trainer (and TRL's SFTTrainer) driving zerocore on 2 CPU ranks (torchrun, gloo),
 against the same Trainer with plain DDP (use_cpu=True, ddp_backend="gloo"): a 2-layer Llama from
-its config, a synthetic token dataset, 30 steps with linear warm-up and decay, accumulation 2."""
+its config, a synthetic token dataset, 30 steps with linear warm-up and decay, accumulation 2; and
+epochs that end with a short accumulation window (issue 34)."""
 import os
 
 import pytest
 
 pytest.importorskip("transformers", reason="transformers is not installed")
 
-from integration_launch import max_diff, torchrun  # noqa: E402
+from integration_launch import max_diff, max_rel_diff, torchrun  # noqa: E402
 
 TOL = 2e-5
 
@@ -22,6 +23,54 @@ def run(tmp, name, *opts, nproc=2):
 @pytest.fixture(scope="module")
 def ddp(tmp_path_factory):
     return run(tmp_path_factory.mktemp("hf"), "ddp", "backend=ddp")
+
+
+# 88 rows, 2 ranks, batch 4: 11 micro-batches per rank and epoch, accumulation 2: windows of 2 and a
+# last one of 1; 12 steps are two epochs
+SHORT = ("steps=12", "rows=88")
+
+
+@pytest.fixture(scope="module")
+def ddp_short(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("hf_short"), "ddp", "backend=ddp", *SHORT)
+
+
+def _same_short_curve(ref, got):
+    # the Trainer steps after the epoch's 11th micro-batch, its loss normalised by that window's
+    # own token count (num_items_in_batch), as on DDP; a shifted window shows from step 6 on
+    assert ref["steps"] == got["steps"] == list(range(1, 13))
+    assert max_diff(ref["lrs"], got["lrs"]) == 0.0
+    assert max_rel_diff(ref["losses"], got["losses"]) < 1e-5
+    assert max_rel_diff(ref["grad_norms"], got["grad_norms"]) < 1e-5
+    assert max_rel_diff(ref["weights"], got["weights"]) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def z2_short(tmp_path_factory):
+    # checkpoints at steps 6 and 12: each right after an epoch's short window
+    root = tmp_path_factory.mktemp("hf_short_z2")
+    return root, run(root, "z2s", "stage=2", "save_steps=6", *SHORT)
+
+
+def test_stage2_short_last_window_matches_ddp(ddp_short, z2_short):
+    root, got = z2_short
+    _same_short_curve(ddp_short, got)
+    # saved where the window ended early (refused before as "in the middle of gradient accumulation")
+    assert (root / "z2s" / "run" / "checkpoint-6" / "latest").is_file()
+
+
+@pytest.mark.slow
+def test_resume_after_short_window_continues_as_uninterrupted(z2_short, tmp_path):
+    root, full = z2_short
+    resumed = run(tmp_path, "resumed", "stage=2", f"resume={root / 'z2s' / 'run' / 'checkpoint-6'}", *SHORT)
+    assert resumed["steps"] == full["steps"]
+    assert max_diff(full["losses"][6:], resumed["losses"][6:]) < 1e-6
+    assert max_diff(full["grad_norms"][6:], resumed["grad_norms"][6:]) < 1e-6
+    assert max_diff(full["weights"], resumed["weights"]) < 1e-6
+
+
+def test_stage3_short_last_window_matches_ddp(ddp_short, tmp_path):
+    _same_short_curve(ddp_short, run(tmp_path, "z3s", "stage=3", *SHORT))
 
 
 def _same_curve(ref, got):

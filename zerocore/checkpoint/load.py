@@ -235,6 +235,7 @@ def _restore_counters(engine, manifest: dict, with_state: bool) -> None:
     c = manifest["counters"]
     # at an accumulation boundary also when the accumulation steps changed
     engine.micro_steps = c["micro_steps"] if c["micro_steps"] % engine.gas == 0 else c["global_steps"] * engine.gas
+    engine._window_start = None  # a window starts here: at a multiple of the accumulation steps
     engine.global_steps = c["global_steps"]
     engine.skipped_steps = c["skipped_steps"]
     batch = engine.train_batch_size()

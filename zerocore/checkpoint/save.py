@@ -195,7 +195,7 @@ def _manifest(plan: SavePlan, indexes: list[dict]) -> dict:
 
 def check_can_save(engine, tag):
     check_state_whole(engine, "save_checkpoint()")
-    if engine._backward_done or engine.micro_steps % engine.gas:
+    if engine._mid_window():
         raise RuntimeError(f"zerocore: save_checkpoint in the middle of gradient accumulation (micro step "
                            f"{engine.micro_steps}, accumulation {engine.gas}): the gradients accumulated so far are "
                            "not saved; save after engine.step() at an accumulation boundary")

@@ -117,6 +117,22 @@ def backward_divided(engine, loss: torch.Tensor) -> None:
         engine.backward(loss * engine.gas)
 
 
+def backward_at(engine, loss: torch.Tensor, boundary: bool, *, divided: bool) -> None:
+    """Back-propagates one micro-batch, the trainer saying whether it ends the accumulation window.
+
+    Trainers end an epoch's last window early when the epoch's micro-batches per rank are not a
+    multiple of the accumulation steps, and update there; the engine's own counter would end that
+    window elsewhere and shift every later one by the remainder (issue 34). So the trainer's
+    boundary overrides the counter, as Accelerate's DeepSpeed wrapper does. ``divided``: the
+    trainer already divided the loss for accumulation (its own rule for a short window); else the
+    engine divides by ``gradient_accumulation_steps``, as Accelerate does on DDP, a short window too."""
+    engine.set_gradient_accumulation_boundary(bool(boundary))
+    if divided:
+        backward_divided(engine, loss)
+    else:
+        engine.backward(loss)
+
+
 def global_grad_norm(engine) -> float | None:
     get = getattr(engine, "get_global_grad_norm", None)
     return get() if callable(get) else engine.global_grad_norm

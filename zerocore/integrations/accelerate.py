@@ -7,8 +7,11 @@ library is patched; Accelerate's own DeepSpeed route is not used):
   the engine; the model comes back as a module whose forward is the engine's (no DDP), the
   optimizer as Accelerate's wrapper of a face whose ``param_groups`` the scheduler writes and the
   engine reads, whose ``step``/``zero_grad`` do nothing; loaders and schedulers as Accelerate does;
-- ``backward(loss)``: the engine's backward, then its step (which updates at the accumulation
-  boundary: ``gradient_accumulation_steps`` of the Accelerator is the engine's);
+- ``backward(loss)``: the engine's backward, then its step, which updates where Accelerate syncs
+  (``sync_gradients``: every ``gradient_accumulation_steps`` micro-batches inside ``accumulate()``,
+  and at the loader's end, a short window);
+- ``free_memory()`` / ``clear()``: the engine destroyed (its memory given back at once), as
+  Accelerate does with DeepSpeed's;
 - ``clip_grad_norm_``: the engine clips (set ``gradient_clipping`` in the config); returns its norm;
 - ``get_state_dict`` / ``save_state`` / ``load_state``: full weights gathered from the shards, and
   zerocore checkpoints (loadable at another world size).
@@ -19,13 +22,21 @@ import os
 
 import torch
 
-from ._common import EngineOptimizer, check_version, global_grad_norm, initialize, optimizer_section, sync_lr
+from ._common import (EngineOptimizer, backward_at, check_version, global_grad_norm, initialize, optimizer_section,
+                      sync_lr)
 
 ACCELERATE_VERSION = check_version("accelerate", "1.0", "2", "zerocore.integrations.accelerate")
 
 from accelerate import Accelerator  # noqa: E402
 
+from ..runtime.off_stack import import_off_stack  # noqa: E402
 from ._wrapping import EngineModule, read_config  # noqa: E402
+
+# The first torch optimizer a process builds imports torch._dynamo, and that import leaves a cycle
+# holding the frames it ran under (runtime/off_stack.py): the user's function that goes on to hold
+# this Accelerator and its engine, kept alive after it returns. Transformers and Lightning import
+# torch._dynamo with themselves; Accelerate does not, so it is imported here, on a thread of its own.
+import_off_stack()
 
 
 class ZeroAccelerator(Accelerator):
@@ -35,16 +46,20 @@ class ZeroAccelerator(Accelerator):
         super().__init__(*args, **kwargs)
         self.zerocore_config = read_config(zerocore_config)
         self.zerocore_engine = None
-        self._zc = {}  # id(user's object) -> what prepare returns for it
+        self._zc = {}  # id(user's object) -> what prepare returns for it, during one prepare() call
 
     def prepare(self, *args, device_placement=None):
         models = [a for a in args if isinstance(a, torch.nn.Module)]
         opts = [a for a in args if isinstance(a, torch.optim.Optimizer)]
-        if models:
-            if len(models) > 1 or len(opts) > 1 or self.zerocore_engine is not None:
-                raise ValueError("ZeroAccelerator: one model and at most one optimizer, prepared once")
-            self._build(models[0], opts[0] if opts else None)
-        return super().prepare(*args, device_placement=device_placement)
+        try:
+            if models:
+                if len(models) > 1 or len(opts) > 1 or self.zerocore_engine is not None:
+                    raise ValueError("ZeroAccelerator: one model and at most one optimizer, prepared once (after "
+                                     "free_memory(), once more)")
+                self._build(models[0], opts[0] if opts else None)
+            return super().prepare(*args, device_placement=device_placement)
+        finally:
+            self._zc.clear()  # keyed by id(): only meaningful while this call holds the objects
 
     def _build(self, model, optimizer) -> None:
         cfg = dict(self.zerocore_config)
@@ -84,10 +99,25 @@ class ZeroAccelerator(Accelerator):
         engine = self.zerocore_engine
         if engine is None:
             return super().backward(loss, **kwargs)
-        engine.backward(loss)  # divides by the accumulation steps, as Accelerate would
-        if (engine.micro_steps + 1) % engine.gas == 0 and self._optimizers:
+        # accumulate() decides the boundary: every gradient_accumulation_steps micro-batches and at
+        # the loader's end (a short window); the engine divides by the accumulation steps, as
+        # Accelerate divides on DDP, a short window too
+        boundary = self.sync_gradients
+        backward_at(engine, loss, boundary, divided=False)
+        if boundary and self._optimizers:
             sync_lr(engine, self._optimizers[0])
         engine.step()
+
+    def free_memory(self, *objects):
+        """Accelerate's ``free_memory`` (``clear``), and the engine destroyed as Accelerate destroys
+        DeepSpeed's: its buffers freed now, the model given back with its full weights (a collective
+        at stage 3: every rank calls it). A later ``prepare`` builds a new engine."""
+        engine = self.zerocore_engine
+        self.zerocore_engine = None
+        self._zc.clear()
+        if engine is not None:
+            engine.destroy()
+        return super().free_memory(*objects)
 
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2):
         if self.zerocore_engine is None:

@@ -11,7 +11,11 @@ decides), ``"zerocore_stage_1"``, ``"zerocore_stage_2"``, ``"zerocore_stage_2_of
 - ``accumulate_grad_batches`` becomes the engine's accumulation, ``gradient_clip_val`` its
   ``gradient_clipping`` (by norm; by value is refused);
 - checkpoints are zerocore checkpoints (a directory, loadable at another world size), with
-  Lightning's own state (loops, callbacks, schedulers) stored as their client state.
+  Lightning's own state (loops, callbacks, schedulers) stored as their client state;
+- the optimizer steps where Lightning steps (an epoch's short last window included, as DDP);
+- at the end of each ``fit``/``validate``/``test``/``predict`` (``teardown``) the engine is destroyed:
+  its memory is freed then, not when Python's cyclic collector reaches Lightning's Trainer, and the
+  model holds the trained weights (full, at every stage).
 """
 from __future__ import annotations
 
@@ -22,14 +26,14 @@ from typing import Any
 
 import torch
 
-from ._common import EngineOptimizer, backward_divided, check_version, initialize, optimizer_section, sync_lr
+from ._common import EngineOptimizer, backward_at, check_version, initialize, optimizer_section, sync_lr
 
 LIGHTNING_VERSION = check_version("lightning", "2.4", "3", "zerocore.integrations.lightning")
 
 import lightning.pytorch as pl  # noqa: E402
 from lightning.pytorch.plugins.precision import Precision  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry  # noqa: E402
-from lightning.pytorch.trainer.states import TrainerFn  # noqa: E402
+from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus  # noqa: E402
 from lightning.pytorch.utilities import GradClipAlgorithmType  # noqa: E402
 
 import zerocore  # noqa: E402
@@ -41,7 +45,12 @@ _PRECISIONS = {"32-true": {}, "32": {}, "bf16-mixed": {"bf16": {"enabled": True}
 
 
 class ZerocorePrecision(Precision):
-    """Backward and step through the engine; the engine clips (``gradient_clipping``)."""
+    """Backward and step through the engine; the engine clips (``gradient_clipping``).
+
+    The accumulation window ends where Lightning steps: Lightning calls ``optimizer_step`` (whose
+    closure runs the micro-batch's backward) at the end of each window and at an epoch's last batch,
+    a short window when the epoch's batches are not a multiple of ``accumulate_grad_batches``, as
+    with DDP; every other micro-batch's backward comes outside it."""
 
     def __init__(self, precision: str = "32-true") -> None:
         if str(precision) not in _PRECISIONS:
@@ -49,16 +58,24 @@ class ZerocorePrecision(Precision):
                              f"{sorted(_PRECISIONS)}")
         self.precision = str(precision)
         self.engine = None  # set by the strategy once built
+        self._in_optimizer_step = False
 
     def backward(self, tensor, model, optimizer, *args, **kwargs) -> None:
         engine = self.engine
-        # Lightning already divided the loss by accumulate_grad_batches (the engine's accumulation)
-        backward_divided(engine, tensor)
-        if (engine.micro_steps + 1) % engine.gas:
+        # manual optimization (no accumulation in Lightning there): each backward ends its window,
+        # the user's optimizer.step() comes next
+        boundary = self._in_optimizer_step or not model.automatic_optimization
+        # Lightning already divided the loss by accumulate_grad_batches, a short window too
+        backward_at(engine, tensor, boundary, divided=True)
+        if not boundary:
             engine.step()  # inside the window: counts the micro-batch, updates nothing
 
     def optimizer_step(self, optimizer, model, closure, **kwargs) -> Any:
-        result = closure()  # training_step + backward of the window's last micro-batch
+        self._in_optimizer_step = True
+        try:
+            result = closure()  # training_step + backward of the window's last micro-batch
+        finally:
+            self._in_optimizer_step = False
         self._after_closure(model, optimizer)
         if model.automatic_optimization and result is None:
             raise RuntimeError("zerocore strategy: training_step returned None (a skipped backward); the engine "
@@ -113,6 +130,7 @@ class ZerocoreStrategy(DDPStrategy):
             yield
 
     def setup(self, trainer: "pl.Trainer") -> None:
+        self._give_back_engine(collective=True)  # a previous run's, had its teardown not run
         self.accelerator.setup(trainer)
         self.model_to_device()
         fitting = trainer.state.fn == TrainerFn.FITTING
@@ -187,6 +205,12 @@ class ZerocoreStrategy(DDPStrategy):
 
     # -- checkpoints ---------------------------------------------------------------------
     def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
+        if self.engine is None:
+            raise RuntimeError("zerocore strategy: save_checkpoint() without an engine: the engine exists from "
+                               "setup to the end of fit/validate/test/predict, whose teardown destroys it to give "
+                               "its memory back (the model then holds the trained weights: save those with "
+                               "torch.save(model.state_dict(), path)); save zerocore checkpoints during fit, e.g. "
+                               "with ModelCheckpoint")
         if storage_options is not None:
             raise TypeError("zerocore strategy: storage_options is not supported (the engine writes the files)")
         filepath = self.broadcast(str(filepath))
@@ -221,7 +245,22 @@ class ZerocoreStrategy(DDPStrategy):
             shutil.rmtree(filepath, ignore_errors=True)
 
     def teardown(self) -> None:
+        # Lightning's Trainer, module and strategy reference each other (by Lightning's design), so
+        # an engine left here would live until Python's cyclic collector ran, and a second fit would
+        # add its memory to the first's. Destroyed at the end of each run instead: its buffers are
+        # freed now and the model holds the trained weights as plain tensors, as after DDP.
+        trainer = getattr(self.lightning_module, "_trainer", None)
+        failed = trainer is not None and trainer.state.status == TrainerStatus.INTERRUPTED
+        # after an error the other ranks may not be there for stage 3's gather
+        self._give_back_engine(collective=not failed)
         super().teardown()
+
+    def _give_back_engine(self, collective: bool) -> None:
+        engine, self.engine = self.engine, None
+        if isinstance(self.precision_plugin, ZerocorePrecision):
+            self.precision_plugin.engine = None
+        if engine is not None:
+            engine.destroy(collective=collective)
 
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:

@@ -19,6 +19,7 @@ from .offload_states import check_resident
 class DeepSpeedMethods:
     # class-level defaults: the engine sets these as instance attributes when they change
     _boundary_override: bool | None = None  # set_gradient_accumulation_boundary(); None: the counter decides
+    _window_start: int | None = None  # micro_steps at the last boundary; None: none since built or loaded
     _in_no_sync = False
     global_samples = 0  # samples of the global batches stepped so far (skipped steps included, as DeepSpeed)
     training_dataloader = None
@@ -34,7 +35,8 @@ class DeepSpeedMethods:
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         """Overrides the counter: the next backward/step pairs are (True) or are not (False) the end of
         the window, until set again. As in DeepSpeed, the loss is still divided by
-        ``gradient_accumulation_steps``."""
+        ``gradient_accumulation_steps``. Trainers set it before each backward, so a window that the
+        trainer ends early (an epoch's last, short one) updates where the trainer steps."""
         if not isinstance(is_boundary, bool):
             raise TypeError(f"zerocore: set_gradient_accumulation_boundary takes a bool; got "
                             f"{type(is_boundary).__name__}")
@@ -68,8 +70,21 @@ class DeepSpeedMethods:
     def train_batch_size(self) -> int | None:
         return self.config.batch_sizes(self.comm.world)[2]
 
+    def _mid_window(self) -> bool:
+        """Whether micro-batches were accumulated since the last boundary (gradients not yet applied).
+        Windows end where the boundary says, which with :meth:`set_gradient_accumulation_boundary`
+        need not be every ``gradient_accumulation_steps`` micro-batches: so counted from the last
+        boundary, and by the counter only before the first one (a fresh or just-loaded engine)."""
+        if self._backward_done:
+            return True
+        if self._window_start is None:
+            return self.micro_steps % self.gas != 0
+        return self.micro_steps != self._window_start
+
     def _count_samples(self) -> None:
-        """At each boundary (updated or skipped), as DeepSpeed counts global_samples."""
+        """At each boundary (updated or skipped), as DeepSpeed counts global_samples; also marks where
+        the next window starts (:meth:`_mid_window`)."""
+        self._window_start = self.micro_steps
         batch = self.train_batch_size()
         if batch is not None:
             self.global_samples += batch

@@ -15,7 +15,8 @@ import torch
 from ..comm.divergence import DivergenceError
 from ..comm.group import record_failure, recorded_failures
 
-_COUNTERS = ("micro_steps", "global_steps", "optimizer_steps", "skipped_steps")
+# _window_start: where the accumulation window began (deepspeed_methods.py), moved at the boundary
+_COUNTERS = ("micro_steps", "global_steps", "optimizer_steps", "skipped_steps", "_window_start")
 
 
 def checked_lr(value) -> float:
@@ -214,7 +215,7 @@ def own_module_zero_grad(engine) -> None:
             if m is not None:
                 m.zero_grad(set_to_none)
             return
-        if engine.micro_steps % engine.gas or engine._backward_done:
+        if engine._mid_window():
             warnings.warn("zerocore: model.zero_grad() inside a gradient accumulation window was ignored: the "
                           "engine owns the gradients and clears them itself at each optimizer step (as DeepSpeed "
                           "does); call engine.zero_grad() to discard the micro-batches accumulated so far",

@@ -9,8 +9,9 @@ class) and overrides the Trainer's overridable methods, nothing in the library i
 - ``_wrap_model``: the model is driven through the engine instead of DDP (a thin module whose
   forward is the engine's, so Accelerate does not wrap it again);
 - ``training_step``: the Trainer's own step (loss, accumulation scaling, logging), with its
-  ``backward`` going to the engine, which steps at each accumulation boundary (as Accelerate does
-  for DeepSpeed); ``_clip_grad_norm`` / ``_get_grad_norm`` report the engine's (it clips);
+  ``backward`` going to the engine, which updates where the Trainer steps (its ``sync_gradients``,
+  an epoch's short last window included, as Accelerate does for DeepSpeed);
+  ``_clip_grad_norm`` / ``_get_grad_norm`` report the engine's (it clips);
 - checkpoints: ``_save_optimizer_and_scheduler`` / ``_load_optimizer_and_scheduler`` write and
   read a zerocore checkpoint (loadable at any world size) plus the scheduler's state;
 - ``save_model``: full weights gathered from the shards, written by ``save_pretrained`` as
@@ -22,7 +23,7 @@ import os
 import warnings
 
 import torch
-from .._common import EngineOptimizer, backward_divided, global_grad_norm, initialize, optimizer_section, sync_lr
+from .._common import EngineOptimizer, backward_at, global_grad_norm, initialize, optimizer_section, sync_lr
 from .._wrapping import EngineModule, read_config
 from .config import fill_auto
 
@@ -119,10 +120,14 @@ class ZeroTrainerMixin:
 
     def _zc_backward(self, loss, **kwargs) -> None:
         engine = self.zerocore_engine
-        backward_divided(engine, loss)  # the Trainer divided it for accumulation already
-        if (engine.micro_steps + 1) % engine.gas == 0 and not self._zc_owns_schedule:
+        # the Trainer's own boundary: it sets sync_gradients before each micro-batch, True at the end
+        # of each window and at an epoch's last micro-batch (a short window); its loss is already
+        # divided for accumulation (by num_items_in_batch, or by the window's own length)
+        boundary = self.accelerator.sync_gradients
+        backward_at(engine, loss, boundary, divided=True)
+        if boundary and not self._zc_owns_schedule:
             sync_lr(engine, self.optimizer)
-        engine.step()  # updates at the accumulation boundary only
+        engine.step()  # updates at the boundary only
 
     def _clip_grad_norm(self, model):
         return global_grad_norm(self.zerocore_engine)  # the engine clipped (gradient_clipping = max_grad_norm)
