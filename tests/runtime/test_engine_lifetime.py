@@ -241,3 +241,15 @@ def test_rss_returns_to_its_pre_engine_level_after_destroy():
     assert r["params"] > 58e6
     assert r["trained_minus_model_MiB"] > 800, r  # the state really was there
     assert r["destroyed_minus_model_MiB"] < 64, r
+
+
+def test_a_stage3_model_whose_engine_was_dropped_without_destroy_is_refused_by_name(tmp_path):
+    """Its parameters held only chunks: the next initialize names the first one instead of training
+    empty tensors (a forward would fail on a size mismatch far from the cause)."""
+    engine, model, opt = _build_and_train("stage3", tmp_path)
+    del engine, opt
+    with pytest.raises(ValueError, match=r"parameter '0.weight' has no values: .*dropped without engine.destroy\(\)"):
+        zerocore.initialize(model, _config({"stage": 3}, tmp_path, torch.float32, None))
+    kept, model2, _ = _build_and_train("stage3", tmp_path)  # destroy() gives the values back: not marked
+    kept.destroy()
+    zerocore.initialize(model2, _config({"stage": 3}, tmp_path, torch.float32, None)).destroy()

@@ -38,9 +38,11 @@ def check_model(module: torch.nn.Module) -> None:
                             "shards and reduces itself; pass a module that fully_shard was not applied to")
     for name, p in module.named_parameters():
         if getattr(p, LOST, False):
-            raise ValueError(f"zerocore.initialize: parameter '{name}' has no values: its stage-3 engine was released "
-                             "after an error (leaving a `with` block on an exception), when only chunks of it "
-                             "existed. Rebuild the model or load its weights from a checkpoint")
+            raise ValueError(f"zerocore.initialize: parameter '{name}' has no values: its stage-3 engine was dropped "
+                             "without engine.destroy(), or released after an error (leaving a `with` block on an "
+                             "exception), when only chunks of it existed. Call engine.destroy() before dropping a "
+                             "stage-3 engine to get the model back; now rebuild the model or load its weights from "
+                             "a checkpoint")
         if p.device.type == "meta":
             raise ValueError(f"zerocore.initialize: parameter '{name}' is on the meta device (shape {tuple(p.shape)}, "
                              "no values yet). Build the model for real: to build one larger than a rank's memory, "

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import torch
 
+from ..sharding.group import LOST_VALUES
 from .gathered import unregister_engine
 from .misuse import give_back_module_zero_grad
 from .weights import _full_flat as full_flat
 
 
-LOST = "_zc_lost_values"  # set on a parameter whose values were dropped with its engine
+LOST = LOST_VALUES  # set on a parameter whose values were dropped with its engine (sharding/group.py)
 DESTROYED = ("zerocore: this engine was destroyed (engine.destroy()) and its memory released; build a new one "
              "with zerocore.initialize(model, config)")
 

@@ -12,6 +12,7 @@ tensor (DeepSpeed's convention): a stray read fails on the shape instead of read
 """
 from __future__ import annotations
 
+import weakref
 from itertools import repeat
 from operator import attrgetter, is_not
 
@@ -23,6 +24,11 @@ from .offloaded import GroupOffload
 from .policy import StagePolicy
 from .records import FlatGroup
 from .state import GradState, ParamState, expect_all, grad_state, move_all, param_state
+
+
+# Set on a stage-3 parameter whose values were dropped with its engine (only chunks of it existed):
+# zerocore.initialize refuses it by name instead of training an empty tensor.
+LOST_VALUES = "_zc_lost_values"
 
 
 class ShardedGroup:
@@ -69,6 +75,8 @@ class ShardedGroup:
         self._empties = [self._empty] * len(params)
         self._set_data = param_ops().set_data
         self.grad_offsets = [slot.offset for slot in layout.slots]  # where each .grad packs in a bucket
+        if self.partitioned:  # an engine dropped without destroy(): its parameters hold nothing any more
+            weakref.finalize(self, _mark_lost, [(weakref.ref(p), s.numel) for p, s in zip(params, layout.slots)])
         # How a gather is issued, chosen once (again when offload attaches): resident or offloaded. The
         # class's function, not a bound method: a bound method kept on the group would be a cycle.
         self._issue = ShardedGroup._issue_resident if self.partitioned else ShardedGroup._issue_gather
@@ -197,6 +205,15 @@ class ShardedGroup:
             shard_role = "host_params" if self.params_on_host else "params"
             return {shard_role: self.param_shard, "gathered": self.param_flat, "grads": grads, "staged": self._staged}
         return {"params": self.param_flat, "grads": grads}
+
+
+def _mark_lost(params: list) -> None:
+    """A stage-3 group was freed: its parameters that are still the empty stand-in (not given back by
+    ``destroy()``) are marked as having lost their values."""
+    for ref, numel in params:
+        p = ref()
+        if p is not None and numel > 0 and p.numel() == 0:
+            setattr(p, LOST_VALUES, True)
 
 
 class _DeferredGather:
