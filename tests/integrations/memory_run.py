@@ -20,28 +20,16 @@ import weakref
 import torch
 from torch import nn
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from memory_helpers import rss, state_tensor_refs  # noqa: E402
+
 WIDTH, LAYERS = 1024, 26
 STEPS = 2  # optimizer steps a run, accumulation 2
 
 
-def rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
 def engine_refs(engine) -> list[weakref.ref]:
-    """Weak references to the engine and to every tensor of its state (flat parameters, gradients,
-    master, moments, buckets): what must be freed with it."""
-    tensors = []
-    for g in engine.groups:
-        tensors += [t for t in g.tensors().values() if isinstance(t, torch.Tensor)]
-    for s in engine.shards:
-        tensors += [t for t in s.tensors().values() if isinstance(t, torch.Tensor)]
-    tensors += engine.reducer.bucket_tensors()
-    return [weakref.ref(engine)] + [weakref.ref(t) for t in tensors]
+    """Weak references to the engine and to every tensor of its state: what must be freed with it."""
+    return [weakref.ref(engine)] + state_tensor_refs(engine)
 
 
 def alive(refs) -> int:

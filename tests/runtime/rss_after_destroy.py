@@ -11,14 +11,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import sys
 
-
-def rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from memory_helpers import rss  # noqa: E402
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import zerocore
+from memory_helpers import state_tensor_refs
 from zerocore.runtime.release import EngineDestroyed
 
 THREADS = ("zerocore-checkpoint", "zerocore-host-step")
@@ -82,18 +83,6 @@ def _build_and_train(case: str, tmp_path):
     return engine, model, opt
 
 
-def _held_tensors(engine) -> list[weakref.ref]:
-    """Weak references to every tensor of the engine's state: what must be freed with it."""
-    tensors = []
-    for g in engine.groups:
-        tensors += [t for t in g.tensors().values() if isinstance(t, torch.Tensor)]
-    for s in engine.shards:
-        tensors += [t for t in s.tensors().values() if isinstance(t, torch.Tensor)]
-    tensors += engine.reducer.bucket_tensors()
-    assert tensors
-    return [weakref.ref(t) for t in tensors]
-
-
 def _zerocore_instances() -> dict[str, int]:
     out: dict[str, int] = {}
     for o in gc.get_objects():
@@ -149,7 +138,7 @@ def test_del_frees_the_engine_and_its_tensors_without_the_collector(case, tmp_pa
     with _collector_off():
         before = _zerocore_instances()
         engine, model, opt = _build_and_train(case, tmp_path)
-        alive = [weakref.ref(engine), weakref.ref(engine.optimizer)] + _held_tensors(engine)
+        alive = [weakref.ref(engine), weakref.ref(engine.optimizer)] + state_tensor_refs(engine)
         del engine, model, opt
         _join_workers()
         left = [r for r in alive if r() is not None]
@@ -166,7 +155,7 @@ def test_destroy_frees_every_buffer_while_the_engine_stays_referenced(case, tmp_
         engine, model, opt = _build_and_train(case, tmp_path)
         face = engine.optimizer  # a trainer keeps these
         schedule = engine.lr_scheduler
-        held = _held_tensors(engine)
+        held = state_tensor_refs(engine)
         want = {k: v.float().clone() for k, v in engine.full_state_dict().items()}
         engine.destroy()
         _join_workers()
