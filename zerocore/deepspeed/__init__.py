@@ -9,6 +9,7 @@ silently ignored.
 from __future__ import annotations
 
 from . import accelerator, checkpointing, comm, ops, runtime, utils, zero  # noqa: F401
+from .git_version_info import version as __version__  # noqa: F401
 from .comm import init_distributed  # noqa: F401
 from .launch import add_config_arguments, initialize  # noqa: F401
 from .runtime.engine import DeepSpeedEngine  # noqa: F401
