@@ -186,14 +186,7 @@ class DeepSpeedMethods:
         return provided.call("load_checkpoint", self, load_dir, tag, load_optimizer_states, load_module_only,
                              load_lr_scheduler_states=load_lr_scheduler_states, in_place=in_place)
 
-    # -- lifecycle --------------------------------------------------------------------------
-    def train(self, mode: bool = True):
-        self.module.train(mode)
-        return self
-
-    def eval(self):
-        return self.train(False)
-
+    # -- lifecycle (train()/eval() are nn.Module's: the engine and the wrapped model) ----------
     def compile(self, backend=None, compile_kwargs=None, schedule=None, compiled_autograd_enabled: bool = False):
         """``torch.compile`` of the wrapped module's forward (the engine's hooks and collectives stay
         outside the compiled graph at stage 3). Called once; returns nothing, as DeepSpeed's."""

@@ -46,14 +46,20 @@ from .release import DESTROYED, EngineDestroyed, forget_state, release
 from .shutdown import close_engine
 from ..comm.lifetime import engine_started
 from .deepspeed_methods import DeepSpeedMethods
+from . import module_face
 
 
-class Engine(DeepSpeedMethods):
+class Engine(DeepSpeedMethods, torch.nn.Module):
+    """A ``torch.nn.Module`` wrapping the model (registered as ``module``), as DeepSpeed's engine is:
+    ``parameters()``, ``named_parameters()``, ``state_dict()`` (keys ``module.<name>``), hooks,
+    ``train()``/``eval()`` act on the wrapped model (``module_face.py`` for the rest)."""
+
     def __init__(self, module: torch.nn.Module, config: ZeroConfig, comm: Comm, *, model_parameters=None,
                  optimizer=None, lr_scheduler=None):
         """``model_parameters``: the parameters to train, or hyper-parameter groups (``param_groups.py``);
         ``optimizer``: a client optimizer (``client_optimizer.py``); ``lr_scheduler``: a client
         schedule (``zerocore.schedules``). See ``zerocore.initialize``."""
+        torch.nn.Module.__init__(self)  # before any attribute: nn.Module keeps its registries in __dict__
         import_off_stack()  # before anything here can be caught in a cycle of torch's (off_stack.py)
         # every rank checks its model and config, then all compare them: any failure raises on every rank
         self._tag = agree(comm, module, config, lambda: (check_config(config), check_model(module)))
@@ -198,10 +204,7 @@ class Engine(DeepSpeedMethods):
         """The name a divergence error gives group ``index``."""
         return self._labels(op, index)
 
-    # -- the training loop ---------------------------------------------------------------
-    def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
-
+    # -- the training loop (engine(x) is nn.Module.__call__: hooks registered on the engine run) ----
     @reports_stalls
     def forward(self, *args, **kwargs):
         self._alive()
@@ -441,9 +444,33 @@ class Engine(DeepSpeedMethods):
 
     def __getattr__(self, name: str):
         # only reached for attributes the instance does not have: after destroy() that is all its state
-        if self.__dict__.get("_destroyed"):
+        d = self.__dict__
+        if d.get("_destroyed"):
             raise EngineDestroyed(f"{DESTROYED} (asked for engine.{name})")
-        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        return module_face.missing_attribute(self, d, name)
+
+    def __repr__(self) -> str:
+        if self.__dict__.get("_destroyed"):
+            return f"{type(self).__name__}(destroyed)"
+        return torch.nn.Module.__repr__(self)
+
+    def __dir__(self):
+        if self.__dict__.get("_destroyed"):
+            return object.__dir__(self)
+        return torch.nn.Module.__dir__(self)
+
+    def _apply(self, fn, recurse: bool = True):
+        module_face.refuse_moves(self, fn)
+        return self
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """The model's weights from ``state_dict`` (keys ``module.<name>``, as ``engine.state_dict()``
+        gives them), written into the training state: the parameters, and this rank's part of the
+        fp32 master (stage 3: of the partitioned chunks). Every rank passes the whole dict; no
+        collective. Returns torch's ``(missing_keys, unexpected_keys)``."""
+        self._alive()
+        states_aside.check_resident(self, "load_state_dict()")
+        return module_face.load_state_dict(self, state_dict, strict, assign)
 
     def __enter__(self):
         return self
