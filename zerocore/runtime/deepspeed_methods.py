@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from ..sharding.gatherer import Running
 from . import provided
 from .checkpoint_marks import wait_pending
 from .offload_states import check_resident
@@ -144,6 +145,22 @@ class DeepSpeedMethods:
             frozen = {n for n, p in self.module.named_parameters(remove_duplicate=False) if not p.requires_grad}
             state = {k: v for k, v in state.items() if k not in frozen}
         return OrderedDict(state)
+
+    def empty_partition_cache(self) -> None:
+        """DeepSpeed's: stage 3 frees the full parameters still gathered outside a forward/backward
+        (units kept for reuse: stage3_max_reuse_distance), so each rank holds only its chunks and the
+        persistent parameters; the device's cached blocks go back too. Nothing to free at stages 0-2.
+        Called inside a forward or backward it is refused (the pass needs what it gathered)."""
+        g = self.gatherer
+        if g is None:
+            return
+        if g.running is not Running.IDLE:
+            raise RuntimeError("zerocore: empty_partition_cache() inside a forward or backward pass; call it between "
+                               "training steps")
+        for u in g.units:
+            g._free(u)  # the unit back to its chunk (pending post-backward signals stay counted)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     # -- checkpoints (zerocore/checkpoint/, a floor above: reached through runtime/provided.py) --
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,

@@ -46,7 +46,7 @@ from .release import DESTROYED, EngineDestroyed, forget_state, release
 from .shutdown import close_engine
 from ..comm.lifetime import engine_started
 from .deepspeed_methods import DeepSpeedMethods
-from . import module_face
+from . import ds_param_attrs, module_face
 
 
 class Engine(DeepSpeedMethods, torch.nn.Module):
@@ -146,6 +146,8 @@ class Engine(DeepSpeedMethods, torch.nn.Module):
         self._backward_done = False
         self._dropped = False  # zero_grad() between backward() and step() (named by step())
         self._batches = self._step_batches()  # after the face and _torch_step: the batches use them
+        if z.stage == 3:
+            ds_param_attrs.attach(self)  # DeepSpeed's ds_* attributes, which third-party code reads
         engine_started(self)  # the process groups zerocore created live while an engine does
 
     def _group_specs(self, module, trainable, z, hyper: dict[int, int]) -> list[GroupSpec]:
