@@ -7,7 +7,8 @@ error line.
     PYTHONPATH=$PWD python scripts/ds_unit/run.py --tests /tmp/ds_v0195/tests --out /tmp/ds_zc
     PYTHONPATH=$PWD python scripts/ds_unit/run.py --tests /tmp/ds_v0195/tests --face deepspeed --out /tmp/ds_ref
 
-How: ``alias/deepspeed`` goes first on PYTHONPATH, so ``import deepspeed`` in pytest and in every
+How: ``site/sitecustomize.py`` (both faces) keeps a rank's pytest failure from hanging DeepSpeed's
+launcher (see there). ``alias/deepspeed`` goes first on PYTHONPATH, so ``import deepspeed`` in pytest and in every
 rank DeepSpeed's ``DistributedTest`` spawns (forkserver children inherit the environment) is
 ``zerocore.deepspeed``. Their launcher is kept as is: with ``DS_ACCELERATOR=cpu`` the accelerator
 is the CPU, the backend gloo, and ``LOCAL_SIZE`` tells the CPU accelerator how many "devices" there
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -42,6 +44,7 @@ def _env(face: str, local_size: int, timeout: int) -> dict:
         path = [os.path.join(HERE, "alias"), ROOT] + path
     else:  # the installed DeepSpeed: keep this repo off the path so nothing of ours is imported
         path = [p for p in path if os.path.abspath(p) != ROOT]
+    path.insert(0, os.path.join(HERE, "site"))  # sitecustomize.py: the launcher fix, for both faces
     env.update(PYTHONPATH=os.pathsep.join(path), DS_ACCELERATOR="cpu", LOCAL_SIZE=str(local_size),
                OMP_NUM_THREADS="1", DS_UNITTEST_TIMEOUT=str(timeout), DS_DISABLE_REUSE_DIST_ENV="1",
                TORCHINDUCTOR_COMPILE_THREADS="1")
@@ -77,6 +80,8 @@ def _read_junit(path: str) -> list[tuple[str, str, str]]:
 
 def run_file(tests: str, rel: str, face: str, out: str, args) -> list[tuple[str, str, str]]:
     junit = os.path.join(out, rel.replace("/", "__") + ".xml")
+    if args.keep and os.path.exists(junit):  # a result of an earlier run into this folder
+        return _read_junit(junit)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", junit,
            "-o", "junit_family=xunit1", "-W", "ignore::DeprecationWarning", f"unit/{rel}"]
     if args.k:
@@ -84,10 +89,14 @@ def run_file(tests: str, rel: str, face: str, out: str, args) -> list[tuple[str,
     log = os.path.join(out, rel.replace("/", "__") + ".log")
     t0 = time.time()
     with open(log, "w") as f:
+        # a session of its own: on a timeout its whole process group goes (pytest, the forkserver, the ranks)
+        proc = subprocess.Popen(cmd, cwd=tests, env=_env(face, args.local_size, args.timeout), stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            subprocess.run(cmd, cwd=tests, env=_env(face, args.local_size, args.timeout), stdout=f,
-                           stderr=subprocess.STDOUT, timeout=args.file_timeout)
+            proc.wait(timeout=args.file_timeout)
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             f.write(f"\nharness: the file ran past {args.file_timeout}s\n")
     print(f"{rel}: {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
     if not os.path.exists(junit):
@@ -124,6 +133,7 @@ def main() -> None:
     ap.add_argument("--local-size", type=int, default=4, help="CPU 'devices' (the largest world a test asks)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds one distributed test may take")
     ap.add_argument("--file-timeout", type=int, default=3600, help="seconds one file may take")
+    ap.add_argument("--keep", action="store_true", help="reuse a file's junit report already in --out")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rows = {rel: run_file(os.path.abspath(args.tests), rel, args.face, args.out, args) for rel in args.files}
