@@ -14,6 +14,7 @@ import torch
 from ..sharding.gatherer import Running
 from . import provided
 from .checkpoint_marks import wait_pending
+from .misuse import NoSyncMisuse
 from .offload_states import check_resident
 
 
@@ -49,11 +50,13 @@ class DeepSpeedMethods:
         step() is refused inside the context, both as in DeepSpeed."""
         stage = self.zero_optimization_stage()
         if stage >= 2:
-            raise RuntimeError(f"zerocore: no_sync() is incompatible with ZeRO stage {stage}: its gradients are "
+            raise NoSyncMisuse(f"zerocore: no_sync() is incompatible with ZeRO stage {stage}: its gradients are "
                                "partitioned, so every backward reduces them across ranks; use stage 0 or 1, or "
-                               "gradient_accumulation_steps to accumulate without a step")
+                               "gradient_accumulation_steps to accumulate without a step (DeepSpeed: no_sync context "
+                               f"manager is incompatible with gradient partitioning logic of ZeRO stage {stage})")
         if self._in_no_sync:
-            raise RuntimeError("zerocore: no_sync() entered again inside no_sync(); nesting is not supported")
+            raise NoSyncMisuse("zerocore: no_sync() entered again inside no_sync(); nesting is not supported "
+                               "(DeepSpeed: no_sync context manager reentry is unsupported)")
         self._in_no_sync = True
         try:
             yield
@@ -173,6 +176,8 @@ class DeepSpeedMethods:
         next save or load for the whole save).
         ``exclude_frozen_parameters`` is accepted: frozen parameters are always saved (they are
         whole on rank 0 and small beside the optimizer state), so a load finds them."""
+        if save_dir is None or not os.fspath(save_dir):
+            raise ValueError(f"zerocore: save_checkpoint needs a directory to save into; got {save_dir!r}")
         check_resident(self, "save_checkpoint()")
         if async_save:
             return provided.call("save_async", self, save_dir, tag, client_state, save_latest=save_latest)
@@ -202,6 +207,20 @@ class DeepSpeedMethods:
         wait_pending(self)
         return provided.call("load_checkpoint", self, load_dir, tag, load_optimizer_states, load_module_only,
                              load_lr_scheduler_states=load_lr_scheduler_states, in_place=in_place)
+
+    def _get_optimizer_ckpt_name(self, checkpoints_path, tag, expp_rank=None) -> str:
+        """The file of a checkpoint tag that holds this rank's optimizer state (DeepSpeed's method;
+        zerocore's layout: one file per rank, ``zerocore/checkpoint/layout.py``)."""
+        return os.path.join(os.fspath(checkpoints_path), str(tag), provided.call("rank_file", self.comm.rank))
+
+    # -- DeepSpeed's engine attributes that have nothing to do here ---------------------------
+    sparse_tensor_module_names: frozenset = frozenset()  # zerocore reduces dense gradients only
+
+    def allreduce_gradients(self, bucket_size=None) -> None:
+        """DeepSpeed's explicit reduction: zerocore's ``backward()`` reduces the gradients itself (at
+        the accumulation boundary at stages 0/1, every micro-batch at 2/3), so there is nothing left
+        to reduce when a script calls this after it."""
+        self._alive()
 
     # -- lifecycle (train()/eval() are nn.Module's: the engine and the wrapped model) ----------
     def compile(self, backend=None, compile_kwargs=None, schedule=None, compiled_autograd_enabled: bool = False):

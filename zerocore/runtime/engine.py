@@ -37,8 +37,8 @@ from .param_groups import resolve as resolve_groups
 from .. import schedules
 from . import weights
 from .agreement import agree
-from .misuse import (RequiresGradWatch, check_loss, checked_lr, explain_dtype_error, keeps_counters_on_failure,
-                     own_module_zero_grad, reports_stalls, upcast_from)
+from .misuse import (NoSyncMisuse, RequiresGradWatch, check_loss, checked_lr, explain_dtype_error,
+                     keeps_counters_on_failure, own_module_zero_grad, reports_stalls, upcast_from)
 from .preflight import check_config, check_model
 from .off_stack import import_off_stack
 from . import offload_states as states_aside
@@ -46,6 +46,7 @@ from .release import DESTROYED, EngineDestroyed, forget_state, release
 from .shutdown import close_engine
 from ..comm.lifetime import engine_started
 from .deepspeed_methods import DeepSpeedMethods
+from .throughput import ThroughputTimer
 from . import ds_param_attrs, module_face
 
 
@@ -146,6 +147,7 @@ class Engine(DeepSpeedMethods, torch.nn.Module):
         self._backward_done = False
         self._dropped = False  # zero_grad() between backward() and step() (named by step())
         self._batches = self._step_batches()  # after the face and _torch_step: the batches use them
+        self.tput_timer = ThroughputTimer(self.train_batch_size())  # DeepSpeed's samples/s (throughput.py)
         if z.stage == 3:
             ds_param_attrs.attach(self)  # DeepSpeed's ds_* attributes, which third-party code reads
         engine_started(self)  # the process groups zerocore created live while an engine does
@@ -211,6 +213,7 @@ class Engine(DeepSpeedMethods, torch.nn.Module):
     def forward(self, *args, **kwargs):
         self._alive()
         states_aside.check_resident(self, "forward")
+        self.tput_timer.start()
         try:
             return self.module(*args, **kwargs)
         except RuntimeError as e:
@@ -258,8 +261,9 @@ class Engine(DeepSpeedMethods, torch.nn.Module):
         """Ends a micro-batch; at the accumulation boundary updates the parameters and steps the
         lr schedule (with ``lr_kwargs``), except when the update is skipped (fp16 overflow)."""
         if self._in_no_sync:
-            raise RuntimeError("zerocore: step() inside no_sync(); leave the context for the last micro-batch's "
-                               "backward (it reduces the accumulated gradients) and call step() after it")
+            raise NoSyncMisuse("zerocore: step() inside no_sync(); leave the context for the last micro-batch's "
+                               "backward (it reduces the accumulated gradients) and call step() after it (DeepSpeed: "
+                               "It is illegal to call Engine.step() inside no_sync context manager)")
         states_aside.check_resident(self, "step()")
         self._requires_grad.check()  # before anything changes: fix it and call step() again
         if self._zc_state_lost is not None:
@@ -277,6 +281,7 @@ class Engine(DeepSpeedMethods, torch.nn.Module):
                                   "them itself, call zero_grad() only before a backward)" if self._dropped else ""))
         self._backward_done = False
         self.micro_steps += 1
+        self.tput_timer.stop(global_step=boundary)
         if not boundary:
             return
         self.global_steps += 1
