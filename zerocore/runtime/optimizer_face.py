@@ -83,6 +83,17 @@ class ZeroOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """DeepSpeed's ``engine.optimizer.optimizer`` (the basic optimizer its wrapper steps): the
+        optimizer passed to initialize, which shares these param_groups; without one, this face
+        (zerocore's Adam has no separate optimizer object)."""
+        engine = self._engine
+        if engine is None:
+            raise RuntimeError(GONE)
+        client = engine.client_optimizer
+        return self if client is None else client
+
+    @property
     def overflow(self) -> bool:
         """Whether the last accumulation boundary skipped its update (fp16 overflow, Inf/NaN)."""
         engine = self._engine

@@ -67,6 +67,11 @@ def from_config(name: str | None, params: dict, optimizer) -> LRScheduler | None
         raise ScheduleConfigError(f"scheduler ({name}): {e}") from e
 
 
+class ForeignSchedule(ValueError, AssertionError):
+    """A client schedule over another optimizer than the engine's (an AssertionError too: DeepSpeed
+    asserts there, and its scripts and tests catch that)."""
+
+
 def client_schedule(lr_scheduler, optimizer, client_optimizer=None) -> LRScheduler | None:
     """``lr_scheduler`` as passed to initialize: an LRScheduler object over ``optimizer`` (the
     engine's face) or over ``client_optimizer`` (whose param_groups the face shares, so the
@@ -80,7 +85,7 @@ def client_schedule(lr_scheduler, optimizer, client_optimizer=None) -> LRSchedul
                         f"callable taking the optimizer and returning one; got {type(lr_scheduler).__name__}")
     target = getattr(lr_scheduler, "optimizer", optimizer)
     if target is not optimizer and (client_optimizer is None or target is not client_optimizer):
-        raise ValueError("zerocore.initialize: lr_scheduler schedules another optimizer than the engine's; build it "
-                         "over the optimizer passed to initialize (its param_groups become the engine's), or pass "
-                         "a callable `lambda optimizer: Scheduler(optimizer, ...)`")
+        raise ForeignSchedule("zerocore.initialize: lr_scheduler schedules another optimizer than the engine's; build "
+                              "it over the optimizer passed to initialize (its param_groups become the engine's), or "
+                              "pass a callable `lambda optimizer: Scheduler(optimizer, ...)`")
     return lr_scheduler

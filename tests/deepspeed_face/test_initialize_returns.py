@@ -1,0 +1,96 @@
+"""What deepspeed.initialize returns and refuses as DeepSpeed's does (issue 34): the basic optimizer
+at stage 0 without mixed precision (the client's, or a FusedAdam for an Adam section), the engine's
+face otherwise, engine.optimizer.optimizer; DeepSpeed's own refusals with its exception types."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+import zerocore
+import zerocore.deepspeed as deepspeed
+from zerocore.deepspeed.ops.adam import FusedAdam
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def _cfg(stage=0, **extra):
+    return {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0, "zero_optimization": {"stage": stage},
+            **extra}
+
+
+def _train(engine, steps=3):
+    g = torch.Generator().manual_seed(5)
+    for _ in range(steps):
+        x = torch.randn(4, 6, generator=g).to(engine.dtype)
+        engine.backward(engine(x).float().pow(2).mean())
+        engine.step()
+    return engine.full_state_dict()
+
+
+@pytest.mark.parametrize("adam", [{"type": "Adam", "params": {"lr": 0.01, "weight_decay": 0.1}},
+                                  {"type": "Adam", "params": {"lr": 0.01, "weight_decay": 0.1, "adam_w_mode": False}},
+                                  {"type": "AdamW", "params": {"lr": 0.02}}])
+def test_stage0_returns_a_fused_adam_for_an_adam_section_and_trains_as_zerocore(adam):
+    engine, opt, _, _ = deepspeed.initialize(model=_model(), config=_cfg(optimizer=adam))
+    assert isinstance(opt, FusedAdam) and opt is engine.optimizer.optimizer is engine.client_optimizer
+    assert opt.param_groups is engine.optimizer.param_groups  # one set of values: edits reach the engine
+    want = _train(zerocore.initialize(_model(), _cfg(optimizer=adam)))  # zerocore's own path, same section
+    got = _train(engine)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_stage0_returns_the_client_optimizer_itself():
+    model = _model()
+    client = torch.optim.AdamW(model.parameters(), lr=0.01)
+    _, opt, _, _ = deepspeed.initialize(model=model, config=_cfg(), optimizer=client)
+    assert opt is client
+    _, opt, _, _ = deepspeed.initialize(model=_model(), config=_cfg(),
+                                        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    assert isinstance(opt, torch.optim.SGD)
+
+
+@pytest.mark.parametrize("stage, extra", [(1, {}), (2, {}), (3, {}), (0, {"bf16": {"enabled": True}})])
+def test_with_zero_or_mixed_precision_the_engines_optimizer_is_returned(stage, extra):
+    engine, opt, _, _ = deepspeed.initialize(model=_model(), config=_cfg(stage, optimizer={"type": "Adam"}, **extra))
+    assert opt is engine.optimizer and opt.optimizer is opt  # no separate basic optimizer
+    model = _model()
+    client = torch.optim.AdamW(model.parameters(), lr=0.01)
+    engine, opt, _, _ = deepspeed.initialize(model=model, config=_cfg(stage, **extra), optimizer=client)
+    assert opt is engine.optimizer and opt.optimizer is client
+
+
+def test_a_schedule_over_another_optimizer_is_an_assertion_error():
+    model = _model()
+    other = LambdaLR(torch.optim.Adam(model.parameters()), lambda e: 1.0)
+    with pytest.raises(AssertionError, match="schedules another optimizer"):
+        deepspeed.initialize(model=model, config=_cfg(optimizer={"type": "Adam"}), lr_scheduler=other)
+    with pytest.raises(ValueError, match="schedules another optimizer"):  # zerocore's type, as before
+        deepspeed.initialize(model=_model(), config=_cfg(optimizer={"type": "Adam"}), lr_scheduler=other)
+
+
+@pytest.mark.parametrize("size, stage, refused", [(1001, 1, True), (1001, 2, True), (1000, 2, False),
+                                                  (1001, 3, False), (1001, 0, False)])
+def test_allgather_bucket_size_must_be_even_at_stages_1_and_2(size, stage, refused):
+    cfg = _cfg(stage, optimizer={"type": "Adam"})
+    cfg["zero_optimization"]["allgather_bucket_size"] = size
+    if refused:
+        with pytest.raises(AssertionError, match="allgather_bucket_size must be a multiple of "
+                                                 "nccl_start_alignment_factor"):
+            deepspeed.initialize(model=_model(), config=cfg)
+    else:
+        deepspeed.initialize(model=_model(), config=cfg)
+
+
+def test_an_unsupported_dtype_mix_without_zero_is_not_implemented():
+    cfg = _cfg(0, optimizer={"type": "Adam"}, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"})
+    with pytest.raises(NotImplementedError, match="unsupported mix"):
+        deepspeed.initialize(model=_model(), config=cfg)
+    with pytest.raises(deepspeed.DeepSpeedConfigError):  # a config error too
+        deepspeed.initialize(model=_model(), config=cfg)
+    cfg["zero_optimization"]["stage"] = 2  # DeepSpeed's ZeRO accumulates in bf16 whatever it says: accepted
+    deepspeed.initialize(model=_model(), config=cfg)
