@@ -181,3 +181,24 @@ def test_checkpoint_restores_the_schedule(tmp_path):
     e.load_checkpoint(tmp_path, tag="t", load_lr_scheduler_states=False)
     assert e.lr_scheduler.last_batch_iteration == -1
     e.destroy()
+
+
+@pytest.mark.parametrize("name", ["WarmupLR", "WarmupDecayLR", "WarmupCosineLR"])
+def test_an_unknown_warmup_type_falls_back_to_log_with_a_warning(name):
+    """DeepSpeed's classes warn and warm up along the log curve; so do these (a config's scheduler
+    section names the typo instead: test_bad_value_named_at_initialize)."""
+    from zerocore.schedules import schedule_class
+
+    def build(kind):
+        opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        return schedule_class(name)(opt, warmup_num_steps=10, warmup_type=kind,
+                                    **({"total_num_steps": 100} if name != "WarmupLR" else {}))
+
+    with pytest.warns(UserWarning, match="warmup_type: got 'cubic'.*using 'log'"):
+        odd = build("cubic")
+    ref = build("log")
+    assert odd.warmup_type == "log"
+    for step in range(15):
+        odd.step()
+        ref.step()
+        assert odd.get_last_lr() == ref.get_last_lr()

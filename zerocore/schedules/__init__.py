@@ -18,8 +18,8 @@ import inspect
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from .deepspeed_types import (DEEPSPEED_SCHEDULES, LRRangeTest, OneCycle, WarmupCosineLR, WarmupDecayLR,
-                              WarmupLR)
+from .deepspeed_types import (DEEPSPEED_SCHEDULES, WARMUP_TYPES, LRRangeTest, OneCycle, WarmupCosineLR,
+                              WarmupDecayLR, WarmupLR)
 
 __all__ = ["WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest", "DEEPSPEED_SCHEDULES",
            "schedule_class", "check_params", "from_config", "client_schedule"]
@@ -50,6 +50,11 @@ def check_params(name: str, params: dict) -> None:
     for key in params:
         if key not in names:
             raise ScheduleConfigError(f"scheduler.params.{key}: not a parameter of {name}; allowed: {', '.join(names)}")
+    kind = params.get("warmup_type")
+    if "warmup_type" in names and kind is not None and kind not in WARMUP_TYPES:
+        # the classes fall back to 'log' with a warning, as DeepSpeed's; a config's typo is named instead
+        raise ScheduleConfigError(f"scheduler.params.warmup_type: got {kind!r}; allowed: "
+                                  f"{', '.join(map(repr, WARMUP_TYPES))}")
     missing = [p.name for p in accepted if p.default is inspect.Parameter.empty and p.name not in params]
     if missing:
         raise ScheduleConfigError(f"scheduler.params.{missing[0]}: required by {name} and missing"
