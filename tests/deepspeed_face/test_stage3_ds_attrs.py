@@ -146,3 +146,15 @@ def test_empty_partition_cache_at_stages_0_to_2_and_inside_a_forward():
     engine.module[2].register_forward_hook(lambda *_: engine.empty_partition_cache())
     with pytest.raises(RuntimeError, match="inside a forward or backward"):
         engine(torch.randn(2, 5))
+
+
+@pytest.mark.parametrize("cfg, dtype", [(None, torch.float16), ("bf16", torch.bfloat16), ("fp32", torch.float32)])
+def test_init_partitions_in_deepspeeds_dtype(cfg, dtype):
+    """DeepSpeed's Init: the config's training dtype, fp32 without bf16/fp16, fp16 without a config."""
+    config = None if cfg is None else {**_cfg(), **({"bf16": {"enabled": True}} if cfg == "bf16" else {})}
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        layer = nn.Linear(10, 10)
+    assert layer.weight.ds_tensor.dtype == dtype and layer.weight.ds_status is NOT_AVAILABLE
+    with deepspeed.zero.Init(config_dict_or_path=config, dtype=torch.float32):  # an explicit dtype wins
+        layer = nn.Linear(10, 10)
+    assert layer.weight.ds_tensor.dtype == torch.float32
