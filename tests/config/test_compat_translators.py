@@ -239,3 +239,10 @@ def test_elastic_checkpoint_is_accepted_with_any_value_and_tag_validation_is_a_k
         _quiet_load({"checkpoint": {"tag_validation": "foo"}})
     with pytest.raises(ConfigError, match="checkpoint.tag_check: unknown key"):
         _quiet_load({"checkpoint": {"tag_check": "WARN"}})
+
+
+def test_zero_allow_untested_optimizer_may_be_written_as_0_or_1():
+    assert deepspeed.translate({"zero_allow_untested_optimizer": 1}).config == {"zero_allow_untested_optimizer": True}
+    assert _quiet_load({"zero_allow_untested_optimizer": 0}).zero_allow_untested_optimizer is False
+    with pytest.raises(ConfigError, match="zero_allow_untested_optimizer: got 2"):
+        _quiet_load({"zero_allow_untested_optimizer": 2})

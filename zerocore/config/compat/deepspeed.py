@@ -149,6 +149,9 @@ def translate(data: dict) -> Translation:
     if z is not None:
         data = with_section(data, "zero_optimization", _offload_booleans(z, "zero_optimization", deprecated))
     data = drop_accepted(data, ACCEPTED)
+    if type(data.get("zero_allow_untested_optimizer")) is int and data["zero_allow_untested_optimizer"] in (0, 1):
+        # DeepSpeed reads this flag for its truth value; scripts write 1 (zerocore: no effect either way)
+        data = {**data, "zero_allow_untested_optimizer": bool(data["zero_allow_untested_optimizer"])}
     data, ignored = _top_level(data)
     return Translation(data, deprecated=tuple(deprecated), ignored=tuple(ignored))
 
