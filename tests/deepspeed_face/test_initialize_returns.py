@@ -56,8 +56,22 @@ def test_stage0_returns_the_client_optimizer_itself():
 
 @pytest.mark.parametrize("stage, extra", [(1, {}), (2, {}), (3, {}), (0, {"bf16": {"enabled": True}})])
 def test_with_zero_or_mixed_precision_the_engines_optimizer_is_returned(stage, extra):
+    from zerocore.runtime.shard_view import ShardAdamView
+
     engine, opt, _, _ = deepspeed.initialize(model=_model(), config=_cfg(stage, optimizer={"type": "Adam"}, **extra))
-    assert opt is engine.optimizer and opt.optimizer is opt  # no separate basic optimizer
+    assert opt is engine.optimizer
+    # the basic optimizer DeepSpeed keeps under its wrapper: this rank's Adam state over the flat fp32 pieces
+    inner = opt.optimizer
+    assert isinstance(inner, ShardAdamView) and opt.optimizer is inner
+    _train(engine, steps=2)
+    pieces = [p for g in inner.param_groups for p in g["params"]]
+    assert sum(p.numel() for p in pieces) == sum(s.master.numel() for s in engine.shards)
+    for p in pieces:
+        st = inner.state[p]
+        assert st["step"].item() == engine.optimizer_steps == 2 and st["exp_avg"].shape == p.shape
+        assert st["exp_avg_sq"].min() >= 0 and st["exp_avg"].abs().sum() > 0
+    opt.param_groups[0]["lr"] = 0.5  # the view shows the face's values as they are now
+    assert inner.param_groups[0]["lr"] == 0.5
     model = _model()
     client = torch.optim.AdamW(model.parameters(), lr=0.01)
     engine, opt, _, _ = deepspeed.initialize(model=model, config=_cfg(stage, **extra), optimizer=client)
