@@ -211,11 +211,13 @@ class Engine(DeepSpeedMethods, torch.nn.Module):
     # -- the training loop (engine(x) is nn.Module.__call__: hooks registered on the engine run) ----
     @reports_stalls
     def forward(self, *args, **kwargs):
-        self._alive()
+        module = self._modules["module"]  # not self.module: nn.Module's __getattr__ path costs microseconds
+        if module is None:
+            raise EngineDestroyed(DESTROYED)
         states_aside.check_resident(self, "forward")
         self.tput_timer.start()
         try:
-            return self.module(*args, **kwargs)
+            return module(*args, **kwargs)
         except RuntimeError as e:
             better = explain_dtype_error(e, args, kwargs, self.dtype, self._upcast)
             if better is None:
@@ -446,7 +448,8 @@ class Engine(DeepSpeedMethods, torch.nn.Module):
         states_aside.reload_states(self, non_blocking)
 
     def _alive(self) -> None:
-        if self.module is None:
+        # _modules, not self.module (nn.Module's __getattr__ path); destroyed, _modules is gone too
+        if self._modules["module"] is None:
             raise EngineDestroyed(DESTROYED)
 
     def __getattr__(self, name: str):
@@ -455,6 +458,15 @@ class Engine(DeepSpeedMethods, torch.nn.Module):
         if d.get("_destroyed"):
             raise EngineDestroyed(f"{DESTROYED} (asked for engine.{name})")
         return module_face.missing_attribute(self, d, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        # The counters and flags backward()/step() set are plain attributes already in __dict__: set
+        # directly (nn.Module's __setattr__ checks each value against its registries, microseconds a
+        # set on the hot path). Anything else (the first set, modules, tensors) goes through nn.Module.
+        if name in self.__dict__ and not isinstance(value, (torch.Tensor, torch.nn.Module)):
+            object.__setattr__(self, name, value)
+        else:
+            torch.nn.Module.__setattr__(self, name, value)
 
     def __repr__(self) -> str:
         if self.__dict__.get("_destroyed"):
