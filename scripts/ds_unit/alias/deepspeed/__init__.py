@@ -2,17 +2,18 @@
 tests run against zerocore: see ``scripts/ds_unit/run.py``; never installed).
 
 This stub replaces itself in ``sys.modules`` with ``zerocore.deepspeed`` and installs a finder that
-answers ``deepspeed.a.b`` with the module ``zerocore.deepspeed.a.b`` itself (the same object, so
+answers ``deepspeed.a.b`` from ``zerocore.deepspeed.a.b`` (the same objects, so
 ``deepspeed.runtime.engine.DeepSpeedEngine is zerocore.deepspeed.runtime.engine.DeepSpeedEngine``).
 
 A module the face does not have (``deepspeed.pipe``, ``deepspeed.moe.layer``, DeepSpeed's optimizer
-classes...) is a *placeholder*: DeepSpeed's shared test files import such names at the top
-(``unit/simple_model.py`` imports ``PipelineModule`` and ``MoE`` for every test), so without it no
-test of a file could even be collected. A placeholder's names are classes that raise
+classes...) is a *placeholder*, and so is a name a face module lacks (DeepSpeed internals such as
+``partition_parameters.MultipleAllGatherHandles``): DeepSpeed's test files import such names at the
+top (``unit/simple_model.py`` imports ``PipelineModule`` and ``MoE`` for every test), so without them
+no test of a file could even be collected. A placeholder name is a class that raises
 ``HarnessPlaceholder`` (naming the DeepSpeed name) when called or when an attribute is read, and
-that no object is an instance of; so a test that only imports them runs, and one that uses them
-fails with that name as its first error line. Names missing from a module the face *does* have
-stay ImportErrors.
+that no object is an instance of; so a test that only imports it runs, and one that uses it fails
+with that name as its first error line. ``import deepspeed.x`` gives a thin module over the face's
+``zerocore.deepspeed.x`` (every attribute read from it; only missing names become placeholders).
 """
 import importlib
 import importlib.abc
@@ -43,13 +44,38 @@ class _MissingMeta(type):
         return sub is cls
 
 
+def _placeholder(module: str, name: str) -> type:
+    return _MissingMeta(name, (), {"__qualname__": f"{module}.{name}", "__module__": module})
+
+
 class _PlaceholderModule(types.ModuleType):
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        cls = _MissingMeta(name, (), {"__qualname__": f"{self.__name__}.{name}", "__module__": self.__name__})
+        cls = _placeholder(self.__name__, name)
         setattr(self, name, cls)
         return cls
+
+
+class _FaceModule(types.ModuleType):
+    """``deepspeed.x``: reads go to ``zerocore.deepspeed.x`` (the same objects); a name it lacks is a
+    placeholder. Submodules imported under it are kept here (the face's own attributes stay its own)."""
+
+    def __init__(self, name: str, face):
+        super().__init__(name, face.__doc__)
+        self.__dict__["_zc_face"] = face
+        if hasattr(face, "__path__"):
+            self.__path__ = face.__path__
+        self.__file__ = getattr(face, "__file__", None)
+
+    def __getattr__(self, name):
+        face = self.__dict__["_zc_face"]
+        try:
+            return getattr(face, name)
+        except AttributeError:
+            if name.startswith("__"):
+                raise
+            return _placeholder(self.__name__, name)
 
 
 def _face_spec(fullname: str):
@@ -64,6 +90,11 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if fullname != "deepspeed" and not fullname.startswith("deepspeed."):
             return None
         face = _face_spec(fullname)
+        if face is None:
+            parent, _, child = fullname.rpartition(".")
+            owner = sys.modules.get(_PREFIX + parent)  # the face's module, when the parent is one
+            if owner is not None and hasattr(owner, child):
+                return None  # an attribute of a face module (deepspeed.utils.logger): not a module to make up
         spec = importlib.util.spec_from_loader(
             fullname, self, is_package=face is None or face.submodule_search_locations is not None)
         spec.loader_state = "placeholder" if face is None else "face"
@@ -71,20 +102,14 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec):
         if spec.loader_state == "face":
-            # the face's module itself (module_from_spec then sets its __spec__ to ours: exec_module puts
-            # zerocore's back, so the module keeps its own name and identity)
-            module = importlib.import_module(_PREFIX + spec.name)
-            spec.loader_state = module.__spec__
-            return module
+            return _FaceModule(spec.name, importlib.import_module(_PREFIX + spec.name))
         module = _PlaceholderModule(spec.name, "harness placeholder: not in zerocore.deepspeed")
         module.__path__ = []
         module.__zc_placeholder__ = True
         return module
 
     def exec_module(self, module):
-        # a face module already ran under its zerocore name; a placeholder has no code
-        if module.__spec__.loader_state != "placeholder":
-            module.__spec__ = module.__spec__.loader_state
+        pass  # a face module already ran under its zerocore name; a placeholder has no code
 
 
 if not any(isinstance(f, _Alias) for f in sys.meta_path):
