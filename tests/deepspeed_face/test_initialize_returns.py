@@ -78,13 +78,13 @@ def test_with_zero_or_mixed_precision_the_engines_optimizer_is_returned(stage, e
     assert opt is engine.optimizer and opt.optimizer is client
 
 
-def test_a_schedule_over_another_optimizer_is_an_assertion_error():
+def test_a_schedule_over_another_optimizer_is_taken_as_deepspeed_takes_it():
     model = _model()
     other = LambdaLR(torch.optim.Adam(model.parameters()), lambda e: 1.0)
-    with pytest.raises(AssertionError, match="schedules another optimizer"):
-        deepspeed.initialize(model=model, config=_cfg(optimizer={"type": "Adam"}), lr_scheduler=other)
-    with pytest.raises(ValueError, match="schedules another optimizer"):  # zerocore's type, as before
-        deepspeed.initialize(model=_model(), config=_cfg(optimizer={"type": "Adam"}), lr_scheduler=other)
+    with pytest.warns(UserWarning, match="schedules another optimizer"):
+        engine, _, _, sched = deepspeed.initialize(model=model, config=_cfg(optimizer={"type": "Adam"}),
+                                                   lr_scheduler=other)
+    assert sched is other and engine.lr_scheduler is other
 
 
 @pytest.mark.parametrize("size, stage, refused", [(1001, 1, True), (1001, 2, True), (1000, 2, False),

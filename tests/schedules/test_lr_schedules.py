@@ -150,8 +150,11 @@ def test_client_schedule_wins_and_is_settable():
     assert [x[0] for x in _train(e, 2)] == pytest.approx([0.02, 0.002])
     e.destroy()
     other = torch.optim.SGD(torch.nn.Linear(3, 2).parameters(), lr=1.0)
-    with pytest.raises(ValueError, match="another optimizer"):
-        zerocore.initialize(torch.nn.Linear(3, 2), {}, lr_scheduler=torch.optim.lr_scheduler.StepLR(other, 1))
+    with pytest.warns(UserWarning, match="another optimizer than the engine's: the engine steps it, but its learning"):
+        e = zerocore.initialize(torch.nn.Linear(3, 2), {"optimizer": {"params": {"lr": 0.1}}},
+                                lr_scheduler=torch.optim.lr_scheduler.StepLR(other, 1, gamma=0.5))
+    assert [x[0] for x in _train(e, 2)] == pytest.approx([0.1, 0.1])  # accepted as DeepSpeed does: stepped,
+    assert other.param_groups[0]["lr"] == 0.25  # and it is the other optimizer's lr that moves
     with pytest.raises(TypeError, match="lr_scheduler must be"):
         zerocore.initialize(torch.nn.Linear(3, 2), {}, lr_scheduler=3)
 

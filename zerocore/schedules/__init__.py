@@ -14,6 +14,7 @@ overflow, and saves its ``state_dict()`` in checkpoints.
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
@@ -72,15 +73,11 @@ def from_config(name: str | None, params: dict, optimizer) -> LRScheduler | None
         raise ScheduleConfigError(f"scheduler ({name}): {e}") from e
 
 
-class ForeignSchedule(ValueError, AssertionError):
-    """A client schedule over another optimizer than the engine's (an AssertionError too: DeepSpeed
-    asserts there, and its scripts and tests catch that)."""
-
-
 def client_schedule(lr_scheduler, optimizer, client_optimizer=None) -> LRScheduler | None:
     """``lr_scheduler`` as passed to initialize: an LRScheduler object over ``optimizer`` (the
     engine's face) or over ``client_optimizer`` (whose param_groups the face shares, so the
-    schedule's writes reach the engine), a callable ``optimizer -> scheduler``, or None."""
+    schedule's writes reach the engine), a callable ``optimizer -> scheduler``, or None. One over
+    another optimizer is accepted with a warning, as DeepSpeed accepts it: stepped, reaching nothing."""
     if lr_scheduler is None:
         return None
     if not isinstance(lr_scheduler, LRScheduler) and callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
@@ -90,7 +87,9 @@ def client_schedule(lr_scheduler, optimizer, client_optimizer=None) -> LRSchedul
                         f"callable taking the optimizer and returning one; got {type(lr_scheduler).__name__}")
     target = getattr(lr_scheduler, "optimizer", optimizer)
     if target is not optimizer and (client_optimizer is None or target is not client_optimizer):
-        raise ForeignSchedule("zerocore.initialize: lr_scheduler schedules another optimizer than the engine's; build "
-                              "it over the optimizer passed to initialize (its param_groups become the engine's), or "
-                              "pass a callable `lambda optimizer: Scheduler(optimizer, ...)`")
+        # DeepSpeed takes it as it is (and steps it); so does zerocore, but says that it changes nothing here
+        warnings.warn("zerocore.initialize: lr_scheduler schedules another optimizer than the engine's: the engine "
+                      "steps it, but its learning rates are not the engine's (they stay as they are). Build it over "
+                      "the optimizer passed to initialize (its param_groups become the engine's), or pass a callable "
+                      "`lambda optimizer: Scheduler(optimizer, ...)`", UserWarning, stacklevel=4)
     return lr_scheduler
