@@ -108,3 +108,21 @@ def test_an_unsupported_dtype_mix_without_zero_is_not_implemented():
         deepspeed.initialize(model=_model(), config=cfg)
     cfg["zero_optimization"]["stage"] = 2  # DeepSpeed's ZeRO accumulates in bf16 whatever it says: accepted
     deepspeed.initialize(model=_model(), config=cfg)
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_second_initialize_of_the_same_model_takes_it_over(stage):
+    """DeepSpeed wraps a model again; here the first engine gives it back (destroy) with a warning, and
+    the second starts from the trained values. zerocore.initialize itself keeps refusing."""
+    model = _model()
+    first, *_ = deepspeed.initialize(model=model, config=_cfg(stage, optimizer={"type": "Adam"}))
+    trained = _train(first, steps=2)
+    with pytest.raises(RuntimeError, match="belongs to a live zerocore engine"):
+        zerocore.initialize(model, _cfg(stage, optimizer={"type": "Adam"}))
+    with pytest.warns(UserWarning, match="belongs to a live engine .*it is destroyed"):
+        second, *_ = deepspeed.initialize(model=model, config=_cfg(stage, optimizer={"type": "Adam"}))
+    got = second.full_state_dict()
+    assert all(torch.equal(got[k], trained[k]) for k in trained)
+    with pytest.raises(RuntimeError, match=r"destroy\(\)"):
+        first(torch.randn(4, 6))
+    _train(second)  # trains alone: the first engine's hooks are gone

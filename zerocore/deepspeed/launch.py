@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import warnings
 
 import torch
 
@@ -60,6 +62,33 @@ def _raw_dict(config) -> dict | None:
             return None  # zerocore's loader names the problem with the file
         return data if isinstance(data, dict) else None
     return None
+
+
+def _take_over(model: torch.nn.Module) -> None:
+    """DeepSpeed wraps a model again when asked (a second engine over the model of a first): here the
+    engine holding the model gives it back first (``destroy()``: hooks off, full trained values in the
+    parameters; a collective, as initialize is), with a warning; the old engine then refuses any use,
+    naming destroy(). ``zerocore.initialize`` itself refuses such a model instead."""
+    from ..runtime.gathered import owner_of
+
+    def owners():
+        found = {}
+        for p in model.parameters():
+            e = owner_of(p)
+            if e is not None:
+                found[id(e)] = e
+        return list(found.values())
+
+    held = owners()
+    if held:
+        gc.collect()  # an engine the script dropped may only wait for the collector
+        held = owners()
+    for old in held:
+        warnings.warn(f"zerocore.deepspeed.initialize: the model belongs to a live engine (stage "
+                      f"{old.zero_optimization_stage()}, {old.optimizer_steps} optimizer steps); it is destroyed and "
+                      "its model, with its trained values, handed to the new engine (DeepSpeed wraps a model again)",
+                      UserWarning, stacklevel=3)
+        old.destroy()
 
 
 def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
@@ -120,6 +149,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         cfg.given_sections = cfg.given_sections - {"optimizer"}  # the section's own optimizer: nothing to warn
     if optimizer is not None:
         model_parameters = None  # the optimizer's param_groups say what is trained, as in DeepSpeed
+    _take_over(model)
     engine = zc_initialize(model, cfg, model_parameters=model_parameters, optimizer=optimizer,
                            lr_scheduler=lr_scheduler, training_data=training_data, collate_fn=collate_fn)
     returned = engine.optimizer.optimizer if plain else engine.optimizer
