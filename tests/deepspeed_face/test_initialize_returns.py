@@ -72,6 +72,9 @@ def test_with_zero_or_mixed_precision_the_engines_optimizer_is_returned(stage, e
         assert st["exp_avg_sq"].min() >= 0 and st["exp_avg"].abs().sum() > 0
     opt.param_groups[0]["lr"] = 0.5  # the view shows the face's values as they are now
     assert inner.param_groups[0]["lr"] == 0.5
+    sd = inner.state_dict()  # torch's layout, pieces numbered in group order
+    assert [g["params"] for g in sd["param_groups"]] == [list(range(len(pieces)))] and sd["param_groups"][0]["lr"] == 0.5
+    assert all(torch.equal(sd["state"][i]["exp_avg"], inner.state[p]["exp_avg"]) for i, p in enumerate(pieces))
     model = _model()
     client = torch.optim.AdamW(model.parameters(), lr=0.01)
     engine, opt, _, _ = deepspeed.initialize(model=model, config=_cfg(stage, **extra), optimizer=client)
@@ -126,3 +129,23 @@ def test_a_second_initialize_of_the_same_model_takes_it_over(stage):
     with pytest.raises(RuntimeError, match=r"destroy\(\)"):
         first(torch.randn(4, 6))
     _train(second)  # trains alone: the first engine's hooks are gone
+
+
+def test_the_basic_optimizers_state_round_trips_through_a_checkpoint(tmp_path):
+    """DeepSpeed's elastic-checkpoint test compares engine.optimizer.optimizer.state_dict() before a
+    save and after a load: the same here (exact moments and step, the same groups)."""
+    import io
+
+    cfg = _cfg(2, optimizer={"type": "Adam", "params": {"lr": 0.01}})
+    engine, *_ = deepspeed.initialize(model=_model(), config=cfg)
+    _train(engine, steps=3)
+    buf = io.BytesIO()
+    torch.save(engine.optimizer.optimizer.state_dict(), buf)
+    engine.save_checkpoint(str(tmp_path))
+    fresh, *_ = deepspeed.initialize(model=_model(1), config=cfg)
+    fresh.load_checkpoint(str(tmp_path))
+    buf.seek(0)
+    saved, now = torch.load(buf), fresh.optimizer.optimizer.state_dict()
+    assert saved["param_groups"] == now["param_groups"] and saved["state"].keys() == now["state"].keys()
+    for i, st in saved["state"].items():
+        assert all(torch.equal(st[k], now["state"][i][k]) for k in ("step", "exp_avg", "exp_avg_sq")), i

@@ -64,5 +64,19 @@ class ShardAdamView:
             step.fill_(count)
         return self._state
 
+    def state_dict(self) -> dict:
+        """torch's layout: ``{"state": {index: state}, "param_groups": [{..., "params": [index, ...]}]}``,
+        the pieces numbered in group order (the tensors are the engine's: ``torch.save`` copies them)."""
+        groups, state = self.param_groups, self.state
+        index: dict[int, int] = {}
+        packed = []
+        for g in groups:
+            ids = []
+            for p in g["params"]:
+                index[id(p)] = len(index)
+                ids.append(index[id(p)])
+            packed.append({**{k: v for k, v in g.items() if k != "params"}, "params": ids})
+        return {"state": {index[id(p)]: dict(st) for p, st in state.items()}, "param_groups": packed}
+
     def __repr__(self) -> str:
         return f"ShardAdamView({len(self.param_groups)} groups, {len(self._state)} pieces of this rank's state)"
