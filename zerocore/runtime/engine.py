@@ -47,10 +47,11 @@ from .shutdown import close_engine
 from ..comm.lifetime import engine_started
 from .deepspeed_methods import DeepSpeedMethods
 from .throughput import ThroughputTimer
-from . import ds_param_attrs, module_face
+from . import ds_param_attrs
+from .module_face import ModuleFace
 
 
-class Engine(DeepSpeedMethods, torch.nn.Module):
+class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
     """A ``torch.nn.Module`` wrapping the model (registered as ``module``), as DeepSpeed's engine is:
     ``parameters()``, ``named_parameters()``, ``state_dict()`` (keys ``module.<name>``), hooks,
     ``train()``/``eval()`` act on the wrapped model (``module_face.py`` for the rest)."""
@@ -451,45 +452,6 @@ class Engine(DeepSpeedMethods, torch.nn.Module):
         # _modules, not self.module (nn.Module's __getattr__ path); destroyed, _modules is gone too
         if self._modules["module"] is None:
             raise EngineDestroyed(DESTROYED)
-
-    def __getattr__(self, name: str):
-        # only reached for attributes the instance does not have: after destroy() that is all its state
-        d = self.__dict__
-        if d.get("_destroyed"):
-            raise EngineDestroyed(f"{DESTROYED} (asked for engine.{name})")
-        return module_face.missing_attribute(self, d, name)
-
-    def __setattr__(self, name: str, value) -> None:
-        # The counters and flags backward()/step() set are plain attributes already in __dict__: set
-        # directly (nn.Module's __setattr__ checks each value against its registries, microseconds a
-        # set on the hot path). Anything else (the first set, modules, tensors) goes through nn.Module.
-        if name in self.__dict__ and not isinstance(value, (torch.Tensor, torch.nn.Module)):
-            object.__setattr__(self, name, value)
-        else:
-            torch.nn.Module.__setattr__(self, name, value)
-
-    def __repr__(self) -> str:
-        if self.__dict__.get("_destroyed"):
-            return f"{type(self).__name__}(destroyed)"
-        return torch.nn.Module.__repr__(self)
-
-    def __dir__(self):
-        if self.__dict__.get("_destroyed"):
-            return object.__dir__(self)
-        return torch.nn.Module.__dir__(self)
-
-    def _apply(self, fn, recurse: bool = True):
-        module_face.refuse_moves(self, fn)
-        return self
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """The model's weights from ``state_dict`` (keys ``module.<name>``, as ``engine.state_dict()``
-        gives them), written into the training state: the parameters, and this rank's part of the
-        fp32 master (stage 3: of the partitioned chunks). Every rank passes the whole dict; no
-        collective. Returns torch's ``(missing_keys, unexpected_keys)``."""
-        self._alive()
-        states_aside.check_resident(self, "load_state_dict()")
-        return module_face.load_state_dict(self, state_dict, strict, assign)
 
     def __enter__(self):
         return self

@@ -16,12 +16,58 @@ from __future__ import annotations
 
 import torch
 
+from . import offload_states as states_aside
 from .checkpoint_marks import mark_written
+from .release import DESTROYED, EngineDestroyed
 
 _PREFIX = "module."
 
 
-def missing_attribute(engine, d: dict, name: str):
+class ModuleFace:
+    """nn.Module's hooks into attribute access, moves and state loading, as the engine needs them
+    (mixed into :class:`zerocore.Engine` before ``torch.nn.Module``)."""
+
+    def __getattr__(self, name: str):
+        # only reached for attributes the instance does not have: after destroy() that is all its state
+        d = self.__dict__
+        if d.get("_destroyed"):
+            raise EngineDestroyed(f"{DESTROYED} (asked for engine.{name})")
+        return _missing_attribute(self, d, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        # The counters and flags backward()/step() set are plain attributes already in __dict__: set
+        # directly (nn.Module's __setattr__ checks each value against its registries, microseconds a
+        # set on the hot path). Anything else (the first set, modules, tensors) goes through nn.Module.
+        if name in self.__dict__ and not isinstance(value, (torch.Tensor, torch.nn.Module)):
+            object.__setattr__(self, name, value)
+        else:
+            torch.nn.Module.__setattr__(self, name, value)
+
+    def __repr__(self) -> str:
+        if self.__dict__.get("_destroyed"):
+            return f"{type(self).__name__}(destroyed)"
+        return torch.nn.Module.__repr__(self)
+
+    def __dir__(self):
+        if self.__dict__.get("_destroyed"):
+            return object.__dir__(self)
+        return torch.nn.Module.__dir__(self)
+
+    def _apply(self, fn, recurse: bool = True):
+        _refuse_moves(self, fn)
+        return self
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """The model's weights from ``state_dict`` (keys ``module.<name>``, as ``engine.state_dict()``
+        gives them), written into the training state: the parameters, and this rank's part of the
+        fp32 master (stage 3: of the partitioned chunks). Every rank passes the whole dict; no
+        collective. Returns torch's ``(missing_keys, unexpected_keys)``."""
+        self._alive()
+        states_aside.check_resident(self, "load_state_dict()")
+        return _load_state_dict(self, state_dict, strict, assign)
+
+
+def _missing_attribute(engine, d: dict, name: str):
     """``engine.<name>`` not found on the instance or its class (``d``: the engine's __dict__)."""
     modules = d.get("_modules")
     if modules is not None:
@@ -42,7 +88,7 @@ def missing_attribute(engine, d: dict, name: str):
     raise AttributeError(f"'{type(engine).__name__}' object has no attribute '{name}'")
 
 
-def refuse_moves(engine, fn) -> None:
+def _refuse_moves(engine, fn) -> None:
     """nn.Module._apply for the engine: every parameter must come out of ``fn`` unchanged."""
     module = engine._modules["module"]
     for name, p in module.named_parameters():
@@ -60,7 +106,7 @@ def refuse_moves(engine, fn) -> None:
 
 
 @torch.no_grad()
-def load_state_dict(engine, state_dict, strict: bool, assign: bool):
+def _load_state_dict(engine, state_dict, strict: bool, assign: bool):
     if assign:
         raise ValueError("zerocore: engine.load_state_dict(assign=True) would replace tensors the engine's flat "
                          "buffers hold; load with assign=False (values are copied into the training state)")
