@@ -24,6 +24,12 @@ def _load_checkpoint(*args, **kwargs):
     return load_checkpoint(*args, **kwargs)
 
 
+def _rank_file(rank: int) -> str:
+    from .checkpoint.layout import rank_file
+
+    return rank_file(rank)
+
+
 def _predict_memory(*args, **kwargs):
     from .planner.engine_view import with_prediction
 
@@ -31,4 +37,4 @@ def _predict_memory(*args, **kwargs):
 
 
 provided.provide(save_checkpoint=_save_checkpoint, save_async=_save_async, load_checkpoint=_load_checkpoint,
-                 predict_memory=_predict_memory)
+                 rank_file=_rank_file, predict_memory=_predict_memory)

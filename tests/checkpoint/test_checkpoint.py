@@ -385,9 +385,10 @@ def test_without_optimizer_states_and_mid_accumulation(saved, tmp_path):
 
     x, y = make_batch("gpt", 0, 8, 0)
     e.backward(loss_fn("gpt", e(x), y))  # gas is 2: the first micro-batch leaves the step half done
-    with pytest.raises(RuntimeError, match="middle of gradient accumulation"):
-        e.save_checkpoint(str(tmp_path))
+    # allowed, as DeepSpeed allows it, and said: the window's gradients are not saved
+    with pytest.warns(RuntimeWarning, match="middle of gradient accumulation"):
+        e.save_checkpoint(str(tmp_path), tag="between")
     e.step()
-    with pytest.raises(RuntimeError, match="middle of gradient accumulation"):
-        e.save_checkpoint(str(tmp_path))
-    assert not os.listdir(tmp_path)  # nothing written
+    with pytest.warns(RuntimeWarning, match="middle of gradient accumulation"):
+        e.save_checkpoint(str(tmp_path), tag="after")
+    assert sorted(os.listdir(tmp_path)) == ["after", "between", "latest"]

@@ -196,3 +196,53 @@ def test_tables_map_onto_schema_keys_and_accept_only_keys_the_schema_lacks():
     for path, keys in accepted_keys().items():  # a foreign key never shadows a schema key
         assert not set(keys) & _schema_keys(path), path
     assert not set(top_level_keys()) & _schema_keys("")
+
+
+def _quiet_load(cfg: dict) -> ZeroConfig:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigWarning)
+        return load_config(cfg)
+
+
+@pytest.mark.parametrize("stage, train, accum, accepted", [
+    (0, None, None, True), (0, "bf16", "bf16", True), (0, None, "fp32", True),  # asks for nothing
+    (0, "bf16", "fp32", False), (0, None, "fp16", False),  # DeepSpeed refuses these mixes without ZeRO too
+    (1, "fp16", "fp32", True), (1, None, "bf16", True),  # DeepSpeed's stage-1 optimizer accumulates in the
+    (2, "bf16", "fp32", True), (3, "fp16", "bf16", True),  # training dtype whatever it says, as zerocore
+    (1, "bf16", "fp32", False),  # DeepSpeed's BF16 optimizer would accumulate in fp32: not honoured, refused
+])
+def test_deepspeed_data_types_section(stage, train, accum, accepted):
+    cfg = {"zero_optimization": {"stage": stage}, "data_types": {"grad_accum_dtype": accum}}
+    if train:
+        cfg[train] = {"enabled": True}
+    if accepted:
+        assert "data_types" in deepspeed.translate(cfg).ignored
+        _same_config(cfg, {k: v for k, v in cfg.items() if k != "data_types"})
+    else:
+        with pytest.raises(ConfigError, match=f"data_types.grad_accum_dtype: '{accum}' with {train or 'fp32'} "
+                                              f"training at ZeRO stage {stage}"):
+            _quiet_load(cfg)
+    with pytest.raises(ConfigError, match="data_types.other: unknown key"):
+        _quiet_load({"data_types": {"other": 1}})
+    with pytest.raises(ConfigError, match="grad_accum_dtype: got 'int8'"):
+        _quiet_load({"data_types": {"grad_accum_dtype": "int8"}})
+
+
+def test_elastic_checkpoint_is_accepted_with_any_value_and_tag_validation_is_a_key():
+    for value in (True, False):
+        cfg = _quiet_load({"zero_optimization": {"stage": 3, "elastic_checkpoint": value}})
+        assert cfg.zero_optimization.stage == 3
+    assert _quiet_load({}).checkpoint.tag_validation == "WARN"  # DeepSpeed's default
+    assert _quiet_load({"checkpoint": {"tag_validation": "fail", "load_universal": True}}).checkpoint.tag_validation \
+        in ("fail", "FAIL")
+    with pytest.raises(ConfigError, match="checkpoint.tag_validation"):
+        _quiet_load({"checkpoint": {"tag_validation": "foo"}})
+    with pytest.raises(ConfigError, match="checkpoint.tag_check: unknown key"):
+        _quiet_load({"checkpoint": {"tag_check": "WARN"}})
+
+
+def test_zero_allow_untested_optimizer_may_be_written_as_0_or_1():
+    assert deepspeed.translate({"zero_allow_untested_optimizer": 1}).config == {"zero_allow_untested_optimizer": True}
+    assert _quiet_load({"zero_allow_untested_optimizer": 0}).zero_allow_untested_optimizer is False
+    with pytest.raises(ConfigError, match="zero_allow_untested_optimizer: got 2"):
+        _quiet_load({"zero_allow_untested_optimizer": 2})

@@ -247,8 +247,10 @@ def test_bad_inputs_are_named():
         del cfg["optimizer"]
         deepspeed.initialize(model=_model(), config=cfg, optimizer="adam")
     m = _model()
-    with pytest.raises(ConfigError, match="optimizer section and an optimizer was passed"):
-        deepspeed.initialize(model=m, config=_cfg(), optimizer=torch.optim.SGD(m.parameters(), lr=0.1))
+    sgd = torch.optim.SGD(m.parameters(), lr=0.1)
+    with pytest.warns(UserWarning, match="the passed one is used and the section is ignored, as DeepSpeed does"):
+        engine, opt, *_ = deepspeed.initialize(model=m, config=_cfg(), optimizer=sgd)  # DeepSpeed accepts both
+    assert engine.client_optimizer is sgd and opt is engine.optimizer and opt.optimizer is sgd
     with pytest.raises(ValueError, match="training_data must be a torch.utils.data.Dataset"):
         deepspeed.initialize(model=_model(), config=_cfg(), training_data=[1, 2, 3])
 

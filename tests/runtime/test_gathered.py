@@ -255,3 +255,39 @@ def test_gathered_inside_forward_waits_for_the_prefetch_in_flight(world2):
         assert r["headers_True"] == r["headers_False"]
         assert r["losses_True"] == r["losses_False"]
 
+
+
+def test_what_is_taken_from_gathered_parameters_stays_valid_after_the_context():
+    """DeepSpeed scripts keep ``p.detach().cpu()`` (on the CPU: the same storage) or a state dict taken
+    inside the context; the stage-3 group gives up that buffer instead of resizing it, so the taken
+    tensors keep their values, and the engine trains on as before."""
+    def build():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        return zerocore.initialize(model, {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.0,
+                                           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+                                           "zero_optimization": {"stage": 3,
+                                                                 "stage3_param_persistence_threshold": 0}})
+
+    def train(engine):
+        g = torch.Generator().manual_seed(3)
+        for _ in range(2):
+            engine.backward(engine(torch.randn(2, 6, generator=g)).pow(2).mean())
+            engine.step()
+
+    engine, twin = build(), build()
+    train(engine)
+    train(twin)
+    taken = {}
+    with zerocore.gathered(list(engine.module.parameters())):
+        for name, p in engine.module.named_parameters():
+            taken[name] = p.detach().cpu()  # no copy on the CPU: an alias of the gathered buffer
+        state = engine.module.state_dict()
+    assert all(p.numel() == 0 for p in engine.module.parameters())  # partitioned again
+    want = engine.full_state_dict()
+    for name, t in taken.items():
+        assert torch.equal(t, want[name]) and torch.equal(state[name], want[name]), name
+    train(engine)  # gathers into the group's new buffer
+    train(twin)
+    got, ref = engine.full_state_dict(), twin.full_state_dict()
+    assert all(torch.equal(got[k], ref[k]) for k in ref)

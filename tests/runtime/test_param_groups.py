@@ -79,7 +79,7 @@ def _model():
 
 @pytest.mark.parametrize("groups, match", [
     (lambda m: [{"params": list(m.parameters())}, {"params": [m[0].weight]}], "in two groups"),
-    (lambda m: [{"params": []}], "has no parameters"),
+    (lambda m: [{"params": []}], "nothing to train"),
     (lambda m: [{"lr": 1.0}], "has no 'params'"),
     (lambda m: [{"params": list(m.parameters()), "momentum": 0.9}], "unknown key 'momentum'"),
     (lambda m: [{"params": list(m.parameters()), "lr": -1.0}], r"\['lr'\]"),
@@ -90,6 +90,40 @@ def test_bad_groups_are_named(groups, match):
     m = _model()
     with pytest.raises((ValueError, TypeError), match=match):
         zerocore.initialize(m, {}, model_parameters=groups(m))
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("client", [False, True])
+def test_an_empty_group_is_kept_and_trains_nothing(stage, client, tmp_path):
+    """Weight-decay grouping often leaves a group empty: it stays in param_groups (its index and lr
+    where schedules expect them), as with torch and DeepSpeed, and the others train as without it."""
+    def build(with_empty):
+        m = _model()
+        groups = [{"params": [m[0].weight, m[1].weight], "weight_decay": 0.01},
+                  {"params": [m[0].bias, m[1].bias], "weight_decay": 0.0}]
+        if with_empty:
+            groups.insert(1, {"params": [], "weight_decay": 0.5, "lr": 0.3})
+        cfg = {"zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+               "train_micro_batch_size_per_gpu": 3}
+        if client:
+            return zerocore.initialize(m, cfg, optimizer=torch.optim.AdamW(groups, lr=0.1))
+        return zerocore.initialize(m, {**cfg, "optimizer": {"type": "AdamW", "params": {"lr": 0.1}}},
+                                   model_parameters=groups)
+
+    a, b = build(True), build(False)
+    assert len(a.optimizer.param_groups) == 3 and a.optimizer.param_groups[1]["params"] == []
+    assert a.get_lr() == [0.1, 0.3, 0.1]
+    x = torch.randn(3, 4)
+    for e in (a, b):
+        for _ in range(2):
+            e.backward(e(x).pow(2).sum())
+            e.step()
+    want, got = b.full_state_dict(), a.full_state_dict()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    a.save_checkpoint(str(tmp_path))
+    c = build(True)
+    c.load_checkpoint(str(tmp_path))
+    assert all(torch.equal(c.full_state_dict()[k], want[k]) for k in want) and c.get_lr() == a.get_lr()
 
 
 def test_optimizer_face():

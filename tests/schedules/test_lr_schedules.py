@@ -150,8 +150,11 @@ def test_client_schedule_wins_and_is_settable():
     assert [x[0] for x in _train(e, 2)] == pytest.approx([0.02, 0.002])
     e.destroy()
     other = torch.optim.SGD(torch.nn.Linear(3, 2).parameters(), lr=1.0)
-    with pytest.raises(ValueError, match="another optimizer"):
-        zerocore.initialize(torch.nn.Linear(3, 2), {}, lr_scheduler=torch.optim.lr_scheduler.StepLR(other, 1))
+    with pytest.warns(UserWarning, match="another optimizer than the engine's: the engine steps it, but its learning"):
+        e = zerocore.initialize(torch.nn.Linear(3, 2), {"optimizer": {"params": {"lr": 0.1}}},
+                                lr_scheduler=torch.optim.lr_scheduler.StepLR(other, 1, gamma=0.5))
+    assert [x[0] for x in _train(e, 2)] == pytest.approx([0.1, 0.1])  # accepted as DeepSpeed does: stepped,
+    assert other.param_groups[0]["lr"] == 0.25  # and it is the other optimizer's lr that moves
     with pytest.raises(TypeError, match="lr_scheduler must be"):
         zerocore.initialize(torch.nn.Linear(3, 2), {}, lr_scheduler=3)
 
@@ -181,3 +184,24 @@ def test_checkpoint_restores_the_schedule(tmp_path):
     e.load_checkpoint(tmp_path, tag="t", load_lr_scheduler_states=False)
     assert e.lr_scheduler.last_batch_iteration == -1
     e.destroy()
+
+
+@pytest.mark.parametrize("name", ["WarmupLR", "WarmupDecayLR", "WarmupCosineLR"])
+def test_an_unknown_warmup_type_falls_back_to_log_with_a_warning(name):
+    """DeepSpeed's classes warn and warm up along the log curve; so do these (a config's scheduler
+    section names the typo instead: test_bad_value_named_at_initialize)."""
+    from zerocore.schedules import schedule_class
+
+    def build(kind):
+        opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        return schedule_class(name)(opt, warmup_num_steps=10, warmup_type=kind,
+                                    **({"total_num_steps": 100} if name != "WarmupLR" else {}))
+
+    with pytest.warns(UserWarning, match="warmup_type: got 'cubic'.*using 'log'"):
+        odd = build("cubic")
+    ref = build("log")
+    assert odd.warmup_type == "log"
+    for step in range(15):
+        odd.step()
+        ref.step()
+        assert odd.get_last_lr() == ref.get_last_lr()

@@ -38,7 +38,8 @@ import torch
 
 from .block_writer import BlockWriter, FileSink
 from .blockio import aio_handles
-from .layout import LATEST, MANIFEST, TMP_PREFIX, check_tag, exchange, fsync_dir, rank_file, write_atomic
+from .layout import (LATEST, MANIFEST, TMP_PREFIX, CheckpointError, check_tag, exchange, fsync_dir, rank_file,
+                     write_atomic)
 from ..runtime.checkpoint_marks import check_state_whole
 from ..sharding import FlatGroup
 from .agreement import agree
@@ -193,13 +194,49 @@ def _manifest(plan: SavePlan, indexes: list[dict]) -> dict:
             "files": files, "rng": [ix["rng"] for ix in indexes]}
 
 
+class TagMismatch(CheckpointError, AssertionError):
+    """save_checkpoint was given different tags on different ranks, with checkpoint.tag_validation
+    FAIL (an AssertionError too: DeepSpeed asserts there)."""
+
+
 def check_can_save(engine, tag):
+    """The tag this save writes (the same on every rank). A save in the middle of an accumulation
+    window is allowed, as DeepSpeed's is, with a warning: the window's gradients are not saved, and a
+    resume starts the window again (``load.py`` resets the micro-step counter to its start)."""
     check_state_whole(engine, "save_checkpoint()")
     if engine._mid_window():
-        raise RuntimeError(f"zerocore: save_checkpoint in the middle of gradient accumulation (micro step "
-                           f"{engine.micro_steps}, accumulation {engine.gas}): the gradients accumulated so far are "
-                           "not saved; save after engine.step() at an accumulation boundary")
-    return check_tag(f"global_step{engine.global_steps}" if tag is None else tag)
+        warnings.warn(f"zerocore: save_checkpoint in the middle of gradient accumulation (micro step "
+                      f"{engine.micro_steps}, accumulation {engine.gas}): the gradients accumulated so far are not "
+                      "saved; a resume starts this accumulation window again", RuntimeWarning, stacklevel=4)
+    return agreed_tag(engine, check_tag(f"global_step{engine.global_steps}" if tag is None else tag))
+
+
+def agreed_tag(engine, tag: str) -> str:
+    """Rank 0's tag, on every rank. Ranks given another tag (a per-rank tag, a step counter that
+    differs) are told as ``checkpoint.tag_validation`` says: WARN (the default, as DeepSpeed's) warns
+    and saves under rank 0's tag, IGNORE saves under it silently, FAIL raises on every rank."""
+    comm = engine.comm
+    if comm.world == 1:
+        return tag
+    mine = tag.encode()
+    (size,) = comm.sum_floats([float(len(mine)) if comm.rank == 0 else 0.0])
+    first = torch.zeros(int(size), dtype=torch.uint8, device=engine.device)
+    if comm.rank == 0:
+        first.copy_(torch.frombuffer(bytearray(mine), dtype=torch.uint8))
+    comm.broadcast(first, src=0)
+    chosen = bytes(first.cpu().tolist()).decode()
+    (differ,) = comm.sum_floats([float(chosen != tag)])
+    if not differ:
+        return tag
+    mode = engine.config.checkpoint.tag_validation.upper()
+    if mode == "FAIL":
+        raise TagMismatch(f"zerocore checkpoint: save_checkpoint was given different tags on different ranks "
+                          f"({int(differ)} rank(s) differ from rank 0's {chosen!r}; this rank's: {tag!r}); with "
+                          "checkpoint.tag_validation FAIL nothing is saved. Pass the same tag on every rank")
+    if mode == "WARN" and chosen != tag:
+        warnings.warn(f"zerocore checkpoint: this rank was given tag {tag!r}, rank 0 {chosen!r}: the checkpoint is "
+                      "saved under rank 0's tag (checkpoint.tag_validation WARN)", RuntimeWarning, stacklevel=4)
+    return chosen
 
 
 def save_checkpoint(engine, save_dir: str, tag=None, client_state=None, save_latest: bool = True) -> str:

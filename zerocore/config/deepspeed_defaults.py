@@ -42,7 +42,7 @@ DEEPSPEED_DEFAULTS: dict[str, object] = {
     "zero_optimization.offload_param.buffer_size": 100_000_000,
     "zero_optimization.offload_param.max_in_cpu": 1_000_000_000,
     "aio.block_size": 1_048_576, "aio.queue_depth": 8, "aio.intra_op_parallelism": 1, "aio.single_submit": False,
-    "aio.overlap_events": True, "aio.backend": ONLY_ZEROCORE,
+    "aio.overlap_events": True, "aio.backend": ONLY_ZEROCORE, "checkpoint.tag_validation": "WARN",
 }
 
 DIFFERS: dict[str, str] = {

@@ -43,7 +43,10 @@ Top-level keys zerocore has no field for: those that change nothing training com
 warning, as is a feature section switched off (`{"enabled": false}`); any other
 (model/pipeline/sequence parallelism, compression, curriculum learning, ...) is an error naming
 the key, since ignoring it would train something else than the file asks for. The full list
-is at the end of this file.
+is at the end of this file. Where a DeepSpeed config is treated differently from DeepSpeed on
+purpose (a setting refused where DeepSpeed silently ignores it, such as `offload_param` below stage
+3, `ignore_unused_parameters: false`, bf16 with `data_types.grad_accum_dtype: "fp32"` at stage 1),
+`docs/deepspeed_unit_tests.md` says why, beside DeepSpeed's own unit tests run against zerocore.
 
 `activation_checkpointing` is accepted as memory-only: its keys (`partition_activations`,
 `cpu_checkpointing`, `contiguous_memory_optimization`, `number_checkpoints`,

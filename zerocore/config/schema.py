@@ -320,6 +320,15 @@ class AioConfig(_Section):
 
 
 @dataclasses.dataclass
+class CheckpointConfig(_Section):
+    PATH = "checkpoint"
+    tag_validation: str = option("WARN", "When save_checkpoint is given different tags on different ranks: WARN "
+                                 "(warn, and save under rank 0's tag), IGNORE (save under rank 0's tag), FAIL (raise "
+                                 "on every rank, nothing saved). Case-insensitive.", kind=str,
+                                 choices=("WARN", "IGNORE", "FAIL"))
+
+
+@dataclasses.dataclass
 class ZeroConfig(_Section):
     """The whole zerocore config (DeepSpeed ``ds_config.json`` layout)."""
 
@@ -345,6 +354,7 @@ class ZeroConfig(_Section):
     bf16: BF16Config = section(BF16Config, "bf16 mixed precision.")
     zero_optimization: ZeroOptimizationConfig = section(ZeroOptimizationConfig, "ZeRO sharding.")
     aio: AioConfig = section(AioConfig, "NVMe I/O engine settings (NVMe offload and checkpoint files).")
+    checkpoint: CheckpointConfig = section(CheckpointConfig, "save_checkpoint's checks.")
 
     def check(self):
         if self.fp16.enabled and self.bf16.enabled:

@@ -8,10 +8,12 @@ silently ignored.
 """
 from __future__ import annotations
 
-from . import accelerator, checkpointing, comm, ops, runtime, utils, zero  # noqa: F401
+from . import accelerator, checkpoint, checkpointing, comm, moe, ops, runtime, utils, zero  # noqa: F401
+from .git_version_info import version as __version__  # noqa: F401
 from .comm import init_distributed  # noqa: F401
 from .launch import add_config_arguments, initialize  # noqa: F401
+from .runtime.config import DeepSpeedConfigError  # noqa: F401
 from .runtime.engine import DeepSpeedEngine  # noqa: F401
 
-__all__ = ["initialize", "init_distributed", "add_config_arguments", "DeepSpeedEngine", "zero", "comm", "ops",
-           "utils", "runtime", "accelerator", "checkpointing"]
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "DeepSpeedEngine", "DeepSpeedConfigError", "zero",
+           "comm", "ops", "utils", "runtime", "accelerator", "checkpoint", "checkpointing", "moe"]

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import warnings
 
 import torch
 
-from ..config import ConfigError
+from ..config import load_config
 from .comm import init_distributed
+from .config_checks import check_deepspeed_rules
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -61,15 +64,47 @@ def _raw_dict(config) -> dict | None:
     return None
 
 
+def _take_over(model: torch.nn.Module) -> None:
+    """DeepSpeed wraps a model again when asked (a second engine over the model of a first): here the
+    engine holding the model gives it back first (``destroy()``: hooks off, full trained values in the
+    parameters; a collective, as initialize is), with a warning; the old engine then refuses any use,
+    naming destroy(). ``zerocore.initialize`` itself refuses such a model instead."""
+    from ..runtime.gathered import owner_of
+
+    def owners():
+        found = {}
+        for p in model.parameters():
+            e = owner_of(p)
+            if e is not None:
+                found[id(e)] = e
+        return list(found.values())
+
+    held = owners()
+    if held:
+        gc.collect()  # an engine the script dropped may only wait for the collector
+        held = owners()
+    for old in held:
+        warnings.warn(f"zerocore.deepspeed.initialize: the model belongs to a live engine (stage "
+                      f"{old.zero_optimization_stage()}, {old.optimizer_steps} optimizer steps); it is destroyed and "
+                      "its model, with its trained values, handed to the new engine (DeepSpeed wraps a model again)",
+                      UserWarning, stacklevel=3)
+        old.destroy()
+
+
 def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, distributed_port: int = 29500, mpu=None,
                dist_init_required: bool | None = None, collate_fn=None, config=None, mesh_param=None,
                config_params=None):
     """``deepspeed.initialize``: returns ``(engine, optimizer, training_dataloader, lr_scheduler)``.
+    ``optimizer`` is the engine's optimizer face (``engine.optimizer``), except at stage 0 without
+    fp16/bf16, where DeepSpeed returns its basic optimizer and so does this: the client optimizer,
+    or the FusedAdam built for the config's Adam section. It shares the engine's param_groups, and
+    ``engine.step()`` makes the update with their values: do not call its ``step()`` yourself (with
+    DeepSpeed that would be a second update too).
 
     ``optimizer``: a ``torch.optim.Optimizer``, or a callable taking ``model_parameters`` (the
-    model's parameters when None) and returning one; not together with an ``optimizer`` section
-    in the config. ``training_data``: a torch Dataset, read through a loader over the
+    model's parameters when None) and returning one; with an ``optimizer`` section in the config
+    too, the passed one is used (as DeepSpeed does; zerocore warns). ``training_data``: a torch Dataset, read through a loader over the
     data-parallel ranks as DeepSpeed's (``engine.training_dataloader``). ``mpu`` and
     ``mesh_param`` (model/sequence parallelism) are refused: zerocore is data parallel only."""
     if model is None:
@@ -82,11 +117,10 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         raise ValueError("zerocore.deepspeed.initialize: mesh_param (sequence/data parallel mesh) is not supported; "
                          "pass mesh_param=None")
     config = _resolve_config(args, config, config_params)
-    raw = _raw_dict(config)
+    check_deepspeed_rules(_raw_dict(config))
+    cfg = load_config(config)
     if optimizer is not None:
-        if raw is not None and raw.get("optimizer") is not None:
-            raise ConfigError("optimizer: the config has an optimizer section and an optimizer was passed to "
-                              "initialize; give one of them (remove the config's optimizer section to use yours)")
+        # with an optimizer section too, the passed optimizer is used (zerocore.initialize warns), as in DeepSpeed
         if not isinstance(optimizer, torch.optim.Optimizer):
             if not callable(optimizer) or isinstance(optimizer, type):
                 raise TypeError(f"zerocore.deepspeed.initialize: optimizer must be a torch.optim.Optimizer or a "
@@ -101,8 +135,22 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         init_distributed(distributed_port=distributed_port)
     from ..runtime import initialize as zc_initialize
 
+    # Without ZeRO and mixed precision DeepSpeed steps the basic optimizer itself and returns it: the
+    # client's, or a FusedAdam it builds for an Adam section. So here: that FusedAdam becomes the
+    # engine's client optimizer (zerocore steps it with the same kernel and values the section asks).
+    plain = cfg.zero_optimization.stage == 0 and not cfg.fp16.enabled and not cfg.bf16.enabled
+    if optimizer is None and plain and "optimizer" in cfg.given_sections:
+        from .ops.adam import FusedAdam
+
+        p = cfg.optimizer.params
+        optimizer = FusedAdam(model_parameters if model_parameters is not None else
+                              [q for q in model.parameters() if q.requires_grad], lr=p.lr, betas=tuple(p.betas),
+                              eps=p.eps, weight_decay=p.weight_decay, adam_w_mode=cfg.optimizer.decoupled)
+        cfg.given_sections = cfg.given_sections - {"optimizer"}  # the section's own optimizer: nothing to warn
     if optimizer is not None:
         model_parameters = None  # the optimizer's param_groups say what is trained, as in DeepSpeed
-    engine = zc_initialize(model, config, model_parameters=model_parameters, optimizer=optimizer,
+    _take_over(model)
+    engine = zc_initialize(model, cfg, model_parameters=model_parameters, optimizer=optimizer,
                            lr_scheduler=lr_scheduler, training_data=training_data, collate_fn=collate_fn)
-    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+    returned = engine.optimizer.optimizer if plain else engine.optimizer
+    return engine, returned, engine.training_dataloader, engine.lr_scheduler

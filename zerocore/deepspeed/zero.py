@@ -13,11 +13,12 @@ from ..runtime.partition_init import init as _zc_init
 
 class Init:
     """``with deepspeed.zero.Init(config_dict_or_path=cfg):`` builds the model with its parameters
-    partitioned across the ranks (stage 3), through ``zerocore.init``. ``dtype`` converts the
-    parameters before partitioning. ``module=``: a model already built is partitioned by
+    partitioned across the ranks (stage 3), through ``zerocore.init``. ``module=``: a model already built is partitioned by
     ``initialize`` itself, so the context has nothing to do for it. ``enabled=False``: a plain
-    build. Model-parallel groups (``mpu``, ``data_parallel_group`` other than the world),
-    ``remote_device`` nvme and quantized weights are refused."""
+    build. ``dtype``: what the parameters are converted to before partitioning; by default, as in
+    DeepSpeed, the config's training dtype (bf16/fp16, else fp32), and fp16 when no config is given.
+    Model-parallel groups (``mpu``, ``data_parallel_group`` other than the world), ``remote_device``
+    nvme and quantized weights are refused."""
 
     def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear: bool = True, remote_device=None,
                  pin_memory: bool = False, config_dict_or_path=None, config=None, enabled: bool = True, dtype=None,
@@ -37,7 +38,8 @@ class Init:
                              "build time; set zero_optimization.offload_param in the config (applied at initialize)")
         cfg = config_dict_or_path if config_dict_or_path is not None else config
         self._enabled = bool(enabled) and module is None
-        self._ctx = _zc_init(cfg, dtype=dtype) if self._enabled else contextlib.nullcontext()
+        self.dtype = dtype if dtype is not None else _init_dtype(cfg)
+        self._ctx = _zc_init(cfg, dtype=self.dtype) if self._enabled else contextlib.nullcontext()
 
     def __enter__(self):
         self._ctx.__enter__()
@@ -45,6 +47,21 @@ class Init:
 
     def __exit__(self, *exc):
         return self._ctx.__exit__(*exc)
+
+
+def _init_dtype(cfg) -> torch.dtype:
+    """DeepSpeed's dtype for parameters partitioned by ``Init``: the config's bf16/fp16 training
+    dtype, fp32 without either; without a config fp16 (bf16, fp32 where the accelerator lacks it)."""
+    if cfg is None:
+        from .accelerator import get_accelerator
+
+        acc = get_accelerator()
+        return torch.float16 if acc.is_fp16_supported() else torch.bfloat16 if acc.is_bf16_supported() else \
+            torch.float32
+    from ..config import load_config
+
+    c = load_config(cfg)
+    return torch.bfloat16 if c.bf16.enabled else torch.float16 if c.fp16.enabled else torch.float32
 
 
 class GatheredParameters:

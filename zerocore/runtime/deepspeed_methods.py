@@ -11,8 +11,10 @@ import os
 
 import torch
 
+from ..sharding.gatherer import Running
 from . import provided
 from .checkpoint_marks import wait_pending
+from .misuse import NoSyncMisuse
 from .offload_states import check_resident
 
 
@@ -50,11 +52,13 @@ class DeepSpeedMethods:
         step() is refused inside the context, both as in DeepSpeed."""
         stage = self.zero_optimization_stage()
         if stage >= 2:
-            raise RuntimeError(f"zerocore: no_sync() is incompatible with ZeRO stage {stage}: its gradients are "
+            raise NoSyncMisuse(f"zerocore: no_sync() is incompatible with ZeRO stage {stage}: its gradients are "
                                "partitioned, so every backward reduces them across ranks; use stage 0 or 1, or "
-                               "gradient_accumulation_steps to accumulate without a step")
+                               "gradient_accumulation_steps to accumulate without a step (DeepSpeed: no_sync context "
+                               f"manager is incompatible with gradient partitioning logic of ZeRO stage {stage})")
         if self._in_no_sync:
-            raise RuntimeError("zerocore: no_sync() entered again inside no_sync(); nesting is not supported")
+            raise NoSyncMisuse("zerocore: no_sync() entered again inside no_sync(); nesting is not supported "
+                               "(DeepSpeed: no_sync context manager reentry is unsupported)")
         self._in_no_sync = True
         try:
             yield
@@ -160,6 +164,22 @@ class DeepSpeedMethods:
             state = {k: v for k, v in state.items() if k not in frozen}
         return OrderedDict(state)
 
+    def empty_partition_cache(self) -> None:
+        """DeepSpeed's: stage 3 frees the full parameters still gathered outside a forward/backward
+        (units kept for reuse: stage3_max_reuse_distance), so each rank holds only its chunks and the
+        persistent parameters; the device's cached blocks go back too. Nothing to free at stages 0-2.
+        Called inside a forward or backward it is refused (the pass needs what it gathered)."""
+        g = self.gatherer
+        if g is None:
+            return
+        if g.running is not Running.IDLE:
+            raise RuntimeError("zerocore: empty_partition_cache() inside a forward or backward pass; call it between "
+                               "training steps")
+        for u in g.units:
+            g._free(u)  # the unit back to its chunk (pending post-backward signals stay counted)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     # -- checkpoints (zerocore/checkpoint/, a floor above: reached through runtime/provided.py) --
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
                         exclude_frozen_parameters: bool = False, async_save: bool = False):
@@ -171,6 +191,8 @@ class DeepSpeedMethods:
         next save or load for the whole save).
         ``exclude_frozen_parameters`` is accepted: frozen parameters are always saved (they are
         whole on rank 0 and small beside the optimizer state), so a load finds them."""
+        if save_dir is None or not os.fspath(save_dir):
+            raise ValueError(f"zerocore: save_checkpoint needs a directory to save into; got {save_dir!r}")
         check_resident(self, "save_checkpoint()")
         if async_save:
             return provided.call("save_async", self, save_dir, tag, client_state, save_latest=save_latest)
@@ -201,14 +223,21 @@ class DeepSpeedMethods:
         return provided.call("load_checkpoint", self, load_dir, tag, load_optimizer_states, load_module_only,
                              load_lr_scheduler_states=load_lr_scheduler_states, in_place=in_place)
 
-    # -- lifecycle --------------------------------------------------------------------------
-    def train(self, mode: bool = True):
-        self.module.train(mode)
-        return self
+    def _get_optimizer_ckpt_name(self, checkpoints_path, tag, expp_rank=None) -> str:
+        """The file of a checkpoint tag that holds this rank's optimizer state (DeepSpeed's method;
+        zerocore's layout: one file per rank, ``zerocore/checkpoint/layout.py``)."""
+        return os.path.join(os.fspath(checkpoints_path), str(tag), provided.call("rank_file", self.comm.rank))
 
-    def eval(self):
-        return self.train(False)
+    # -- DeepSpeed's engine attributes that have nothing to do here ---------------------------
+    sparse_tensor_module_names: frozenset = frozenset()  # zerocore reduces dense gradients only
 
+    def allreduce_gradients(self, bucket_size=None) -> None:
+        """DeepSpeed's explicit reduction: zerocore's ``backward()`` reduces the gradients itself (at
+        the accumulation boundary at stages 0/1, every micro-batch at 2/3), so there is nothing left
+        to reduce when a script calls this after it."""
+        self._alive()
+
+    # -- lifecycle (train()/eval() are nn.Module's: the engine and the wrapped model) ----------
     def compile(self, backend=None, compile_kwargs=None, schedule=None, compiled_autograd_enabled: bool = False):
         """``torch.compile`` of the wrapped module's forward (the engine's hooks and collectives stay
         outside the compiled graph at stage 3). Called once; returns nothing, as DeepSpeed's."""

@@ -37,8 +37,8 @@ from .param_groups import resolve as resolve_groups
 from .. import schedules
 from . import weights
 from .agreement import agree
-from .misuse import (RequiresGradWatch, check_loss, checked_lr, explain_dtype_error, keeps_counters_on_failure,
-                     own_module_zero_grad, reports_stalls, upcast_from)
+from .misuse import (NoSyncMisuse, RequiresGradWatch, check_loss, checked_lr, explain_dtype_error,
+                     keeps_counters_on_failure, own_module_zero_grad, reports_stalls, upcast_from)
 from .preflight import check_config, check_model
 from .off_stack import import_off_stack
 from . import offload_states as states_aside
@@ -46,14 +46,22 @@ from .release import DESTROYED, EngineDestroyed, forget_state, release
 from .shutdown import close_engine
 from ..comm.lifetime import engine_started
 from .deepspeed_methods import DeepSpeedMethods
+from .throughput import ThroughputTimer
+from . import ds_param_attrs
+from .module_face import ModuleFace
 
 
-class Engine(DeepSpeedMethods):
+class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
+    """A ``torch.nn.Module`` wrapping the model (registered as ``module``), as DeepSpeed's engine is:
+    ``parameters()``, ``named_parameters()``, ``state_dict()`` (keys ``module.<name>``), hooks,
+    ``train()``/``eval()`` act on the wrapped model (``module_face.py`` for the rest)."""
+
     def __init__(self, module: torch.nn.Module, config: ZeroConfig, comm: Comm, *, model_parameters=None,
                  optimizer=None, lr_scheduler=None):
         """``model_parameters``: the parameters to train, or hyper-parameter groups (``param_groups.py``);
         ``optimizer``: a client optimizer (``client_optimizer.py``); ``lr_scheduler``: a client
         schedule (``zerocore.schedules``). See ``zerocore.initialize``."""
+        torch.nn.Module.__init__(self)  # before any attribute: nn.Module keeps its registries in __dict__
         import_off_stack()  # before anything here can be caught in a cycle of torch's (off_stack.py)
         # every rank checks its model and config, then all compare them: any failure raises on every rank
         self._tag = agree(comm, module, config, lambda: (check_config(config), check_model(module)))
@@ -140,6 +148,9 @@ class Engine(DeepSpeedMethods):
         self._backward_done = False
         self._dropped = False  # zero_grad() between backward() and step() (named by step())
         self._batches = self._step_batches()  # after the face and _torch_step: the batches use them
+        self.tput_timer = ThroughputTimer(self.train_batch_size())  # DeepSpeed's samples/s (throughput.py)
+        if z.stage == 3:
+            ds_param_attrs.attach(self)  # DeepSpeed's ds_* attributes, which third-party code reads
         engine_started(self)  # the process groups zerocore created live while an engine does
 
     def _group_specs(self, module, trainable, z, hyper: dict[int, int]) -> list[GroupSpec]:
@@ -198,16 +209,16 @@ class Engine(DeepSpeedMethods):
         """The name a divergence error gives group ``index``."""
         return self._labels(op, index)
 
-    # -- the training loop ---------------------------------------------------------------
-    def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
-
+    # -- the training loop (engine(x) is nn.Module.__call__: hooks registered on the engine run) ----
     @reports_stalls
     def forward(self, *args, **kwargs):
-        self._alive()
+        module = self._modules["module"]  # not self.module: nn.Module's __getattr__ path costs microseconds
+        if module is None:
+            raise EngineDestroyed(DESTROYED)
         states_aside.check_resident(self, "forward")
+        self.tput_timer.start()
         try:
-            return self.module(*args, **kwargs)
+            return module(*args, **kwargs)
         except RuntimeError as e:
             better = explain_dtype_error(e, args, kwargs, self.dtype, self._upcast)
             if better is None:
@@ -253,8 +264,9 @@ class Engine(DeepSpeedMethods):
         """Ends a micro-batch; at the accumulation boundary updates the parameters and steps the
         lr schedule (with ``lr_kwargs``), except when the update is skipped (fp16 overflow)."""
         if self._in_no_sync:
-            raise RuntimeError("zerocore: step() inside no_sync(); leave the context for the last micro-batch's "
-                               "backward (it reduces the accumulated gradients) and call step() after it")
+            raise NoSyncMisuse("zerocore: step() inside no_sync(); leave the context for the last micro-batch's "
+                               "backward (it reduces the accumulated gradients) and call step() after it (DeepSpeed: "
+                               "It is illegal to call Engine.step() inside no_sync context manager)")
         states_aside.check_resident(self, "step()")
         self._requires_grad.check()  # before anything changes: fix it and call step() again
         if self._zc_state_lost is not None:
@@ -272,6 +284,7 @@ class Engine(DeepSpeedMethods):
                                   "them itself, call zero_grad() only before a backward)" if self._dropped else ""))
         self._backward_done = False
         self.micro_steps += 1
+        self.tput_timer.stop(global_step=boundary)
         if not boundary:
             return
         self.global_steps += 1
@@ -436,14 +449,9 @@ class Engine(DeepSpeedMethods):
         states_aside.reload_states(self, non_blocking)
 
     def _alive(self) -> None:
-        if self.module is None:
+        # _modules, not self.module (nn.Module's __getattr__ path); destroyed, _modules is gone too
+        if self._modules["module"] is None:
             raise EngineDestroyed(DESTROYED)
-
-    def __getattr__(self, name: str):
-        # only reached for attributes the instance does not have: after destroy() that is all its state
-        if self.__dict__.get("_destroyed"):
-            raise EngineDestroyed(f"{DESTROYED} (asked for engine.{name})")
-        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __enter__(self):
         return self

@@ -137,7 +137,7 @@ def gathered(params, modifier_rank: int | None = None):
             rec.open = False
         for engine, g in opened:
             if g.param_state.value is ParamState.GATHERED:
-                g.free_full()
+                g.free_full_keeping_aliases()  # what the user took from the parameters stays valid
 
 
 def _ranks_that_raised(comm, raised: bool) -> list[int]:

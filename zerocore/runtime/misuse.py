@@ -106,6 +106,12 @@ def explain_dtype_error(error: RuntimeError, args, kwargs, dtype: torch.dtype,
                         f"({type(error).__name__}: {text})")
 
 
+class NoSyncMisuse(RuntimeError, AssertionError):
+    """``no_sync()`` misused (at stages 2/3, nested, ``step()`` inside it). An AssertionError too:
+    DeepSpeed asserts there, and its scripts and tests catch AssertionError; the messages carry
+    DeepSpeed's wording as well as zerocore's."""
+
+
 class CollectiveTimeout(RuntimeError):
     """A collective waited past the process group's timeout: another rank stopped issuing them."""
 

@@ -83,6 +83,27 @@ class ZeroOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     @property
+    def optimizer(self):
+        """DeepSpeed's ``engine.optimizer.optimizer`` (the basic optimizer its wrapper steps): the
+        optimizer passed to initialize, which shares these param_groups; without one, at stage 0
+        without fp16/bf16 (where DeepSpeed has no wrapper) this face, else a view of this rank's
+        Adam state over the flat fp32 master pieces (``shard_view.py``), as DeepSpeed's basic
+        optimizer holds the flat partitions."""
+        engine = self._engine
+        if engine is None:
+            raise RuntimeError(GONE)
+        if engine.client_optimizer is not None:
+            return engine.client_optimizer
+        if engine.zero_optimization_stage() == 0 and engine.dtype == torch.float32:
+            return self
+        view = engine.__dict__.get("_zc_shard_view")  # made once: its tensors are keys of its state
+        if view is None:
+            from .shard_view import ShardAdamView
+
+            view = engine._zc_shard_view = ShardAdamView(engine)
+        return view
+
+    @property
     def overflow(self) -> bool:
         """Whether the last accumulation boundary skipped its update (fp16 overflow, Inf/NaN)."""
         engine = self._engine

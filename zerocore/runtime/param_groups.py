@@ -112,10 +112,8 @@ def resolve(module: torch.nn.Module, model_parameters, defaults: dict, *, source
             if key not in allowed:
                 raise ValueError(f"zerocore: {where}: unknown key '{key}'; a group may set "
                                  f"{', '.join(sorted(allowed - {'params'}))}")
-        params = _params_of(g["params"], where)
-        if not params:
-            raise ValueError(f"zerocore: {where} has no parameters ('params' is empty); drop the group or give it "
-                             "parameters")
+        params = _params_of(g["params"], where)  # may be empty (weight-decay grouping makes such groups): kept,
+        # as torch and DeepSpeed keep it, so its index and lr stay where the user's schedules expect them
         for p in params:
             if id(p) not in names:
                 raise ValueError(f"zerocore: {where}['params'] holds a tensor of shape {tuple(p.shape)} that is not a "

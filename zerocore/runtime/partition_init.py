@@ -29,6 +29,7 @@ from torch import nn
 
 from ..comm import Comm, default_comm
 from ..sharding.records import padded_size
+from .ds_param_attrs import mark_init
 
 
 @dataclasses.dataclass
@@ -64,6 +65,7 @@ def partition_param(p: nn.Parameter, comm: Comm, owner: str) -> None:
     cut_chunk(full.reshape(-1), chunk, comm.rank)
     p.data = torch.empty(0, dtype=full.dtype, device=full.device)
     p._zc_init = InitShard(full.shape, chunk, comm.world, p._version, owner)
+    mark_init(p)  # DeepSpeed's ds_* attributes (ds_param_attrs.py)
 
 
 def gather_full(p: nn.Parameter, comm: Comm) -> torch.Tensor:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..sharding.group import LOST_VALUES
+from . import ds_param_attrs
 from .gathered import unregister_engine
 from .misuse import give_back_module_zero_grad
 from .weights import _full_flat as full_flat
@@ -41,6 +42,7 @@ def release(engine, collective: bool = True) -> None:
     full = [full_flat(engine, g, shard, engine.dtype) if collective or not g.partitioned else None
             for g, shard in zip(engine.groups, engine.shards)]
     engine.reducer.remove_hooks()
+    ds_param_attrs.detach(engine.module.parameters())  # stage 3: their own classes back
     if engine.gatherer is not None:
         engine.gatherer.remove_hooks()
         _unswap_classes(engine.module)

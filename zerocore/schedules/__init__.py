@@ -14,12 +14,13 @@ overflow, and saves its ``state_dict()`` in checkpoints.
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from .deepspeed_types import (DEEPSPEED_SCHEDULES, LRRangeTest, OneCycle, WarmupCosineLR, WarmupDecayLR,
-                              WarmupLR)
+from .deepspeed_types import (DEEPSPEED_SCHEDULES, WARMUP_TYPES, LRRangeTest, OneCycle, WarmupCosineLR,
+                              WarmupDecayLR, WarmupLR)
 
 __all__ = ["WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest", "DEEPSPEED_SCHEDULES",
            "schedule_class", "check_params", "from_config", "client_schedule"]
@@ -50,6 +51,11 @@ def check_params(name: str, params: dict) -> None:
     for key in params:
         if key not in names:
             raise ScheduleConfigError(f"scheduler.params.{key}: not a parameter of {name}; allowed: {', '.join(names)}")
+    kind = params.get("warmup_type")
+    if "warmup_type" in names and kind is not None and kind not in WARMUP_TYPES:
+        # the classes fall back to 'log' with a warning, as DeepSpeed's; a config's typo is named instead
+        raise ScheduleConfigError(f"scheduler.params.warmup_type: got {kind!r}; allowed: "
+                                  f"{', '.join(map(repr, WARMUP_TYPES))}")
     missing = [p.name for p in accepted if p.default is inspect.Parameter.empty and p.name not in params]
     if missing:
         raise ScheduleConfigError(f"scheduler.params.{missing[0]}: required by {name} and missing"
@@ -70,7 +76,8 @@ def from_config(name: str | None, params: dict, optimizer) -> LRScheduler | None
 def client_schedule(lr_scheduler, optimizer, client_optimizer=None) -> LRScheduler | None:
     """``lr_scheduler`` as passed to initialize: an LRScheduler object over ``optimizer`` (the
     engine's face) or over ``client_optimizer`` (whose param_groups the face shares, so the
-    schedule's writes reach the engine), a callable ``optimizer -> scheduler``, or None."""
+    schedule's writes reach the engine), a callable ``optimizer -> scheduler``, or None. One over
+    another optimizer is accepted with a warning, as DeepSpeed accepts it: stepped, reaching nothing."""
     if lr_scheduler is None:
         return None
     if not isinstance(lr_scheduler, LRScheduler) and callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
@@ -80,7 +87,9 @@ def client_schedule(lr_scheduler, optimizer, client_optimizer=None) -> LRSchedul
                         f"callable taking the optimizer and returning one; got {type(lr_scheduler).__name__}")
     target = getattr(lr_scheduler, "optimizer", optimizer)
     if target is not optimizer and (client_optimizer is None or target is not client_optimizer):
-        raise ValueError("zerocore.initialize: lr_scheduler schedules another optimizer than the engine's; build it "
-                         "over the optimizer passed to initialize (its param_groups become the engine's), or pass "
-                         "a callable `lambda optimizer: Scheduler(optimizer, ...)`")
+        # DeepSpeed takes it as it is (and steps it); so does zerocore, but says that it changes nothing here
+        warnings.warn("zerocore.initialize: lr_scheduler schedules another optimizer than the engine's: the engine "
+                      "steps it, but its learning rates are not the engine's (they stay as they are). Build it over "
+                      "the optimizer passed to initialize (its param_groups become the engine's), or pass a callable "
+                      "`lambda optimizer: Scheduler(optimizer, ...)`", UserWarning, stacklevel=4)
     return lr_scheduler

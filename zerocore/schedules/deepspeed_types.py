@@ -12,6 +12,8 @@ one-key form as well as the full one.
 """
 from __future__ import annotations
 
+import warnings
+
 import math
 
 from torch import Tensor
@@ -65,8 +67,12 @@ def _positive_int(name: str, value) -> int:
 
 
 def _warmup_type(value: str) -> str:
+    """An unknown warmup curve falls back to 'log' with a warning, as DeepSpeed's classes do (a
+    config's scheduler section is checked before: there it is an error naming the key)."""
     if value not in WARMUP_TYPES:
-        raise ValueError(f"warmup_type: got {value!r}; allowed: {', '.join(map(repr, WARMUP_TYPES))}")
+        warnings.warn(f"warmup_type: got {value!r}, not one of {', '.join(map(repr, WARMUP_TYPES))}; using "
+                      f"{WARMUP_LOG_RATE!r} (DeepSpeed's fallback)", UserWarning, stacklevel=3)
+        return WARMUP_LOG_RATE
     return value
 
 

@@ -176,6 +176,19 @@ class ShardedGroup:
         self._set_data(self.params, self._empties)
         self._storage.resize_(0)
 
+    def free_full_keeping_aliases(self) -> None:
+        """``free_full`` for a gather outside the training passes (``zerocore.gathered``): the group
+        takes a new, empty, full buffer instead of resizing the one it gathered into, so a tensor the
+        user took from a gathered parameter (``p.detach()``, a state dict) keeps its values after
+        the context; its bytes go when the last such reference does. Not on the hot path: it makes
+        the group's views again."""
+        self.param_state.to(ParamState.SHARDED)
+        self._set_data(self.params, self._empties)
+        flat = torch.empty(self.layout.padded, dtype=self.layout.dtype, device=self.param_flat.device)
+        self._views = [flat[slot.offset:slot.end].view(slot.shape) for slot in self.layout.slots]  # (needs the bytes)
+        flat.untyped_storage().resize_(0)
+        self.param_flat, self._storage = flat, flat.untyped_storage()
+
     def owned_grad(self) -> torch.Tensor:
         """The reduced gradient of the owned range (valid in state HELD)."""
         self.grad_state.expect(GradState.HELD)

@@ -48,7 +48,8 @@ ACCEPTED: dict[str, dict[str, tuple]] = {
     "zero_optimization": {
         "ignore_unused_parameters": ((True,), "zerocore always trains models with unused parameters (their "
                                               "gradient is zero)"),
-        "elastic_checkpoint": ((False,), "zerocore has no elastic checkpoints"),
+        "elastic_checkpoint": (ANY, "deprecated by DeepSpeed and without effect there; zerocore's checkpoints load at "
+                                    "any world size"),
         "legacy_stage1": ((False,), "zerocore has one stage-1 implementation"),
         "zero_hpz_partition_size": ((1,), "ZeRO++ hierarchical partitioning is not implemented"),
         "zero_quantized_weights": ((False,), "ZeRO++ quantized weights are not implemented"),
@@ -92,6 +93,12 @@ ACCEPTED: dict[str, dict[str, tuple]] = {
         "auto_cast": ((False,), "zerocore does not cast inputs: feed them in the training dtype"),
         "fp16_master_weights_and_grads": ((False,), "zerocore keeps an fp32 master"),
     },
+    "checkpoint": {
+        "load_universal": (ANY, "zerocore's checkpoints load at any world size and stage without conversion"),
+        "use_node_local_storage": (ANY, "a DeepSpeed storage knob (zerocore: every rank writes its own file)"),
+        "parallel_write": (ANY, "a DeepSpeed pipeline-parallel storage knob"),
+        "writer": (ANY, "DeepSpeed's checkpoint-engine writer settings (zerocore writes with its own aio engine)"),
+    },
     "optimizer.params": {
         "bias_correction": ((True,), "zerocore's Adam always corrects bias"),
         "amsgrad": ((False,), "zerocore's Adam has no AMSGrad"),
@@ -122,9 +129,12 @@ TOP_LEVEL: dict[str, tuple] = {
                                          "zero_optimization.reduce_dtype to \"fp32\""),
     "managed_gradient_accumulation": ((True,), "zerocore counts micro-batches itself (or follows "
                                                "engine.set_gradient_accumulation_boundary)"),
-    "checkpoint": (ANY, "DeepSpeed's checkpoint-engine settings (tag validation, storage): zerocore's "
-                        "checkpoints are verified and reshardable on their own"),
+    "data_types": (ANY, "grad_accum_dtype: null or the training dtype change nothing; at ZeRO stages 2-3 (and stage "
+                        "1 but for bf16 training with \"fp32\") DeepSpeed accumulates in the training dtype whatever "
+                        "it says, as zerocore does; other values are refused"),
 }
+DTYPES = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16",
+          "bfloat16": "bf16"}
 
 _SCHEMA_TOP = tuple(f.name for f in dataclasses.fields(ZeroConfig))
 
@@ -139,6 +149,9 @@ def translate(data: dict) -> Translation:
     if z is not None:
         data = with_section(data, "zero_optimization", _offload_booleans(z, "zero_optimization", deprecated))
     data = drop_accepted(data, ACCEPTED)
+    if type(data.get("zero_allow_untested_optimizer")) is int and data["zero_allow_untested_optimizer"] in (0, 1):
+        # DeepSpeed reads this flag for its truth value; scripts write 1 (zerocore: no effect either way)
+        data = {**data, "zero_allow_untested_optimizer": bool(data["zero_allow_untested_optimizer"])}
     data, ignored = _top_level(data)
     return Translation(data, deprecated=tuple(deprecated), ignored=tuple(ignored))
 
@@ -172,8 +185,49 @@ def _top_level(data: dict) -> tuple[dict, list[str]]:
             kept[key] = value
             continue
         _check_top_level(key, value)
+        if key == "data_types":
+            _check_data_types(value, data)
         ignored.append(key)
     return kept, ignored
+
+
+def training_dtype(data: dict) -> str:
+    """"bf16", "fp16" or "fp32": what the (translated) config trains in."""
+    for key in ("bf16", "fp16"):
+        section = data.get(key)
+        if isinstance(section, dict) and section.get("enabled") is True:
+            return key
+    return "fp32"
+
+
+def _check_data_types(value, data: dict) -> None:
+    """DeepSpeed's ``data_types`` section: only ``grad_accum_dtype``, accepted where it asks for what
+    DeepSpeed and zerocore both do (see TOP_LEVEL)."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise ConfigError(f"data_types: got {type(value).__name__}; allowed: a JSON object")
+    for key in value:
+        if key != "grad_accum_dtype":
+            raise ConfigError(f"data_types.{key}: unknown key; data_types has: grad_accum_dtype")
+    accum = value.get("grad_accum_dtype")
+    if accum is None:
+        return
+    if accum not in DTYPES:
+        raise ConfigError(f"data_types.grad_accum_dtype: got {accum!r}; allowed: null, \"fp32\", \"fp16\", \"bf16\"")
+    accum, train = DTYPES[accum], training_dtype(data)
+    if accum == train:
+        return
+    z = data.get("zero_optimization")
+    stage = z.get("stage", 0) if isinstance(z, dict) else 0
+    offload = isinstance(z, dict) and isinstance(z.get("offload_optimizer"), dict) and \
+        z["offload_optimizer"].get("device", "none") not in ("none", None)
+    if stage >= 2 or stage == 1 and not (train == "bf16" and accum == "fp32" and not offload):
+        return  # DeepSpeed's ZeRO optimizer accumulates in the training dtype here, whatever the key says
+    why = ("DeepSpeed accumulates stage-1 bf16 gradients in fp32 then (its BF16 optimizer); zerocore accumulates "
+           "in the training dtype" if stage == 1 else "without ZeRO, DeepSpeed refuses this mix too")
+    raise ConfigError(f"data_types.grad_accum_dtype: {value.get('grad_accum_dtype')!r} with {train} training at "
+                      f"ZeRO stage {stage}: zerocore cannot honour it ({why}); use null or {train!r}")
 
 
 def _check_top_level(key: str, value) -> None:

@@ -23,7 +23,11 @@ class _Accelerator:
         return self._name == "cpu" or torch.cuda.is_available()
 
     def device_count(self) -> int:
-        return torch.cuda.device_count() if self._name == "cuda" else 1
+        """CUDA's device count; on the CPU, as DeepSpeed's CPU accelerator, LOCAL_SIZE (the ranks a
+        launcher put on this node) when set, else 1."""
+        if self._name == "cuda":
+            return torch.cuda.device_count()
+        return max(int(os.environ.get("LOCAL_SIZE", 0) or 0), 1)
 
     def current_device(self) -> int:
         return torch.cuda.current_device() if self._name == "cuda" else int(os.environ.get("LOCAL_RANK", 0))
@@ -98,4 +102,9 @@ def get_accelerator() -> _Accelerator:
     return _ACCELERATOR
 
 
-__all__ = ["get_accelerator"]
+def is_current_accelerator_supported() -> bool:
+    """DeepSpeed's check that its accelerator is one it supports: here CUDA or the CPU, always."""
+    return get_accelerator().device_name() in ("cuda", "cpu")
+
+
+__all__ = ["get_accelerator", "is_current_accelerator_supported"]

@@ -1,0 +1,125 @@
+"""The names DeepSpeed's scripts and tests import beside initialize (issue 34): op builders and
+``__compatible_ops__``, config constants and exception types, ``DeepSpeedZeroConfig``, the logger,
+checkpoint and MoE helpers, ``see_memory_usage``, ``safe_get_full_grad``, torch version checks."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import zerocore
+import zerocore.deepspeed as deepspeed
+from zerocore.config import ConfigError
+
+
+def _cfg(stage=1, **extra):
+    return {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.0, "zero_optimization": {"stage": stage},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}, **extra}
+
+
+def test_op_builders_say_which_ops_the_face_offers():
+    from zerocore.deepspeed.ops.op_builder import CPUAdamBuilder, FusedAdamBuilder, FusedLambBuilder
+
+    ops = deepspeed.ops.__compatible_ops__
+    assert ops[CPUAdamBuilder.NAME] is True and ops[FusedAdamBuilder.NAME] is True  # zerocore's Adam kernels
+    assert ops[FusedLambBuilder.NAME] is False and not FusedLambBuilder().is_compatible()
+    assert CPUAdamBuilder().absolute_name() == "deepspeed.ops.cpu_adam_op"
+    with pytest.raises(NotImplementedError, match="zerocore.ops"):
+        CPUAdamBuilder().load()
+
+
+def test_config_constants_and_exception_types():
+    from zerocore.deepspeed.runtime.config import ADAM_OPTIMIZER, ADAMW_OPTIMIZER, DeepSpeedConfigError
+    from zerocore.deepspeed.runtime.zero.utils import ZeRORuntimeException
+
+    assert (ADAM_OPTIMIZER, ADAMW_OPTIMIZER) == ("adam", "adamw")
+    assert deepspeed.DeepSpeedConfigError is DeepSpeedConfigError
+    with pytest.raises(deepspeed.DeepSpeedConfigError, match="tag_validation"):  # zerocore's ConfigError is it
+        zerocore.initialize(nn.Linear(3, 3), _cfg(checkpoint={"tag_validation": "foo"}))
+    assert issubclass(ConfigError, DeepSpeedConfigError) and issubclass(ZeRORuntimeException, Exception)
+
+
+def test_zero_config_object_validates_and_warns_through_the_logger(monkeypatch):
+    from zerocore.deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    said = []
+    monkeypatch.setattr(deepspeed.utils.logger, "warning", lambda msg, *a, **k: said.append(str(msg)))
+    z = DeepSpeedZeroConfig(stage=3, elastic_checkpoint=True, stage3_prefetch_bucket_size=1000)
+    assert (z.stage, z.elastic_checkpoint, z.stage3_prefetch_bucket_size) == (3, True, 1000)
+    assert any("elastic checkpointing is deprecated" in m.lower() for m in said)
+    with pytest.raises(ConfigError, match="zero_optimization.stage"):
+        DeepSpeedZeroConfig(stage=7)
+
+
+def test_logger_and_log_dist(caplog):
+    assert deepspeed.utils.logger is logging.getLogger("DeepSpeed")
+    with caplog.at_level(logging.INFO, logger="DeepSpeed"):
+        deepspeed.utils.log_dist("hello", ranks=[0])
+        deepspeed.utils.log_dist("not here", ranks=[3])
+    assert [r.getMessage() for r in caplog.records] == ["[Rank 0] hello"]
+
+
+def test_clone_tensors_for_torch_save_copies_only_the_elements():
+    from zerocore.deepspeed.checkpoint.utils import clone_tensors_for_torch_save, get_model_ckpt_name_for_rank
+
+    flat = torch.arange(10.0)
+    item = {"a": flat[2:4], "b": [flat[:1], (flat[5:6], 3)], "c": "text"}
+    out = clone_tensors_for_torch_save(item)
+    assert torch.equal(out["a"], flat[2:4]) and out["a"].untyped_storage().nbytes() == 8
+    assert out["a"].data_ptr() != flat.data_ptr() and isinstance(out["b"][1], tuple) and out["b"][1][1] == 3
+    assert out["c"] == "text"
+    assert get_model_ckpt_name_for_rank("/ckpt/global_step3", "00") == "/ckpt/global_step3/mp_rank_00_model_states.pt"
+
+
+def test_moe_group_helper_passes_dense_groups_and_refuses_experts():
+    from zerocore.deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    model = nn.Linear(3, 3)
+    group = {"params": list(model.parameters()), "name": "parameters"}
+    assert split_params_into_different_moe_groups_for_optimizer(group) == [group]
+    model.weight.allreduce = False  # how DeepSpeed marks an expert parameter
+    with pytest.raises(ValueError, match="expert"):
+        split_params_into_different_moe_groups_for_optimizer([group])
+    dense = nn.Linear(3, 3)
+    groups = split_params_into_different_moe_groups_for_optimizer({"params": list(dense.parameters()), "name": "x"})
+    engine, *_ = deepspeed.initialize(model=dense, config=_cfg(), model_parameters=groups)
+    assert engine.optimizer.param_groups[0]["name"] == "x"  # the helper's group is taken as it is
+
+
+def test_see_memory_usage_prints_only_when_forced(capsys):
+    from zerocore.deepspeed.runtime.utils import see_memory_usage
+
+    see_memory_usage("quiet")
+    assert capsys.readouterr().out == ""
+    see_memory_usage("loud", force=True)
+    out = capsys.readouterr().out
+    assert out.startswith("loud\n") and "CPU Virtual Memory:  used =" in out
+
+
+def test_required_torch_version():
+    from zerocore.deepspeed.utils.torch import required_torch_version
+
+    major_minor = float(".".join(torch.__version__.split(".")[:2]))
+    assert required_torch_version(min_version=1.8)
+    assert not required_torch_version(min_version=major_minor + 1)
+    assert not required_torch_version(max_version=1.0)
+
+
+def test_safe_get_full_grad_is_the_gradient_at_stages_0_1_and_refused_above():
+    from zerocore.deepspeed.utils import safe_get_full_grad
+
+    engine = zerocore.initialize(nn.Linear(3, 2), _cfg(stage=1))
+    x = torch.randn(2, 3)
+    engine.backward(engine(x).sum())
+    w = engine.module.weight
+    ref = nn.Linear(3, 2)
+    ref.load_state_dict(engine.module.state_dict())
+    ref(x).sum().backward()
+    torch.testing.assert_close(safe_get_full_grad(w), ref.weight.grad)
+    assert safe_get_full_grad(nn.Parameter(torch.ones(2))) is None
+    engine2 = zerocore.initialize(nn.Linear(3, 2), _cfg(stage=2))
+    engine2.backward(engine2(x).sum())
+    with pytest.raises(NotImplementedError, match="stage 2"):
+        safe_get_full_grad(engine2.module.weight)
