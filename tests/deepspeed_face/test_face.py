@@ -112,11 +112,13 @@ def test_windows_the_boundary_ends_early_are_whole(stage, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "zero_grad() inside a gradient accumulation window" warning
         engine.module.zero_grad()
-    engine.save_checkpoint(str(tmp_path), tag="after_short")  # not refused as "in the middle"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "in the middle of gradient accumulation" warning
+        engine.save_checkpoint(str(tmp_path), tag="after_short")
     engine.set_gradient_accumulation_boundary(False)
     engine.backward(_loss(engine, *_batches(1)[0]))
     engine.step()
-    with pytest.raises(RuntimeError, match="middle of gradient accumulation"):
+    with pytest.warns(RuntimeWarning, match="middle of gradient accumulation"):  # allowed, as DeepSpeed allows it
         engine.save_checkpoint(str(tmp_path), tag="inside")
     # a load lands on a boundary: the window starts there (micro_steps becomes 3 x 2)
     engine.load_checkpoint(str(tmp_path), tag="after_short")
