@@ -32,6 +32,7 @@ from ..comm import default_comm
 from ..comm.divergence import Op
 from ..sharding import ParamState
 from .checkpoint_marks import mark_written
+from .frozen_groups import group_at, shard_at
 from .partition_init import InitShard, cut_chunk, gather_full
 
 # engines alive in this process, to find which one owns a parameter
@@ -83,7 +84,7 @@ def gathered(params, modifier_rank: int | None = None):
     saved: list[tuple[nn.Parameter, torch.Tensor, int]] = []  # whole already: restored on exit if changed
     try:
         for engine, gi, slots in engine_groups.values():
-            g = engine.groups[gi]
+            g = group_at(engine, gi)  # a trainable group, or a unit's frozen parameters (stage 3)
             state = g.param_state.value
             if g.partitioned and state is ParamState.SHARDED:
                 engine.guard.check(Op.CONTEXT, gi, 0)
@@ -148,8 +149,9 @@ def _ranks_that_raised(comm, raised: bool) -> list[int]:
 
 
 def _write_back(engine, gi: int, slots: list[int], src: int) -> None:
-    """The modifier's values of group ``gi`` to every rank, and into this rank's shards."""
-    g, shard = engine.groups[gi], engine.shards[gi]
+    """The modifier's values of group ``gi`` to every rank, and into this rank's shards (a frozen
+    group has only its owned chunk: no fp32 master)."""
+    g, shard = group_at(engine, gi), shard_at(engine, gi)
     engine.comm.broadcast(g.param_flat, src=src)
     for si in slots:
         s = g.layout.slots[si]
@@ -158,5 +160,5 @@ def _write_back(engine, gi: int, slots: list[int], src: int) -> None:
             continue
         if g.partitioned:
             g.owned_params()[a - g.lo:b - g.lo] = g.param_flat[a:b]  # (offload: made resident first)
-        if shard.master.data_ptr() != g.owned_params().data_ptr():  # a separate fp32 master
+        if shard is not None and shard.master.data_ptr() != g.owned_params().data_ptr():  # a separate fp32 master
             shard.load_master(a - g.lo, b - g.lo, g.param_flat[a:b].float())
