@@ -57,6 +57,8 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         kinds = engine_state.kinds_to_read(engine, manifest, with_state)
         reader = CheckpointReader(path, manifest, dataclasses.asdict(engine.config.aio))  # files present, sizes
         reader.check_complete(saved_name.values())
+        extras = _extras(engine, reader)
+        frozen = _frozen_pieces(engine, reader)  # only what this rank owns of partitioned frozen parameters
         plan = plan_state(engine, reader, saved_name, kinds)
         direct = None
         if ts is None and in_place is not False and (in_place or load_in_place.nothing_to_lose(engine)):
@@ -77,10 +79,8 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
                 staged.run(keep=False)  # every block checked, and read again below
                 staged = None
         small = reader.fetch()
-        extras = _extras(engine, reader)
         for _, e in extras:
             reader.add_extra(small, e)
-        frozen = _frozen_pieces(engine, reader)  # only what this rank owns of partitioned frozen parameters
         for _, _, e, a, b in frozen:
             reader.add_extra(small, e, a, b)
         if not load_module_only:
@@ -221,6 +221,7 @@ def _frozen_pieces(engine, reader: CheckpointReader) -> list[tuple[torch.Tensor,
         owned = g.owned_params()
         for slot, a, b in g.layout.pieces(g.lo, g.hi):
             e = next(saved[n] for n in slot.aliases if n in saved)
+            reader.extra_pieces(e, a, b)  # every element saved: checked before anything is read
             out.append((owned, slot.offset + a - g.lo, e, a, b))
     return out
 
