@@ -56,7 +56,8 @@ def gatherer_units(units: list[tuple], frozen_specs_groups: list[tuple]) -> list
     """The gatherer's units: ``units`` (path, module, trainable group) with each unit's frozen group
     added as its extra; a unit with only frozen parameters gets (path, module, frozen group).
     ``frozen_specs_groups``: (spec, group) of every frozen group."""
-    frozen_of = {id(spec.unit[1]): (spec.unit[0], spec.unit[1], g) for spec, g in frozen_specs_groups}
+    frozen_of = {id(spec.unit[1]): (spec.unit[0], spec.unit[1], g) for spec, g in frozen_specs_groups
+                 if spec.unit is not None}  # (the planner's rebuilt layouts have no modules)
     out = []
     for path, module, g in units:
         f = frozen_of.pop(id(module), None)
