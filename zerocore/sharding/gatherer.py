@@ -31,6 +31,12 @@ that gathers the owning unit on first access during forward or backward, frees i
 module that used it, and re-gathers it before that module's backward. The pass recording and
 the prefetch window are in ``passes.py``.
 
+A forward entered below the root: PEFT's ``PeftModel.generate`` calls the wrapped model's forward,
+not the root's, so the root unit (whatever no smaller unit took: a LoRA model's frozen embeddings,
+say) would never be gathered. The wrappers between the root and the first units (``entry_modules``)
+get the root unit's hooks too, which act only when no forward is under way: the pass is framed and
+the root unit gathered exactly as if the root's own forward had been called.
+
 Frozen parameters: a unit's frozen parameters are a group of their own (no gradients, no optimizer
 state), gathered and freed together with the unit's trainable group (``Unit.extra``: its all-gather
 is issued right before the trainable one's, so each rank issues both in the same order). A unit
@@ -59,6 +65,7 @@ from .passes import Pass
 from .post_backward import PostBackward
 from .reducer import OUTSIDE_BACKWARD
 from .state import ParamState, Tracked, param_state
+from .units import entry_modules
 
 
 class Running(enum.Enum):
@@ -150,6 +157,12 @@ class ParamGatherer:
         for u in self.units:
             self._hooks.append(u.module.register_forward_pre_hook(self._hook_pre_forward(u, me)))
             self._hooks.append(u.module.register_forward_hook(self._hook_post_forward(u, me), always_call=True))
+        self.entered: list[nn.Module] = []  # wrappers below the root whose forward framed the pass
+        top = next(u for u in self.units if u.module is root)
+        sizes = {id(p): s.numel for u in self.units for g in u.groups() for p, s in zip(g.params, g.layout.slots)}
+        for m in entry_modules(root, [u.module for u in self.units], sizes):
+            self._hooks.append(m.register_forward_pre_hook(self._hook_pre_entry(top, me)))
+            self._hooks.append(m.register_forward_hook(self._hook_post_entry(top, me), always_call=True))
         self._swap_getattr()
 
     # -- gather / free -------------------------------------------------------------------
@@ -217,6 +230,7 @@ class ParamGatherer:
             if u.tracked.value is not ParamState.SHARDED and u.group is not None:  # inline: most are sharded
                 self._free(u)
         self.stack.clear()
+        self.entered.clear()
         self.running = Running.IDLE
 
     def _arrive(self, u: Unit, run: Pass, phase: Phase, prefetch: Phase) -> None:
@@ -298,6 +312,34 @@ class ParamGatherer:
                 self._free(u)
             if not self.stack:
                 self._end_forward()
+        return eager_only(hook)
+
+    def _hook_pre_entry(self, u: Unit, me: weakref.ref):
+        """The root unit's pre-forward hook on a wrapper below the root: works only for a forward
+        that entered there (no pass under way), and then as the root's own."""
+        root_pre = self._hook_pre_forward(u, me)
+
+        def hook(module, args):
+            self = me()
+            if self is None:
+                raise EngineGone(GONE)
+            if self.stack or self.running is Running.BACKWARD:
+                return None  # entered through the root, or a recompute inside backward: nothing to frame
+            self.entered.append(module)
+            return root_pre(module, args)
+        return eager_only(hook)
+
+    def _hook_post_entry(self, u: Unit, me: weakref.ref):
+        root_post = self._hook_post_forward(u, me)
+
+        def hook(module, args, output):
+            self = me()
+            if self is None:
+                raise EngineGone(GONE)
+            if not self.entered or self.entered[-1] is not module:
+                return None  # its pre-hook framed nothing
+            self.entered.pop()
+            return root_post(module, args, output)
         return eager_only(hook)
 
     def _begin_forward(self) -> None:

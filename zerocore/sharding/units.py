@@ -133,3 +133,29 @@ def partitioned_frozen(frozen: Sequence[Named], persistence_threshold: int) -> l
 
 def _inside(module_path: str, unit_path: str) -> bool:
     return module_path == unit_path or module_path.startswith(unit_path + ".")
+
+
+def entry_modules(root: nn.Module, unit_modules: Sequence[nn.Module], sizes: dict[int, int]) -> list[nn.Module]:
+    """The wrappers a forward may enter below the root: from the root down, each child holding more
+    than half of the elements to gather (``sizes``: id(parameter) -> elements), until a unit or a
+    container without a forward of its own. PEFT's ``PeftModel`` -> ``LoraModel`` ->
+    ``LlamaForCausalLM`` -> ``LlamaModel``, say: generation calls ``LlamaForCausalLM``'s forward."""
+    units = {id(m) for m in unit_modules}
+    total = sum(sizes.values())
+    out, m = [], root
+    while True:
+        nxt = None
+        for child in m.children():
+            seen, n = set(), 0
+            for p in child.parameters():
+                if id(p) in sizes and id(p) not in seen:
+                    seen.add(id(p))
+                    n += sizes[id(p)]
+            if 2 * n > total:
+                nxt = child
+                break
+        if nxt is None or id(nxt) in units or isinstance(nxt, (nn.ModuleList, nn.ModuleDict)):
+            return out
+        out.append(nxt)
+        m = nxt
+
