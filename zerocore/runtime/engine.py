@@ -47,6 +47,7 @@ from .release import DESTROYED, EngineDestroyed, forget_state, release
 from .shutdown import close_engine
 from ..comm.lifetime import engine_started
 from .deepspeed_methods import DeepSpeedMethods
+from . import provided
 
 
 class Engine(DeepSpeedMethods):
@@ -114,6 +115,7 @@ class Engine(DeepSpeedMethods):
                                           comm, self.guard, Limits(
                 prefetch_elems=z.stage3_prefetch_bucket_size, max_live=z.stage3_max_live_parameters,
                 max_reuse=z.stage3_max_reuse_distance))
+            provided.call("adopt_model", self)  # client libraries' rules for sharded models (Transformers' generate)
         # peers signal each other through weak calls: the engine owns all three
         self.reducer = GradReducer(self.groups, comm, overlap=z.overlap, reduce_scatter=z.reduce_scatter,
                                    device=self.device, guard=self.guard if self.guard.enabled else None,

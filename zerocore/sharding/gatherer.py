@@ -464,12 +464,20 @@ class ParamGatherer:
         for m in owners.values():  # the modules get a weak proxy: they are the gatherer's, not its owners
             self._swapped.append(_Swapped(m, swap_class(m, proxy(self))))
 
+    def swap_class(self, module: nn.Module, cls: type) -> None:
+        """Gives ``module`` the class ``cls`` (a subclass of its own) while this gatherer works: the
+        original comes back with ``remove_hooks`` (or when the gatherer is freed), as the access-hook
+        swaps do (the Transformers integration swaps in a ``generate`` that syncs the ranks)."""
+        self._swapped.append(_Swapped(module, type(module)))
+        module.__class__ = cls
+
     def remove_hooks(self) -> None:
-        """Removes the module hooks and gives the modules their own classes back."""
+        """Removes the module hooks and gives the modules their own classes back (the last swap
+        first: a module swapped twice gets its own class)."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        for s in self._swapped:
+        for s in reversed(self._swapped):
             s.remove()
         self._swapped.clear()
 
