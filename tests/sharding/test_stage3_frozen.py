@@ -10,6 +10,7 @@ update, two blocks frozen whole, a trainable head) on spawned gloo ranks at worl
   empty tensor), no gradient buffer or optimizer state for it, frozen bytes per rank from the
   tensors held; units with only frozen parameters gathered and freed like the others (at most two
   units gathered at once);
+- with parameter offload the frozen chunks rest in host memory, and training is as exact;
 - ``zerocore.gathered`` reads and edits a frozen parameter; ``destroy()`` gives it back whole;
   ``offload_states`` / ``reload_states`` move its chunk and bring it back bit for bit.
 """
@@ -101,7 +102,19 @@ def sc_offload_states(rank: int, world: int) -> dict:
     return out
 
 
-W2 = [sc_exact, sc_bf16_stage3_as_stage2, sc_gathered_and_destroy, sc_offload_states]
+def sc_offload_param(rank: int, world: int) -> dict:
+    """offload_param / offload_optimizer 'cpu': the frozen chunks rest in host memory too."""
+    model = frozen_net()
+    engine = zerocore.initialize(model, config(gas=2, clip=0.5, offload_param={"device": "cpu"},
+                                               offload_optimizer={"device": "cpu"}))
+    losses, norms = train(engine, 4, rank, world, gas=2)
+    out = {"losses": losses, "norms": norms, "state": engine.full_state_dict(), **_facts(engine, model),
+           "on_host": [g.params_on_host for g in engine.frozen_groups]}
+    engine.destroy()
+    return out
+
+
+W2 = [sc_exact, sc_bf16_stage3_as_stage2, sc_gathered_and_destroy, sc_offload_states, sc_offload_param]
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +213,22 @@ def test_offload_states_moves_frozen_chunks_and_back(world2):
         assert r["lossesTrue"] == r["lossesFalse"]
         for k, v in r["stateFalse"].items():
             assert torch.equal(r["stateTrue"][k], v), k
+
+
+def test_parameter_offload_keeps_frozen_chunks_in_host_memory(world2):
+    ref = frozen_net()
+    init = _init_state()
+    want_losses, want_norms = reference(ref, 4, 2, gas=2, clip=0.5)
+    want = {k: v.detach() for k, v in ref.state_dict().items()}
+    frozen = set(frozen_names(ref))
+    for r in results(world2, "offload_param"):
+        assert r["on_host"] and all(r["on_host"])
+        assert r["memory"]["host_frozen"] == r["frozen_padded"] * 4 // 2  # the chunks, in host memory
+        assert r["memory"]["frozen"] == r["frozen_whole_bytes"]  # only the whole ones stay where they were
+        assert_losses(r["losses"], want_losses)
+        torch.testing.assert_close(torch.tensor(r["norms"], dtype=torch.float64),
+                                   torch.tensor(want_norms, dtype=torch.float64), rtol=1e-5, atol=0)
+        for name in frozen:
+            assert torch.equal(r["state"][name], init[name]), name
+        trained = {k: v for k, v in r["state"].items() if k not in frozen}
+        assert_states_close(trained, {k: want[k] for k in trained}, {k: init[k] for k in trained})
