@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import zerocore
-from frozen_models import config, frozen_names, frozen_net, reference, train
+from frozen_models import batch, config, frozen_names, frozen_net, reference, train
 from stage3_ranks import assert_losses, assert_states_close, results, spawn
 
 
@@ -74,6 +74,12 @@ def sc_gathered_and_destroy(rank: int, world: int) -> dict:
     with zerocore.gathered([w]) as (p,):
         out["read_equal"] = torch.equal(p.detach(), before["blocks.0.base.weight"])
     out["empty_after_read"] = w.numel() == 0
+    # a unit's trainable and frozen groups are gathered together: a forward inside finds it whole
+    x = batch(0, 2)[0]
+    with torch.no_grad():
+        want = engine(x)
+        with zerocore.gathered([model.blocks[0].down.weight]):
+            out["forward_inside_gathered"] = torch.equal(engine(x), want)
     with zerocore.gathered([w], modifier_rank=0):
         with torch.no_grad():
             w[0].fill_(0.25 if rank == 0 else -9.0)  # rank 0's edit is what counts
@@ -193,7 +199,7 @@ def test_bf16_stage3_gives_the_bits_of_stage2(world2):
 def test_gathered_reads_and_edits_a_partitioned_frozen_parameter(world2):
     rs = results(world2, "gathered_and_destroy")
     for r in rs:
-        assert r["read_equal"] and r["empty_after_read"]
+        assert r["read_equal"] and r["empty_after_read"] and r["forward_inside_gathered"]
         assert (r["edited"][0] == 0.25).all()
     assert all(torch.equal(rs[0]["edited"], r["edited"]) for r in rs)
     init = _init_state()

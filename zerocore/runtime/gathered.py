@@ -74,6 +74,7 @@ def gathered(params, modifier_rank: int | None = None):
         else:
             gi, si = hit
             engine_groups.setdefault((id(engine), gi), (engine, gi, []))[2].append(si)
+    engine_groups = _with_unit_siblings(engine_groups)
     comm = next(iter(e for e, _, _ in engine_groups.values()), None)
     comm = comm.comm if comm is not None else default_comm()
     if modifier_rank is not None and not 0 <= modifier_rank < comm.world:
@@ -120,6 +121,8 @@ def gathered(params, modifier_rank: int | None = None):
                     "an exception inside the block (its error says which); the edits were discarded on every rank")
             with torch.no_grad():
                 for engine, gi, slots in engine_groups.values():
+                    if not slots:  # a sibling gathered along (see _with_unit_siblings): nothing of it was named
+                        continue
                     _write_back(engine, gi, slots, modifier_rank)
                     mark_written(engine)  # a failed load may no longer overwrite its state in place
                 for p in loose:
@@ -139,6 +142,19 @@ def gathered(params, modifier_rank: int | None = None):
         for engine, g in opened:
             if g.param_state.value is ParamState.GATHERED:
                 g.free_full()
+
+
+def _with_unit_siblings(engine_groups: dict) -> dict:
+    """The groups to gather, with the other group of each stage-3 unit that has two (its trainable and
+    its frozen parameters are gathered together), right after it: a forward run inside the context
+    finds the unit whole, never half gathered. Same order on every rank (the order of ``params``)."""
+    out = {}
+    for key, (engine, gi, slots) in engine_groups.items():
+        out.setdefault(key, (engine, gi, slots))
+        unit = engine.gatherer.by_group.get(gi) if engine.gatherer is not None else None
+        for g in unit.groups() if unit is not None else ():
+            out.setdefault((key[0], g.index), engine_groups.get((key[0], g.index), (engine, g.index, [])))
+    return out
 
 
 def _ranks_that_raised(comm, raised: bool) -> list[int]:
