@@ -1,6 +1,7 @@
 """Predicted vs measured memory of a training step, for every case: the project's GPT, a Hugging
 Face GPT-2 and a small Llama (from configs), stages 0-3, with and without CPU / NVMe offload, on
-gloo ranks of this machine.
+gloo ranks of this machine; ``gpt-frozen`` is the GPT with everything but the blocks' attention
+frozen (LoRA's proportions: stage 3 partitions the frozen parameters too).
 
 Measured (zerocore/planner/measure.py), on a step after a warm-up step:
 - "measured": the peak of a memory-tracking dispatch mode (torch's MemTracker) over the real step:
@@ -32,18 +33,22 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import machine_info, spawn_ranks  # noqa: E402
 
-MODELS = ("gpt", "hf-gpt2", "hf-llama")
+MODELS = ("gpt", "hf-gpt2", "hf-llama", "gpt-frozen")
 OFFLOADS = ("none", "cpu", "nvme")
 
 
 def model_and_meta(kind: str, args):
     """(the real model, the planner's input for it: a meta module or a Hugging Face config)."""
     torch.manual_seed(0)
-    if kind == "gpt":
+    if kind in ("gpt", "gpt-frozen"):
         from zerocore.demo import TinyGPT
 
         def make():
-            return TinyGPT(args.vocab, args.dim, args.layers, heads=4, ctx=args.seq)
+            m = TinyGPT(args.vocab, args.dim, args.layers, heads=4, ctx=args.seq)
+            if kind == "gpt-frozen":
+                for name, p in m.named_parameters():
+                    p.requires_grad_(".attn." in name)
+            return m
         with torch.device("meta"):
             meta = make()
         return make(), meta

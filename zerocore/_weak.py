@@ -83,7 +83,7 @@ def remove_when_freed(owner, handles: list) -> None:
 
 
 def _remove_all(handles: list) -> None:
-    for h in handles:
+    for h in reversed(handles):  # the last first: a class swapped twice gets its own back
         try:
             h.remove()
         except Exception:  # noqa: BLE001 - a finalizer must not raise; the hook dict may be gone already

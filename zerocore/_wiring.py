@@ -1,7 +1,10 @@
 """Hands the runtime the entry points of the floors above it (``runtime/provided.py``): the
-checkpoint package's save and load, the planner's prediction of an engine's memory. Each imports
+checkpoint package's save and load, the planner's prediction of an engine's memory, the
+Transformers integration's adjustment of a stage-3 model. Each imports
 its package on first use, as ``zerocore.estimate`` does: the planner's imports cost about a second."""
 from __future__ import annotations
+
+import sys
 
 from .runtime import provided
 
@@ -36,5 +39,18 @@ def _predict_memory(*args, **kwargs):
     return with_prediction(*args, **kwargs)
 
 
+def _adopt_model(engine):
+    """A stage-3 engine: the Transformers models it holds generate under Transformers' own ZeRO-3
+    rules (``integrations/transformers/zero3.py``). Only where Transformers is imported already (a
+    model of it can be in the engine only then), and only a version the integration supports."""
+    if "transformers" not in sys.modules:
+        return
+    try:
+        from .integrations.transformers.zero3 import adopt
+    except ImportError:  # a Transformers the integration refuses: its models generate as they would
+        return
+    adopt(engine)
+
+
 provided.provide(save_checkpoint=_save_checkpoint, save_async=_save_async, load_checkpoint=_load_checkpoint,
-                 rank_file=_rank_file, predict_memory=_predict_memory)
+                 rank_file=_rank_file, predict_memory=_predict_memory, adopt_model=_adopt_model)

@@ -86,6 +86,31 @@ def test_peak_within_5_percent_representative():
         assert abs(r["predicted_peak"] / r["measured_peak"] - 1) <= 0.05, r
 
 
+def test_frozen_parameters_predicted_as_held():
+    """A model with frozen parameters (LoRA's proportions): torch's MemTracker refused them (a
+    gradient hook on a parameter without gradient) and stage 3 partitions them: the planner's
+    figures still equal what the engine holds and, over a step, what it allocates."""
+    rows = _accuracy(["--models", "gpt-frozen", "--worlds", "2", "--stages", "2", "3", "--offloads", "none"])
+    assert len(rows) == 2
+    for r in rows:
+        assert r["measured_between"] == r["predicted_between"], r
+        assert abs(r["predicted_peak"] / r["measured_peak"] - 1) <= 0.05, r
+    s2, s3 = sorted(rows, key=lambda r: r["stage"])
+    assert s3["measured_between"] < s2["measured_between"]  # the frozen part is sharded at stage 3
+    torch.manual_seed(0)
+    model = TinyGPT(512, 64, 2, heads=4, ctx=32)
+    for name, p in model.named_parameters():
+        p.requires_grad_(".attn." in name)
+    engine = zerocore.initialize(model, _cfg(3))
+    try:
+        rep = engine.memory_report(predicted=True)
+        assert rep["frozen"] > 0
+        for role, value in rep["predicted"].items():
+            assert value == rep[role], role
+    finally:
+        engine.destroy()
+
+
 @pytest.mark.slow
 def test_peak_within_5_percent_full_matrix(tmp_path):
     pytest.importorskip("transformers", reason="the Hugging Face models need transformers")

@@ -57,6 +57,8 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         kinds = engine_state.kinds_to_read(engine, manifest, with_state)
         reader = CheckpointReader(path, manifest, dataclasses.asdict(engine.config.aio))  # files present, sizes
         reader.check_complete(saved_name.values())
+        extras = _extras(engine, reader)
+        frozen = _frozen_pieces(engine, reader)  # only what this rank owns of partitioned frozen parameters
         plan = plan_state(engine, reader, saved_name, kinds)
         direct = None
         if ts is None and in_place is not False and (in_place or load_in_place.nothing_to_lose(engine)):
@@ -77,9 +79,10 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
                 staged.run(keep=False)  # every block checked, and read again below
                 staged = None
         small = reader.fetch()
-        extras = _extras(engine, reader)
         for _, e in extras:
             reader.add_extra(small, e)
+        for _, _, e, a, b in frozen:
+            reader.add_extra(small, e, a, b)
         if not load_module_only:
             reader.add_client_state(small)
         small.run()
@@ -115,6 +118,8 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
             _write_state(engine, reader, plan, staged, skip=first)
         for t, e in extras:
             t.detach().copy_(reader.extra_from(small, e).to(t.dtype))
+        for owned, at, e, a, b in frozen:
+            owned[at:at + b - a] = reader.extra_from(small, e, a, b).to(owned.dtype)
     except ChecksumError as e:  # verified a moment ago (two-pass path): the file changed during the load
         engine._zc_state_lost = path
         raise CheckpointError(f"{e}\n(it was verified earlier in this load: the file changed while it was loaded; "
@@ -204,6 +209,21 @@ def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]], stag
 def _extras(engine, reader: CheckpointReader) -> list[tuple[torch.Tensor, dict]]:
     saved = {a: e for e in reader.manifest["extras"] for a in e["aliases"]}
     return [(t, next(saved[n] for n in names if n in saved)) for names, _, t in extra_tensors(engine)]
+
+
+def _frozen_pieces(engine, reader: CheckpointReader) -> list[tuple[torch.Tensor, int, dict, int, int]]:
+    """The parts of stage 3's partitioned frozen parameters this rank owns: (its owned chunk, flat
+    position in it, the saved extra, start, stop in the parameter's elements). The saved extra may be
+    whole or in chunks, of any world size."""
+    saved = {a: e for e in reader.manifest["extras"] for a in e["aliases"]}
+    out = []
+    for g in engine.frozen_groups:
+        owned = g.owned_params()
+        for slot, a, b in g.layout.pieces(g.lo, g.hi):
+            e = next(saved[n] for n in slot.aliases if n in saved)
+            reader.extra_pieces(e, a, b)  # every element saved: checked before anything is read
+            out.append((owned, slot.offset + a - g.lo, e, a, b))
+    return out
 
 
 @torch.no_grad()

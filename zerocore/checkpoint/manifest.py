@@ -12,12 +12,16 @@ with ``FlatGroup.pieces`` and reads the chunks that overlap them.
      "scaler": {...LossScaler fields}, "hyper": {lr, betas, eps, weight_decay, decoupled},
      "config": {...the ZeroConfig saved with}, "params": [{name, aliases, shape, dtype}],
      "chunks": {name: [[start, stop, file, master_off, exp_avg_off, exp_avg_sq_off], ...]},
-     "extras": [{name, aliases, kind: frozen|buffer, shape, dtype, file, offset, nbytes}],
+     "extras": [{name, aliases, kind: frozen|buffer, shape, dtype, file, offset, nbytes}
+                | {name, aliases, kind: frozen, shape, dtype, chunks: [[start, stop, file, offset], ...]}],
      "client_state": {file, offset, nbytes} | null,
      "files": {file: {bytes, block, crc32c: [per block]}}, "rng": [per rank]}
 
 Version 2 checksums blocks with CRC32C (``crc32c``); version 1 files carry zlib's CRC-32
-(``crc32``) and are still read.
+(``crc32``) and are still read. Version 3 adds extras saved in ``chunks``: frozen parameters that
+stage 3 partitions are written by the ranks that own them, each chunk a range [start, stop) of the
+parameter's flattened elements in its saved dtype at a byte offset of a rank's file (a whole
+extra is one chunk [0, numel) at ``offset``: ``extra_chunks``).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import sys
 import torch
 
 FORMAT = "zerocore-checkpoint"
-VERSION = 2
+VERSION = 3
 KINDS = ("master", "exp_avg", "exp_avg_sq")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -53,9 +57,10 @@ def trainable_records(engine) -> list[dict]:
 
 
 def extra_tensors(engine) -> list[tuple[list[str], str, torch.Tensor]]:
-    """Frozen parameters and persistent buffers (whole on every rank): (names, kind, tensor),
-    one entry per distinct tensor, in state-dict order."""
-    trained = {id(p) for g in engine.groups for p in g.params}
+    """Frozen parameters and persistent buffers whole on every rank: (names, kind, tensor), one
+    entry per distinct tensor, in state-dict order (stage 3's partitioned frozen parameters are
+    ``partitioned_frozen``'s)."""
+    trained = {id(p) for g in engine.groups + engine.frozen_groups for p in g.params}
     params = {id(p) for p in engine.module.parameters()}
     seen: dict[int, tuple[list[str], str, torch.Tensor]] = {}
     for name, t in engine.module.state_dict(keep_vars=True).items():
@@ -66,6 +71,28 @@ def extra_tensors(engine) -> list[tuple[list[str], str, torch.Tensor]]:
         else:
             seen[id(t)] = ([name], "frozen" if id(t) in params else "buffer", t)
     return list(seen.values())
+
+
+def partitioned_frozen(engine) -> list[tuple[object, object]]:
+    """(frozen group, slot) of every frozen parameter stage 3 partitioned (``engine.frozen_groups``)."""
+    return [(g, s) for g in engine.frozen_groups for s in g.layout.slots]
+
+
+def frozen_records(engine) -> list[dict]:
+    """What the manifest says of each partitioned frozen parameter besides its chunks."""
+    return [{"name": s.name, "aliases": list(s.aliases), "kind": "frozen", "shape": list(s.shape),
+             "dtype": dtype_name(s.dtype)} for _, s in partitioned_frozen(engine)]
+
+
+def extra_chunks(entry: dict) -> list[list]:
+    """An extra's chunks, [start, stop, file, byte offset] in its flattened elements: a whole one
+    (versions 1-2, and tensors kept whole) is a single chunk."""
+    if "chunks" in entry:
+        return entry["chunks"]
+    n = 1
+    for d in entry["shape"]:
+        n *= d
+    return [[0, n, entry["file"], entry["offset"]]]
 
 
 def model_differences(manifest: dict, engine) -> tuple[list[str], dict[str, str]]:
@@ -90,12 +117,14 @@ def model_differences(manifest: dict, engine) -> tuple[list[str], dict[str, str]
         if p["name"] not in used:
             diffs.append(f"checkpoint parameter '{p['name']}' {p['shape']} is not a trainable parameter of the model")
     saved_extra = {a: e for e in manifest["extras"] for a in e["aliases"]}
-    for names, kind, t in extra_tensors(engine):
+    wanted = [(names, kind, list(t.shape)) for names, kind, t in extra_tensors(engine)]
+    wanted += [(list(s.aliases), "frozen", list(s.shape)) for _, s in partitioned_frozen(engine)]
+    for names, kind, shape in wanted:
         e = next((saved_extra[n] for n in names if n in saved_extra), None)
         if e is None:
-            diffs.append(f"{kind} '{names[0]}' {list(t.shape)} is not in the checkpoint")
-        elif e["shape"] != list(t.shape):
-            diffs.append(f"{kind} '{names[0]}': shape {list(t.shape)} in the model, {e['shape']} in the checkpoint")
+            diffs.append(f"{kind} '{names[0]}' {shape} is not in the checkpoint")
+        elif e["shape"] != shape:
+            diffs.append(f"{kind} '{names[0]}': shape {shape} in the model, {e['shape']} in the checkpoint")
     return diffs, match
 
 

@@ -12,7 +12,7 @@ import torch
 
 from .blockio import HANDLES, IO_BYTES, RING, BlockFile, Fetch, aio_handles, read_into, stream
 from .layout import CheckpointError
-from .manifest import KINDS, dtype_of
+from .manifest import KINDS, dtype_of, extra_chunks
 
 _FP32 = 4
 
@@ -130,14 +130,46 @@ class CheckpointReader:
         self.read_param(name, start, stop, "master", out)
         return out
 
-    def add_extra(self, fetch: Fetch, entry: dict) -> None:
-        fetch.add(self._file(entry["file"]), entry["offset"], entry["nbytes"])
+    def extra_pieces(self, entry: dict, start: int, stop: int) -> list[tuple[int, int, str, int]]:
+        """Where elements [start, stop) of a frozen parameter or buffer (``entry`` of the manifest's
+        extras, whole or in chunks) are: (first element, elements, file, byte offset) pieces."""
+        size = dtype_of(entry["dtype"]).itemsize
+        out, pos = [], start
+        for a, b, file, off in sorted(extra_chunks(entry)):
+            if pos >= stop:
+                break
+            if b <= pos:
+                continue
+            if a > pos:
+                break
+            end = min(stop, b)
+            out.append((pos, end - pos, self._file(file), off + (pos - a) * size))
+            pos = end
+        if pos < stop:
+            raise CheckpointError(f"zerocore checkpoint: {self.path}: no saved chunk holds element {pos} of "
+                                  f"'{entry['name']}' ({entry['kind']}); the manifest is incomplete")
+        return out
 
-    @staticmethod
-    def extra_from(fetch: Fetch, entry: dict) -> torch.Tensor:
-        """A frozen parameter or buffer, whole, in its saved dtype (out of a run fetch)."""
-        t = fetch.tensor(entry["file"], entry["offset"], entry["nbytes"], dtype_of(entry["dtype"]))
-        return t.reshape(entry["shape"])
+    def add_extra(self, fetch: Fetch, entry: dict, start: int = 0, stop: int | None = None) -> None:
+        """Asks ``fetch`` for elements [start, stop) (all by default) of a frozen parameter or buffer."""
+        size = dtype_of(entry["dtype"]).itemsize
+        for _, n, file, off in self.extra_pieces(entry, start, _numel(entry["shape"]) if stop is None else stop):
+            fetch.add(file, off, n * size)
+
+    def extra_from(self, fetch: Fetch, entry: dict, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """A frozen parameter or buffer in its saved dtype (out of a run fetch): whole, in its shape,
+        or elements [start, stop) of it flattened."""
+        dtype = dtype_of(entry["dtype"])
+        whole = stop is None
+        stop = _numel(entry["shape"]) if whole else stop
+        pieces = self.extra_pieces(entry, start, stop)
+        if len(pieces) == 1:
+            t = fetch.tensor(pieces[0][2], pieces[0][3], (stop - start) * dtype.itemsize, dtype)
+        else:
+            t = torch.empty(stop - start, dtype=dtype)
+            for x, n, file, off in pieces:
+                t[x - start:x - start + n] = fetch.tensor(file, off, n * dtype.itemsize, dtype)
+        return t.reshape(entry["shape"]) if whole else t
 
     def read_extra(self, entry: dict) -> torch.Tensor:
         f = self.fetch()

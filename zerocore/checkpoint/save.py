@@ -3,8 +3,9 @@
 1. rank 0 removes debris of killed saves (``.tmp-*``) and creates ``.tmp-<tag>``; barrier.
 2. each rank streams its optimizer state, tile by tile through ``OptimizerShard.state_tiles``
    (so state resting on host or NVMe is never materialised whole), into ``rank<r>.bin``,
-   recording each parameter piece in the parameter's own coordinates and a CRC per block; rank 0
-   also writes frozen parameters, buffers and the client state. Host state that is resident (the
+   recording each parameter piece in the parameter's own coordinates and a CRC per block; each rank
+   writes its owned chunks of the frozen parameters stage 3 partitioned; rank 0 also writes the
+   frozen parameters kept whole, buffers and the client state. Host state that is resident (the
    tiles are views of it) goes to disk from where it is, read only by its CRC32C; other tensors
    (device state, NVMe tiles, small ones) are copied once into aligned I/O buffers, the CRC32C in
    the same pass. The writes go through ``zerocore.ops.AsyncIO`` (O_DIRECT, the config's ``aio``
@@ -44,7 +45,8 @@ from ..runtime.checkpoint_marks import check_state_whole
 from ..sharding import FlatGroup
 from .agreement import agree
 from . import engine_state
-from .manifest import FORMAT, KINDS, VERSION, dtype_name, extra_tensors, rng_state, trainable_records
+from .manifest import (FORMAT, KINDS, VERSION, dtype_name, extra_tensors, frozen_records, rng_state,
+                       trainable_records)
 
 TILE_ELEMS = 1 << 22  # 16 MiB of fp32 per state tensor per write
 _FP32 = 4
@@ -95,7 +97,11 @@ class SavePlan:
     writes_state: bool  # stage 0 / world 1: the state is replicated and only rank 0 writes it
     # (layout, flat lo, flat hi, state views, whether they keep their contents until the tiles end)
     tiles: Callable[[], Iterator[tuple[FlatGroup, int, int, dict[str, torch.Tensor], bool]]]
-    extras: list  # (names, kind, tensor): frozen parameters and buffers (rank 0)
+    extras: list  # (names, kind, tensor): frozen parameters kept whole and buffers (rank 0)
+    # stage 3's partitioned frozen parameters: (layout, flat lo, flat hi, this rank's owned chunk), and
+    # (rank 0) what the manifest says of each besides its chunks
+    frozen: list
+    frozen_records: list
     client_bytes: bytes | None
     meta: dict  # the manifest's fields that describe the engine
     rng: dict
@@ -128,8 +134,10 @@ def make_plan(engine, tag: str, client_state, comm, tiles, use_aio: bool = True,
         torch.save(client_state, buf)
         client = buf.getvalue()
     s = engine.scaler
+    frozen = [(g.layout, g.lo, g.hi, g.owned_params()) for g in engine.frozen_groups]
     meta = {
-        "format": FORMAT, "version": VERSION, "tag": tag, "world_size": engine.comm.world,
+        # version 3 only where it is needed (chunked extras): older zerocore reads the others
+        "format": FORMAT, "version": VERSION if frozen else 2, "tag": tag, "world_size": engine.comm.world,
         "stage": engine.policy.stage, "dtype": dtype_name(engine.dtype),
         "counters": {"micro_steps": engine.micro_steps, "global_steps": engine.global_steps,
                      "optimizer_steps": engine.optimizer_steps, "skipped_steps": engine.skipped_steps,
@@ -142,7 +150,8 @@ def make_plan(engine, tag: str, client_state, comm, tiles, use_aio: bool = True,
     }
     return SavePlan(comm=comm, tag=tag, writes_state=engine.policy.partitions(engine.comm.world) > 1
                     or engine.comm.rank == 0, tiles=tiles,
-                    extras=extra_tensors(engine) if engine.comm.rank == 0 else [], client_bytes=client, meta=meta,
+                    extras=extra_tensors(engine) if engine.comm.rank == 0 else [], frozen=frozen,
+                    frozen_records=frozen_records(engine) if engine.comm.rank == 0 else [], client_bytes=client, meta=meta,
                     rng=rng_state(), aio=dataclasses.asdict(engine.config.aio) if use_aio else None,
                     save_latest=save_latest)
 
@@ -151,7 +160,8 @@ def _write_rank(plan: SavePlan, tmp: str | None, sink=None) -> dict:
     """Writes this rank's file into ``tmp`` (or its bytes into ``sink``, an ImageSink, to be
     written later); returns its index (what the manifest needs from this rank)."""
     rank = plan.comm.rank
-    index = {"rank": rank, "rng": plan.rng, "chunks": [], "extras": [], "client_state": None, "file": None}
+    index = {"rank": rank, "rng": plan.rng, "chunks": [], "extras": [], "frozen": [], "client_state": None,
+             "file": None}
     if not plan.writes_state:
         return index
     name = rank_file(rank)
@@ -165,6 +175,11 @@ def _write_rank(plan: SavePlan, tmp: str | None, sink=None) -> dict:
             for slot, a, b in layout.pieces(lo, hi):
                 skip = (slot.offset + a - lo) * _FP32
                 index["chunks"].append([slot.name, a, b, name] + [o + skip for o in offs])
+        for layout, lo, hi, chunk in plan.frozen:  # this rank's chunks of partitioned frozen parameters
+            off = w.write(chunk, paged=True)
+            for slot, a, b in layout.pieces(lo, hi):
+                index["frozen"].append([slot.name, a, b, name, off + (slot.offset + a - lo) * chunk.element_size()])
+            _hook(rank, f"frozen group {layout.index}")
         for names, kind, t in plan.extras:
             off = w.write(t)
             index["extras"].append({"name": names[0], "aliases": names, "kind": kind, "shape": list(t.shape),
@@ -189,8 +204,13 @@ def _manifest(plan: SavePlan, indexes: list[dict]) -> dict:
             chunks.setdefault(c[0], []).append(c[1:])
         if ix["file"] is not None:
             files[ix["file"]] = ix["record"]
+    frozen: dict[str, list] = {}
+    for ix in indexes:
+        for c in ix.get("frozen", []):
+            frozen.setdefault(c[0], []).append(c[1:])
     rank0 = indexes[0]
-    return {**plan.meta, "chunks": chunks, "extras": rank0["extras"], "client_state": rank0["client_state"],
+    extras = rank0["extras"] + [{**rec, "chunks": sorted(frozen.get(rec["name"], []))} for rec in plan.frozen_records]
+    return {**plan.meta, "chunks": chunks, "extras": extras, "client_state": rank0["client_state"],
             "files": files, "rng": [ix["rng"] for ix in indexes]}
 
 

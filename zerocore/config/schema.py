@@ -164,7 +164,7 @@ class ZeroOptimizationConfig(_Section):
     stage3_prefetch_bucket_size: int = option(50_000_000, "Elements prefetched ahead of use (stage 3).", kind=int,
                                               ge=0, applies_if=_only_stage3, applies="stage 3")
     stage3_param_persistence_threshold: int = option(100_000, "Parameters this small are never partitioned "
-                                                     "(stage 3).", kind=int, ge=0,
+                                                     "(stage 3; frozen ones too).", kind=int, ge=0,
                                                      applies_if=_only_stage3, applies="stage 3")
     stage3_max_live_parameters: int = option(1_000_000_000, "Cap on gathered elements resident (stage 3).",
                                              kind=int, ge=0, applies_if=_only_stage3, applies="stage 3")
@@ -179,8 +179,9 @@ class ZeroOptimizationConfig(_Section):
                                        "fully_shard per block. Empty: chosen by size (stage3_unit_min_params).",
                                        kind=list, applies_if=_only_stage3, applies="stage 3")
     stage3_unit_min_params: int = option(100_000, "zerocore: with no stage3_unit_classes, a child module with at "
-                                         "least this many trainable elements becomes a unit (containers and "
-                                         "modules holding over half the model are split further).", kind=int,
+                                         "least this many elements to gather (trainable and frozen) becomes a "
+                                         "unit (containers and modules holding over half the model are split "
+                                         "further).", kind=int,
                                          ge=1, applies_if=_only_stage3, applies="stage 3")
     stage3_check_divergence: bool = option(True, "zerocore: before each stage-3 collective, check that every rank "
                                            "is about to issue the same one, and raise naming the unit and ranks "

@@ -112,6 +112,14 @@ class OffloadPlan:
         self.shards[g.index] = shard
         return shard
 
+    def place_frozen(self, g) -> None:
+        """A stage-3 group of frozen parameters (no optimizer shard): with parameter offload its
+        chunk rests in (pinned) host memory, copied to the device for each all-gather. Device
+        'nvme' keeps frozen chunks in host memory too (they are never written: nothing to swap
+        back), and they do not count against ``max_in_cpu``, which sizes the trainable shards."""
+        if self.params and g.partitioned:
+            g.offload_params(self.pin_par)
+
     # -- gradients ---------------------------------------------------------------------------
     def on_reduced(self, k: int) -> None:
         shard = self.shards.get(k)

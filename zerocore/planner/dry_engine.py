@@ -28,6 +28,7 @@ from ..offload.nvme.records import padded as nvme_padded
 from ..offload.nvme.records import record_bytes
 from ..offload.stepper import Ready
 from ..runtime.grad_norm import reduce_dtype
+from ..runtime.frozen_groups import frozen_specs, gatherer_units, whole_frozen
 from ..runtime.group_specs import engine_groups
 from ..runtime.memory import held_bytes
 from ..runtime.model_setup import named_params, training_dtype
@@ -147,6 +148,7 @@ class DryEngine:
     offload: OffloadPlan | None
     dtype: torch.dtype
     comm: PlanComm
+    frozen_groups: list = dataclasses.field(default_factory=list)  # stage 3's partitioned frozen parameters
 
     def held(self) -> dict[str, int]:
         return held_bytes(self, storage_key=lambda st: st._cdata)
@@ -173,6 +175,8 @@ class DryEngine:
         for g, s in zip(self.groups, self.shards):
             out += [t for t in g.tensors().values() if t is not None]
             out += [t for t in s.tensors().values() if t is not None]
+        for g in self.frozen_groups:
+            out += [t for t in g.tensors().values() if t is not None]
         return out
 
 
@@ -207,7 +211,8 @@ def fake_module(meta_module: nn.Module, device: torch.device) -> nn.Module:
 
 def build_states(specs, config: ZeroConfig, rank: int, device: torch.device):
     """Each spec's ShardedGroup and optimizer shard (with its offload placement), as
-    ``Engine._add_group`` makes them: (groups, shards, units, offload plan or None)."""
+    ``Engine._add_group`` makes them, and each frozen spec's group as ``build_frozen_group`` does:
+    (groups, shards, the gatherer's units, offload plan or None, frozen groups)."""
     z = config.zero_optimization
     dtype = training_dtype(config)
     nvme = z.offload_optimizer.device == "nvme"
@@ -216,6 +221,7 @@ def build_states(specs, config: ZeroConfig, rank: int, device: torch.device):
         offload.nvme = PlannedNvme(config)
     groups, shards, units = [], [], []
     tile = z.sub_group_size if z.stage == 3 else None
+    specs, cold = frozen_specs(specs)
     for spec in specs:
         init = torch.empty(spec.layout.padded, dtype=torch.float32, device=device)
         flat = init if dtype == torch.float32 else torch.empty(spec.layout.padded, dtype=dtype, device=device)
@@ -227,7 +233,16 @@ def build_states(specs, config: ZeroConfig, rank: int, device: torch.device):
         groups.append(g)
         if spec.unit is not None:
             units.append((spec.unit[0], spec.unit[1], g))
-    return groups, shards, units, offload
+    frozen = []
+    for spec in cold:
+        flat = torch.empty(spec.layout.padded, dtype=dtype, device=device)
+        g = ShardedGroup(spec.layout, spec.params, spec.policy, rank, device, param_flat=flat)
+        if offload is not None:
+            offload.place_frozen(g)
+        g.bind_params()
+        g.free_full()
+        frozen.append(g)
+    return groups, shards, gatherer_units(units, list(zip(cold, frozen))), offload, frozen
 
 
 def build(module: nn.Module, config: ZeroConfig, world: int, rank: int, device: torch.device,
@@ -241,9 +256,9 @@ def build(module: nn.Module, config: ZeroConfig, world: int, rank: int, device: 
     trainable, frozen = named_params(module)
     if not trainable:
         raise ValueError("zerocore estimate: the model has no trainable parameters")
-    specs = engine_groups(module, trainable, z, world, dtype, policy)
-    groups, shards, units, offload = build_states(specs, config, rank, device)
-    for _, p in frozen:  # convert_rest: frozen parameters and floating buffers in the training dtype
+    specs = engine_groups(module, trainable, z, world, dtype, policy, frozen=frozen)
+    groups, shards, units, offload, frozen_groups = build_states(specs, config, rank, device)
+    for _, p in whole_frozen(frozen, frozen_groups):  # convert_rest: whole frozen parameters, floating buffers
         if p.is_floating_point() and p.dtype != dtype:
             p.data = torch.empty(p.shape, dtype=dtype, device=device)
     for mod in module.modules():
@@ -262,4 +277,4 @@ def build(module: nn.Module, config: ZeroConfig, world: int, rank: int, device: 
                           reduce_dtype=reduce_dtype(z.reduce_dtype, dtype), unit_signals=gatherer is not None)
     if gatherer is not None:
         gatherer.on_unit_done = reducer.group_done
-    return DryEngine(module, config, groups, shards, reducer, gatherer, offload, dtype, comm)
+    return DryEngine(module, config, groups, shards, reducer, gatherer, offload, dtype, comm, frozen_groups)

@@ -30,11 +30,22 @@ def with_prediction(engine, held: dict, micro_batch=None, seq_len=None, meta_mod
 
 def predicted_states(engine) -> dict[str, int]:
     """Model-state bytes by role (``held_bytes``' roles) the planner predicts for this rank."""
+    grouped = {id(p) for g in engine.groups + engine.frozen_groups for p in g.params}
     with fake_ops.fake_aware_kernels(), FakeTensorMode():
-        specs = [GroupSpec(g.layout, [nn.Parameter(torch.empty(s.shape, dtype=g.layout.dtype, device=engine.device))
-                                      for s in g.layout.slots], g.policy, None) for g in engine.groups]
-        groups, shards, _, _ = dry_engine.build_states(specs, engine.config, engine.comm.rank, engine.device)
-        view = SimpleNamespace(groups=groups, shards=shards, reducer=SimpleNamespace(bucket_tensors=list))
+        def fake(g):
+            return [nn.Parameter(torch.empty(s.shape, dtype=g.layout.dtype, device=engine.device),
+                                 requires_grad=g.policy.trains) for s in g.layout.slots]
+
+        specs = [GroupSpec(g.layout, fake(g), g.policy, None) for g in engine.groups]
+        specs += [GroupSpec(g.layout, fake(g), g.policy, None, frozen=True) for g in engine.frozen_groups]
+        groups, shards, _, _, frozen = dry_engine.build_states(specs, engine.config, engine.comm.rank, engine.device)
+        # parameters kept whole (frozen ones below stage 3, persistent or non-floating ones at stage 3):
+        # their own tensors, in the dtype convert_rest gave them
+        whole = [nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=p.device), requires_grad=False)
+                 for p in engine.module.parameters() if id(p) not in grouped]
+        view = SimpleNamespace(groups=groups, shards=shards, frozen_groups=frozen,
+                               module=SimpleNamespace(parameters=lambda: whole),
+                               reducer=SimpleNamespace(bucket_tensors=list))
         return held_bytes(view, storage_key=lambda st: st._cdata)
 
 

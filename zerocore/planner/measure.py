@@ -33,6 +33,8 @@ def _engine_tensors(engine) -> list:
     for g, shard in zip(engine.groups, engine.shards):
         out += [t for t in g.tensors().values() if t is not None]
         out += [t for t in shard.tensors().values() if t is not None]
+    for g in engine.frozen_groups:  # stage 3's partitioned frozen parameters (gathered per unit)
+        out += [t for t in g.tensors().values() if t is not None]
     return out + list(engine.reducer.bucket_tensors())
 
 
@@ -42,9 +44,9 @@ def dispatch_peak(engine, run_forward) -> int:
     the engine's held tensors and their in-place resizes."""
     import warnings
 
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from .trace import FrozenSafeMemTracker
 
-    mt = MemTracker()
+    mt = FrozenSafeMemTracker()
     mt.track_external(*_engine_tensors(engine))
     with mt, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper-subclass")

@@ -33,7 +33,20 @@ class StepMemory:
     comm_scratch: int = 0  # gloo: the largest all-gather scratch (not in the peak; see PlanComm)
 
 
-class _PeakTracker(MemTracker):
+class FrozenSafeMemTracker(MemTracker):
+    """MemTracker for models with frozen parameters. Its module pre-hook registers a gradient hook
+    on every parameter of the module (to label gradients), which torch refuses on one that does not
+    require a gradient: estimating a LoRA model raised 'cannot register a hook on a tensor that
+    doesn't require gradient'. Such modules get no gradient hooks: their gradients' bytes are
+    still counted as the storages they are (only the label is lost; the planner's breakdown comes
+    from the dry engine anyway)."""
+
+    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+        install = install_grad_hooks and all(p.requires_grad for p in module.parameters())
+        return super()._track_module_params_and_buffers(module, install_grad_hooks=install)
+
+
+class _PeakTracker(FrozenSafeMemTracker):
     """MemTracker that hands the live total to ``on_op`` after every op that changed it."""
 
     def __init__(self, on_op):

@@ -30,6 +30,7 @@ from .model_setup import convert_rest, named_params, training_dtype
 from .gathered import register_engine
 from .partition_init import check_unchanged, initial_value
 from .group_specs import GroupSpec, engine_groups, hyper_pieces
+from .frozen_groups import build_frozen_group, frozen_specs, gatherer_units, whole_frozen
 from .client_optimizer import check_torch_optimizer, classify as classify_optimizer
 from .optimizer_face import ZeroOptimizer
 from .torch_shard_step import TorchBatch, TorchShardStep
@@ -49,6 +50,7 @@ from .deepspeed_methods import DeepSpeedMethods
 from .throughput import ThroughputTimer
 from . import ds_param_attrs
 from .module_face import ModuleFace
+from . import provided
 
 
 class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
@@ -99,23 +101,29 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         self.shards: list[OptimizerShard] = []
         self.gatherer: ParamGatherer | None = None
         units = []
-        for spec in self._group_specs(module, trainable, z, hyper.index):
+        specs, cold = frozen_specs(self._group_specs(module, trainable, z, hyper.index, frozen))
+        for spec in specs:
             g = self._add_group(spec.layout, spec.params, spec.policy)
             self.shards[-1].pieces = hyper_pieces(spec, g.lo, g.hi)
             if spec.unit is not None:
                 units.append((spec.unit[0], spec.unit[1], g))
-        convert_rest(module, frozen + hyper.ungrouped, self.dtype, comm)
+        # stage 3: frozen parameters partitioned per unit (frozen_groups.py); the others stay whole
+        self.frozen_groups = [build_frozen_group(s, comm, self.device, self.offload) for s in cold]
+        convert_rest(module, whole_frozen(frozen, self.frozen_groups) + hyper.ungrouped, self.dtype, comm)
         # which group and slot hold each parameter (zerocore.gathered finds them here)
-        self.param_index = {id(p): (g.index, i) for g in self.groups for i, p in enumerate(g.params)}
+        self.param_index = {id(p): (g.index, i) for g in self.groups + self.frozen_groups
+                            for i, p in enumerate(g.params)}
         register_engine(self)
         # Stage 3: every collective is checked first against the other ranks' (divergence).
         self._labels = GroupLabels()  # filled below, once the units exist: plain strings, no engine reference
         self.guard = DivergenceGuard(comm, self._labels, enabled=z.stage == 3 and z.stage3_check_divergence,
                                      timeout_s=z.stage3_divergence_timeout)
         if z.stage == 3:
-            self.gatherer = ParamGatherer(module, units, comm, self.guard, Limits(
+            self.gatherer = ParamGatherer(module, gatherer_units(units, list(zip(cold, self.frozen_groups))),
+                                          comm, self.guard, Limits(
                 prefetch_elems=z.stage3_prefetch_bucket_size, max_live=z.stage3_max_live_parameters,
                 max_reuse=z.stage3_max_reuse_distance))
+            provided.call("adopt_model", self)  # client libraries' rules for sharded models (Transformers' generate)
         # peers signal each other through weak calls: the engine owns all three
         self.reducer = GradReducer(self.groups, comm, overlap=z.overlap, reduce_scatter=z.reduce_scatter,
                                    device=self.device, guard=self.guard if self.guard.enabled else None,
@@ -153,8 +161,8 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
             ds_param_attrs.attach(self)  # DeepSpeed's ds_* attributes, which third-party code reads
         engine_started(self)  # the process groups zerocore created live while an engine does
 
-    def _group_specs(self, module, trainable, z, hyper: dict[int, int]) -> list[GroupSpec]:
-        return engine_groups(module, trainable, z, self.comm.world, self.dtype, self.policy, hyper)
+    def _group_specs(self, module, trainable, z, hyper: dict[int, int], frozen=()) -> list[GroupSpec]:
+        return engine_groups(module, trainable, z, self.comm.world, self.dtype, self.policy, hyper, frozen)
 
     def _add_group(self, layout, params, policy) -> ShardedGroup:
         # The initial values, in fp32, broadcast from rank 0 so every rank starts identical;
@@ -487,7 +495,7 @@ class GroupLabels:
         self.names: dict[int, str] = {}
 
     def fill(self, groups, gatherer) -> None:
-        for g in groups:
+        for g in groups:  # frozen groups are named by their unit below
             self.names[g.index] = f"group {g.index} (persistent parameters '{g.layout.slots[0].name}'...)"
         if gatherer is not None:
             for index, unit in gatherer.by_group.items():

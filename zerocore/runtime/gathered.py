@@ -32,6 +32,7 @@ from ..comm import default_comm
 from ..comm.divergence import Op
 from ..sharding import ParamState
 from .checkpoint_marks import mark_written
+from .frozen_groups import group_at, shard_at
 from .partition_init import InitShard, cut_chunk, gather_full
 
 # engines alive in this process, to find which one owns a parameter
@@ -73,6 +74,7 @@ def gathered(params, modifier_rank: int | None = None):
         else:
             gi, si = hit
             engine_groups.setdefault((id(engine), gi), (engine, gi, []))[2].append(si)
+    engine_groups = _with_unit_siblings(engine_groups)
     comm = next(iter(e for e, _, _ in engine_groups.values()), None)
     comm = comm.comm if comm is not None else default_comm()
     if modifier_rank is not None and not 0 <= modifier_rank < comm.world:
@@ -83,7 +85,7 @@ def gathered(params, modifier_rank: int | None = None):
     saved: list[tuple[nn.Parameter, torch.Tensor, int]] = []  # whole already: restored on exit if changed
     try:
         for engine, gi, slots in engine_groups.values():
-            g = engine.groups[gi]
+            g = group_at(engine, gi)  # a trainable group, or a unit's frozen parameters (stage 3)
             state = g.param_state.value
             if g.partitioned and state is ParamState.SHARDED:
                 engine.guard.check(Op.CONTEXT, gi, 0)
@@ -119,6 +121,8 @@ def gathered(params, modifier_rank: int | None = None):
                     "an exception inside the block (its error says which); the edits were discarded on every rank")
             with torch.no_grad():
                 for engine, gi, slots in engine_groups.values():
+                    if not slots:  # a sibling gathered along (see _with_unit_siblings): nothing of it was named
+                        continue
                     _write_back(engine, gi, slots, modifier_rank)
                     mark_written(engine)  # a failed load may no longer overwrite its state in place
                 for p in loose:
@@ -140,6 +144,19 @@ def gathered(params, modifier_rank: int | None = None):
                 g.free_full_keeping_aliases()  # what the user took from the parameters stays valid
 
 
+def _with_unit_siblings(engine_groups: dict) -> dict:
+    """The groups to gather, with the other group of each stage-3 unit that has two (its trainable and
+    its frozen parameters are gathered together), right after it: a forward run inside the context
+    finds the unit whole, never half gathered. Same order on every rank (the order of ``params``)."""
+    out = {}
+    for key, (engine, gi, slots) in engine_groups.items():
+        out.setdefault(key, (engine, gi, slots))
+        unit = engine.gatherer.by_group.get(gi) if engine.gatherer is not None else None
+        for g in unit.groups() if unit is not None else ():
+            out.setdefault((key[0], g.index), engine_groups.get((key[0], g.index), (engine, g.index, [])))
+    return out
+
+
 def _ranks_that_raised(comm, raised: bool) -> list[int]:
     """Every rank learns which ranks left the block by an exception, in one small collective, so
     no rank waits in the write-back's broadcast for a rank that will never come."""
@@ -148,8 +165,9 @@ def _ranks_that_raised(comm, raised: bool) -> list[int]:
 
 
 def _write_back(engine, gi: int, slots: list[int], src: int) -> None:
-    """The modifier's values of group ``gi`` to every rank, and into this rank's shards."""
-    g, shard = engine.groups[gi], engine.shards[gi]
+    """The modifier's values of group ``gi`` to every rank, and into this rank's shards (a frozen
+    group has only its owned chunk: no fp32 master)."""
+    g, shard = group_at(engine, gi), shard_at(engine, gi)
     engine.comm.broadcast(g.param_flat, src=src)
     for si in slots:
         s = g.layout.slots[si]
@@ -158,5 +176,5 @@ def _write_back(engine, gi: int, slots: list[int], src: int) -> None:
             continue
         if g.partitioned:
             g.owned_params()[a - g.lo:b - g.lo] = g.param_flat[a:b]  # (offload: made resident first)
-        if shard.master.data_ptr() != g.owned_params().data_ptr():  # a separate fp32 master
+        if shard is not None and shard.master.data_ptr() != g.owned_params().data_ptr():  # a separate fp32 master
             shard.load_master(a - g.lo, b - g.lo, g.param_flat[a:b].float())

@@ -10,6 +10,10 @@ fourth grouping key: size groups never mix them (each hyper group is bucketed on
 buckets are ordered by when backward completes them), and inside a stage-3 unit the parameters
 are laid out hyper group by hyper group, so an owned range splits into at most one contiguous
 piece per hyper group (``hyper_pieces``), each stepped with its own hyper-parameters.
+
+Stage 3 also partitions frozen parameters: after every trainable group comes one group per unit
+holding that unit's frozen parameters (``GroupSpec.frozen``; ``frozen_policy``: no gradients, no
+optimizer state), gathered and freed with the unit's trainable group.
 """
 from __future__ import annotations
 
@@ -19,8 +23,8 @@ import torch
 from torch import nn
 
 from ..config import ZeroOptimizationConfig
-from ..sharding import FlatGroup, StagePolicy, build_groups, policy_for
-from ..sharding.units import Named, logical_numel, plan_units
+from ..sharding import FlatGroup, StagePolicy, build_groups, frozen_policy, policy_for
+from ..sharding.units import Named, logical_numel, partitioned_frozen, plan_units
 
 
 @dataclasses.dataclass
@@ -30,6 +34,7 @@ class GroupSpec:
     policy: StagePolicy
     unit: tuple[str, nn.Module] | None  # (module path, module) for a unit's group
     hyper: list[int] = dataclasses.field(default_factory=list)  # each slot's hyper-parameter group
+    frozen: bool = False  # a unit's frozen parameters (stage 3): gathered with the unit, never trained
 
 
 def _no_groups(named) -> dict[int, int]:
@@ -37,26 +42,33 @@ def _no_groups(named) -> dict[int, int]:
 
 
 def engine_groups(module: nn.Module, trainable: list[Named], z: ZeroOptimizationConfig, world: int,
-                  dtype: torch.dtype, policy: StagePolicy, hyper: dict[int, int] | None = None) -> list[GroupSpec]:
+                  dtype: torch.dtype, policy: StagePolicy, hyper: dict[int, int] | None = None,
+                  frozen: list[Named] = ()) -> list[GroupSpec]:
     """The engine's flat groups for ``z.stage`` (the memory planner builds the same ones);
-    ``hyper`` maps id(parameter) -> hyper-parameter group (one group when None)."""
+    ``hyper`` maps id(parameter) -> hyper-parameter group (one group when None). ``frozen``: the
+    parameters not trained; stage 3 partitions them in groups of their own (``spec.frozen``, after
+    every trainable group), below stage 3 they stay whole and get no group."""
     if z.stage == 3:
-        return stage3_groups(module, trainable, z, world, dtype, hyper)
+        return stage3_groups(module, trainable, z, world, dtype, hyper, frozen)
     # Groups in reverse registration order: close to the order backward produces gradients,
     # so buckets fill (and launch) one after another.
     return size_groups(list(reversed(trainable)), z.reduce_bucket_size, world, dtype, policy, hyper=hyper)
 
 
 def stage3_groups(module: nn.Module, trainable: list[Named], z: ZeroOptimizationConfig, world: int,
-                  dtype: torch.dtype, hyper: dict[int, int] | None = None) -> list[GroupSpec]:
+                  dtype: torch.dtype, hyper: dict[int, int] | None = None, frozen: list[Named] = ()) -> list[GroupSpec]:
     hyper = hyper if hyper is not None else _no_groups(trainable)
-    units, persistent = plan_units(module, trainable, classes=z.stage3_unit_classes,
-                                   min_params=z.stage3_unit_min_params,
+    units, persistent = plan_units(module, trainable,
+                                   frozen=partitioned_frozen(frozen, z.stage3_param_persistence_threshold),
+                                   classes=z.stage3_unit_classes, min_params=z.stage3_unit_min_params,
                                    persistence_threshold=z.stage3_param_persistence_threshold)
-    rank_of = {id(p): i for i, (_, p) in enumerate(trainable)}
-    units.sort(key=lambda u: -rank_of[id(u.params[0][1])])
+    # registration order of every parameter: units by their first one (trainable or frozen)
+    rank_of = {id(p): i for i, (_, p) in enumerate(named_in_order(module))}
+    units.sort(key=lambda u: -min(rank_of[id(p)] for _, p in u.params + u.frozen))
     specs: list[GroupSpec] = []
     for u in units:
+        if not u.params:
+            continue
         named = sorted(u.params, key=lambda np_: hyper[id(np_[1])])  # stable: registration order per hyper group
         (layout,) = build_groups(named, bucket_elems=2**62, world=world, dtype=dtype, first_index=len(specs))
         specs.append(GroupSpec(layout, [p for _, p in named], policy_for(3), (u.name, u.module),
@@ -64,7 +76,18 @@ def stage3_groups(module: nn.Module, trainable: list[Named], z: ZeroOptimization
     if persistent:
         specs += size_groups(list(reversed(persistent)), z.reduce_bucket_size, world, dtype, policy_for(2),
                              first_index=len(specs), hyper=hyper)
+    # frozen groups last: the trainable groups' indices are the positions the reducer and optimizer use
+    for u in units:
+        if u.frozen:
+            (layout,) = build_groups(u.frozen, bucket_elems=2**62, world=world, dtype=dtype, first_index=len(specs))
+            specs.append(GroupSpec(layout, [p for _, p in u.frozen], frozen_policy(), (u.name, u.module),
+                                   frozen=True))
     return specs
+
+
+def named_in_order(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Every distinct parameter of ``module`` in registration order."""
+    return list(module.named_parameters())
 
 
 def _buckets(named: list[Named], bucket_elems: int) -> list[list[Named]]:

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from . import provided
 
-ROLES = ("params", "gathered", "staged", "grads", "master", "exp_avg", "exp_avg_sq", "buckets")
-# "gathered": stage 3's full parameter buffers while gathered (zero bytes between steps);
-# "staged": the device copy of a host-resident parameter shard while its all-gather runs
-HOST_ROLES = ("host_params", "host_grads", "host_master", "host_exp_avg", "host_exp_avg_sq", "host_staging",
-              "host_swap")  # host_swap: NVMe offload's pinned swap buffers (the optimizer state in host RAM)
+ROLES = ("params", "frozen", "gathered", "staged", "grads", "master", "exp_avg", "exp_avg_sq", "buckets")
+# "frozen": parameters held but not trained (frozen ones: stage 3's owned chunks of them, whole
+# ones elsewhere); "gathered": stage 3's full parameter buffers while gathered (zero bytes between
+# steps); "staged": the device copy of a host-resident parameter shard while its all-gather runs
+HOST_ROLES = ("host_params", "host_frozen", "host_grads", "host_master", "host_exp_avg", "host_exp_avg_sq",
+              "host_staging", "host_swap")  # host_swap: NVMe offload's pinned swap buffers (the optimizer state)
 # Host memory of CPU offload (zerocore.offload). "total" sums the training device's roles,
 # "host_total" the host's; on a CPU-only machine both are the same RAM, the split says where
 # the engine put each byte.
 
 
 def held_bytes(engine, storage_key=None) -> dict[str, int]:
-    """``engine``: anything with ``groups``, ``shards`` and ``reducer`` as the engine has them;
-    ``storage_key``: what identifies a storage (its address; the planner's fake tensors have none)."""
+    """``engine``: anything with ``groups``, ``shards`` and ``reducer`` as the engine has them (and
+    ``frozen_groups``, ``module`` where it has those); ``storage_key``: what identifies a storage
+    (its address; the planner's fake tensors have none)."""
     seen: set[int] = set()
     out = dict.fromkeys(ROLES + HOST_ROLES, 0)
     key_of = storage_key or (lambda st: st.data_ptr())
@@ -36,6 +38,16 @@ def held_bytes(engine, storage_key=None) -> dict[str, int]:
             count(role, t)
         for role, t in shard.tensors().items():
             count(role, t)
+    for g in getattr(engine, "frozen_groups", ()):  # stage 3's partitioned frozen parameters
+        for role, t in g.tensors().items():
+            count(role, t)
+    module = getattr(engine, "module", None)
+    if module is not None:  # parameters no group holds (frozen ones kept whole): their own tensors
+        grouped = {id(p) for g in engine.groups for p in g.params}
+        device = engine.groups[0].param_flat.device if engine.groups else None
+        for p in module.parameters():
+            if id(p) not in grouped:
+                count("host_frozen" if device is not None and p.device != device else "frozen", p)
     for b in engine.reducer.bucket_tensors():
         count("buckets", b)
     out["total"] = sum(out[r] for r in ROLES)

@@ -38,9 +38,11 @@ def named_params(module: torch.nn.Module) -> tuple[list[tuple[tuple[str, ...], t
 
 
 def convert_rest(module: torch.nn.Module, frozen, dtype: torch.dtype, comm: Comm) -> None:
-    """Frozen parameters and floating buffers to ``dtype``, synced from rank 0 (as DDP does)."""
+    """Frozen parameters kept whole (every frozen one below stage 3; at stage 3 the persistent and
+    non-floating ones: ``frozen_groups.py`` partitions the others) and floating buffers to
+    ``dtype``, synced from rank 0 (as DDP does)."""
     for _, p in frozen:
-        if hasattr(p, "_zc_init"):  # partitioned by zerocore.init: frozen ones stay whole
+        if hasattr(p, "_zc_init"):  # partitioned by zerocore.init: made whole again
             p.data = gather_full(p, comm).clone()
             del p._zc_init
         if p.is_floating_point() and p.dtype != dtype:

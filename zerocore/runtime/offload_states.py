@@ -9,7 +9,8 @@ What moves, by DeepSpeed's ``OffloadStateTypeEnum`` names (``include``; all by d
   owned slice, so it moves with them);
 - ``lp_params``: the training-dtype parameters: stage 0-2's flat buffers (the model's parameters are
   views of them), stage 3's owned chunks and persistent parameters, and the parameters the engine
-  does not train (frozen ones, kept whole): DeepSpeed's stage 3 moves those too;
+  does not train (frozen ones: stage 3's owned chunks of them, whole ones elsewhere): DeepSpeed's
+  stage 3 moves those too;
 - ``lp_grads``: the gradient buffers (stages 0/1: the full buffer ``.grad`` are views of; 2/3: the
   owned reduced slice);
 - ``contiguous_grad_buffer``: the reduction buckets. zerocore holds none between steps (they are
@@ -123,6 +124,8 @@ def _candidates(engine, types: set[OffloadStateType]) -> tuple[list[torch.Tensor
         held = g.tensors()
         add(held.get("params"), OffloadStateType.lp_params)
         add(held.get("grads"), OffloadStateType.lp_grads)
+    for g in engine.frozen_groups:  # stage 3: the owned chunks of frozen parameters
+        add(g.tensors().get("frozen"), OffloadStateType.lp_params)
     for shard in engine.shards:
         for role, t in shard.tensors().items():
             if role in _SHARD_ROLES:  # host_* roles rest in host memory by the config: they stay
@@ -135,7 +138,7 @@ def _candidates(engine, types: set[OffloadStateType]) -> tuple[list[torch.Tensor
     params = [p for g in engine.groups if not g.partitioned for p in g.params]
     if OffloadStateType.lp_params in types:
         # parameters the engine does not train (frozen, or in no hyper-parameter group): whole, their own tensors
-        grouped = {id(p) for g in engine.groups for p in g.params}
+        grouped = {id(p) for g in engine.groups + engine.frozen_groups for p in g.params}
         for p in engine.module.parameters():
             if id(p) not in grouped and p.device == device and p.untyped_storage().nbytes():
                 tensors.append(p.data)

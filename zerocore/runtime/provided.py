@@ -1,8 +1,9 @@
 """What the engine's methods run in the floors above the runtime, handed in from above.
 
 ``engine.save_checkpoint`` / ``load_checkpoint`` run the checkpoint package (``rank_file``: its
-name of a rank's file) and
-``engine.memory_report(predicted=True)`` the planner. Both packages read or build engines from
+name of a rank's file), ``engine.memory_report(predicted=True)`` the planner, and a stage-3 engine's
+construction the client libraries' adjustments to the model it holds (``adopt_model``: Transformers'
+generate). Both packages read or build engines from
 runtime pieces, so the runtime importing them would close an import circle (and the planner's
 imports cost about a second: sympy, dynamo). Instead the package's top, ``zerocore/_wiring.py``
 (imported by ``zerocore/__init__.py``, which runs before any ``zerocore.*`` module can be used),
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-NAMES = ("save_checkpoint", "save_async", "load_checkpoint", "rank_file", "predict_memory")
+NAMES = ("save_checkpoint", "save_async", "load_checkpoint", "rank_file", "predict_memory", "adopt_model")
 _PROVIDED: dict[str, Callable] = {}
 
 

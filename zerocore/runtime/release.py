@@ -5,6 +5,8 @@ its full current value in the training dtype, taken from the flat buffers (gathe
 stage 3, where each rank holds a chunk: a collective, as construction was). The fp32 master and
 the optimizer moments are released; save them with the checkpoint methods first if needed.
 
+Frozen parameters that stage 3 partitioned are given back whole the same way.
+
 Leaving a ``with`` block on an exception releases without collectives (the other ranks may not
 be there): stage-3 parameters that only exist as chunks then stay empty, and are marked so that
 ``zerocore.initialize`` refuses them by name instead of building 0-element groups.
@@ -17,7 +19,7 @@ from ..sharding.group import LOST_VALUES
 from . import ds_param_attrs
 from .gathered import unregister_engine
 from .misuse import give_back_module_zero_grad
-from .weights import _full_flat as full_flat
+from .weights import _full_flat as full_flat, frozen_flat
 
 
 LOST = LOST_VALUES  # set on a parameter whose values were dropped with its engine (sharding/group.py)
@@ -41,12 +43,14 @@ def release(engine, collective: bool = True) -> None:
         engine.gatherer.free_all()
     full = [full_flat(engine, g, shard, engine.dtype) if collective or not g.partitioned else None
             for g, shard in zip(engine.groups, engine.shards)]
+    frozen = engine.frozen_groups  # stage 3's partitioned frozen parameters
+    full += [frozen_flat(engine, g) if collective else None for g in frozen]
     engine.reducer.remove_hooks()
     ds_param_attrs.detach(engine.module.parameters())  # stage 3: their own classes back
     if engine.gatherer is not None:
         engine.gatherer.remove_hooks()
         _unswap_classes(engine.module)
-    for g, flat in zip(engine.groups, full):
+    for g, flat in zip(engine.groups + frozen, full):
         for p, s in zip(g.params, g.layout.slots):
             if flat is None:
                 setattr(p, LOST, True)
@@ -57,7 +61,7 @@ def release(engine, collective: bool = True) -> None:
     give_back_module_zero_grad(engine.module)
     unregister_engine(engine)
     engine.param_index = {}
-    engine.groups, engine.shards = [], []
+    engine.groups, engine.shards, engine.frozen_groups = [], [], []
 
 
 def _unswap_classes(module: torch.nn.Module) -> None:

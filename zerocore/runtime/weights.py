@@ -19,6 +19,10 @@ def full_state_dict(engine, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         flat = _full_flat(engine, g, shard, dtype)
         for p, s in zip(g.params, g.layout.slots):
             full[id(p)] = flat[s.offset:s.end].view(s.shape).to("cpu", copy=True)
+    for g in engine.frozen_groups:  # stage 3's partitioned frozen parameters, in the training dtype
+        flat = frozen_flat(engine, g)
+        for p, s in zip(g.params, g.layout.slots):
+            full[id(p)] = flat[s.offset:s.end].view(s.shape).to("cpu", dtype, copy=True)
     out = {}
     for name, t in engine.module.state_dict(keep_vars=True).items():
         if id(t) in full:
@@ -43,6 +47,15 @@ def _full_flat(engine, g, shard, dtype: torch.dtype) -> torch.Tensor:
     flat = torch.empty(g.layout.padded, dtype=mine.dtype, device=mine.device)
     comm.all_gather_into(flat, mine.contiguous())
     return flat.to(dtype)
+
+
+def frozen_flat(engine, g) -> torch.Tensor:
+    """A frozen group's whole flat buffer (training dtype, on the training device), gathered from
+    every rank's chunk (a collective), whatever state the group is in."""
+    engine.guard.check(Op.CONTEXT, g.index, 0)
+    flat = torch.empty(g.layout.padded, dtype=g.layout.dtype, device=g.param_flat.device)
+    engine.comm.all_gather_into(flat, g.owned_params().to(flat.device))  # a host-resident chunk: to the device first
+    return flat
 
 
 def save_16bit_model(engine, save_dir: str, save_filename: str = "pytorch_model.bin") -> bool:

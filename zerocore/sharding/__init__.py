@@ -10,10 +10,10 @@ optimizer.py OptimizerShard: fp32 master, m, v of the owned range; the fused Ada
 """
 from .group import ShardedGroup
 from .optimizer import AdamHyper, OptimizerShard
-from .policy import StagePolicy, policy_for
+from .policy import StagePolicy, frozen_policy, policy_for
 from .records import ALIGN_ELEMS, FlatGroup, ParamSlot, build_groups, padded_size
 from .reducer import GradReducer
 from .state import GradState, ParamState, StateError
 
-__all__ = ["ShardedGroup", "OptimizerShard", "AdamHyper", "StagePolicy", "policy_for", "FlatGroup", "ParamSlot",
+__all__ = ["ShardedGroup", "OptimizerShard", "AdamHyper", "StagePolicy", "policy_for", "frozen_policy", "FlatGroup", "ParamSlot",
            "build_groups", "padded_size", "ALIGN_ELEMS", "GradReducer", "GradState", "ParamState", "StateError"]

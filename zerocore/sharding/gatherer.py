@@ -30,6 +30,18 @@ the module tree): modules owning partitioned parameters get a ``__getattr__`` (`
 that gathers the owning unit on first access during forward or backward, frees it with the
 module that used it, and re-gathers it before that module's backward. The pass recording and
 the prefetch window are in ``passes.py``.
+
+A forward entered below the root: PEFT's ``PeftModel.generate`` calls the wrapped model's forward,
+not the root's, so the root unit (whatever no smaller unit took: a LoRA model's frozen embeddings,
+say) would never be gathered. The wrappers between the root and the first units (``entry_modules``)
+get the root unit's hooks too, which act only when no forward is under way: the pass is framed and
+the root unit gathered exactly as if the root's own forward had been called.
+
+Frozen parameters: a unit's frozen parameters are a group of their own (no gradients, no optimizer
+state), gathered and freed together with the unit's trainable group (``Unit.extra``: its all-gather
+is issued right before the trainable one's, so each rank issues both in the same order). A unit
+with only frozen parameters gathers that group (``Unit.group``; ``Unit.trains`` False): its
+post-backward signal frees it, and the reducer is told nothing (it has no gradients).
 """
 from __future__ import annotations
 
@@ -53,6 +65,7 @@ from .passes import Pass
 from .post_backward import PostBackward
 from .reducer import OUTSIDE_BACKWARD
 from .state import ParamState, Tracked, param_state
+from .units import entry_modules
 
 
 class Running(enum.Enum):
@@ -69,19 +82,29 @@ class Unit:
     name: str  # module path ("" = the root)
     module: nn.Module
     group: ShardedGroup | None  # None: the root when all its parameters are in other units
+    # the unit's frozen parameters when it also has trainable ones (else they are ``group``)
+    extra: ShardedGroup | None = None
     handle: object = None  # the in-flight all-gather
+    extra_handle: object = None  # ``extra``'s in-flight all-gather
     # positions of the units whose params this unit's forward read (positions, not Units: two units
     # reading each other's parameters would otherwise reference each other, a cycle)
     extern: set = dataclasses.field(default_factory=set)
     pending: int = 0  # post-backward Functions applied in forward whose backward has not run yet
 
     # Plain attributes, not properties: the hooks read them several times per unit per pass.
-    padded: int = 0  # elements of the full (padded) buffer a gather brings in; 0 for an empty root
+    padded: int = 0  # elements of the full (padded) buffers a gather brings in; 0 for an empty root
     tracked: Tracked = None  # the group's parameter state (an always-GATHERED one for an empty root)
+    trains: bool = False  # ``group`` has gradients (the reducer is told when the unit's backward is over)
 
     def __post_init__(self):
-        self.padded = self.group.layout.padded if self.group is not None else 0
-        self.tracked = self.group.param_state if self.group is not None else param_state(-1, ParamState.GATHERED)
+        g, x = self.group, self.extra
+        assert x is None or g is not None, "a unit's extra group goes with a group"
+        self.padded = (g.layout.padded if g is not None else 0) + (x.layout.padded if x is not None else 0)
+        self.tracked = g.param_state if g is not None else param_state(-1, ParamState.GATHERED)
+        self.trains = g is not None and g.policy.trains
+
+    def groups(self) -> list[ShardedGroup]:
+        return [g for g in (self.group, self.extra) if g is not None]
 
     @property
     def label(self) -> str:
@@ -96,20 +119,21 @@ class Limits:
 
 
 class ParamGatherer:
-    def __init__(self, root: nn.Module, units: list[tuple[str, nn.Module, ShardedGroup]], comm: Comm,
-                 guard: DivergenceGuard, limits: Limits):
-        """``units``: (module path, module, its group). The root module is always hooked (it frames
-        each forward pass), with an empty unit if all its parameters went to other units."""
-        if not any(m is root for _, m, _ in units):
+    def __init__(self, root: nn.Module, units: list[tuple], comm: Comm, guard: DivergenceGuard, limits: Limits):
+        """``units``: (module path, module, its group[, the group of its frozen parameters gathered
+        with it]); a unit with only frozen parameters has their group as its group. The root module
+        is always hooked (it frames each forward pass), with an empty unit if all its parameters
+        went to other units."""
+        if not any(u[1] is root for u in units):
             units = [("", root, None)] + list(units)
         self.root = root
-        self.units = [Unit(i, name, m, g) for i, (name, m, g) in enumerate(units)]
+        self.units = [Unit(i, *u) for i, u in enumerate(units)]
         self.comm = comm
         self.guard = guard
         self.limits = limits
         self.sizes = [u.padded for u in self.units]  # by position: what prefetch budgets count
-        self.by_group = {u.group.index: u for u in self.units if u.group is not None}
-        self.unit_of_param = {id(p): u for u in self.units if u.group is not None for p in u.group.params}
+        self.by_group = {g.index: u for u in self.units for g in u.groups()}
+        self.unit_of_param = {id(p): u for u in self.units for g in u.groups() for p in g.params}
         self.running = Running.IDLE
         self.stack: list[Unit] = []  # units whose forward is running, innermost last
         self.fwd_trace: list[int] | None = None
@@ -133,6 +157,12 @@ class ParamGatherer:
         for u in self.units:
             self._hooks.append(u.module.register_forward_pre_hook(self._hook_pre_forward(u, me)))
             self._hooks.append(u.module.register_forward_hook(self._hook_post_forward(u, me), always_call=True))
+        self.entered: list[nn.Module] = []  # wrappers below the root whose forward framed the pass
+        top = next(u for u in self.units if u.module is root)
+        sizes = {id(p): s.numel for u in self.units for g in u.groups() for p, s in zip(g.params, g.layout.slots)}
+        for m in entry_modules(root, [u.module for u in self.units], sizes):
+            self._hooks.append(m.register_forward_pre_hook(self._hook_pre_entry(top, me)))
+            self._hooks.append(m.register_forward_hook(self._hook_post_entry(top, me), always_call=True))
         self._swap_getattr()
 
     # -- gather / free -------------------------------------------------------------------
@@ -141,12 +171,18 @@ class ParamGatherer:
         if state is ParamState.SHARDED:
             if self.guard.enabled:
                 self.guard.check(Op.GATHER, u.group.layout.index, phase)
+            x = u.extra
+            if x is not None:  # the unit's frozen parameters: their all-gather first, then the trainable one's
+                h = x.start_gather(self.comm, async_op=True)
+                u.extra_handle = None if h is DONE else h
             u.handle = u.group.start_gather(self.comm, async_op=True)
             self.live += u.padded
             if self.live > self.peak_live:
                 self.peak_live = self.live
             if u.handle is DONE:  # a world of one: landed (and finished) already
                 u.handle = None
+                if u.extra_handle is not None:
+                    self._wait_extra(u)
                 return
         elif state is ParamState.GATHERED:
             return
@@ -157,6 +193,16 @@ class ParamGatherer:
         u.handle.wait()
         u.handle = None
         u.group.finish_gather()
+        if u.extra is not None:
+            self._wait_extra(u)
+
+    @staticmethod
+    def _wait_extra(u: Unit) -> None:
+        h = u.extra_handle
+        if h is not None:
+            u.extra_handle = None
+            h.wait()
+        u.extra.finish_gather()
 
     def finish_prefetch(self, group_index: int) -> None:
         """Completes the all-gather in flight for this group, if any (``zerocore.gathered`` inside
@@ -172,6 +218,8 @@ class ParamGatherer:
         if state is ParamState.GATHERING:
             self._wait(u)
         u.group.free_full()
+        if u.extra is not None:
+            u.extra.free_full()
         self.live -= u.padded
 
     def free_all(self) -> None:
@@ -182,6 +230,7 @@ class ParamGatherer:
             if u.tracked.value is not ParamState.SHARDED and u.group is not None:  # inline: most are sharded
                 self._free(u)
         self.stack.clear()
+        self.entered.clear()
         self.running = Running.IDLE
 
     def _arrive(self, u: Unit, run: Pass, phase: Phase, prefetch: Phase) -> None:
@@ -265,6 +314,34 @@ class ParamGatherer:
                 self._end_forward()
         return eager_only(hook)
 
+    def _hook_pre_entry(self, u: Unit, me: weakref.ref):
+        """The root unit's pre-forward hook on a wrapper below the root: works only for a forward
+        that entered there (no pass under way), and then as the root's own."""
+        root_pre = self._hook_pre_forward(u, me)
+
+        def hook(module, args):
+            self = me()
+            if self is None:
+                raise EngineGone(GONE)
+            if self.stack or self.running is Running.BACKWARD:
+                return None  # entered through the root, or a recompute inside backward: nothing to frame
+            self.entered.append(module)
+            return root_pre(module, args)
+        return eager_only(hook)
+
+    def _hook_post_entry(self, u: Unit, me: weakref.ref):
+        root_post = self._hook_post_forward(u, me)
+
+        def hook(module, args, output):
+            self = me()
+            if self is None:
+                raise EngineGone(GONE)
+            if not self.entered or self.entered[-1] is not module:
+                return None  # its pre-hook framed nothing
+            self.entered.pop()
+            return root_post(module, args, output)
+        return eager_only(hook)
+
     def _begin_forward(self) -> None:
         # Full buffers left from an earlier pass (kept for a backward that never came) go first.
         for v in self.units:
@@ -345,7 +422,7 @@ class ParamGatherer:
             return
         if u.tracked.value is ParamState.GATHERED and u not in self.stack:
             self._free(u)
-        if self.on_unit_done is not None:
+        if self.on_unit_done is not None and u.trains:
             self.on_unit_done(u.group.layout.index)
 
     def on_group_complete(self, group_index: int) -> None:
@@ -383,16 +460,24 @@ class ParamGatherer:
         """Every module registering a partitioned parameter gets the access-hooked class (access.py)."""
         modules = dict(self.root.named_modules(remove_duplicate=False))  # a shared module under each path
         owners = {id(modules[name.rpartition(".")[0]]): modules[name.rpartition(".")[0]]
-                  for u in self.units if u.group is not None for slot in u.group.layout.slots for name in slot.aliases}
+                  for u in self.units for g in u.groups() for slot in g.layout.slots for name in slot.aliases}
         for m in owners.values():  # the modules get a weak proxy: they are the gatherer's, not its owners
             self._swapped.append(_Swapped(m, swap_class(m, proxy(self))))
 
+    def swap_class(self, module: nn.Module, cls: type) -> None:
+        """Gives ``module`` the class ``cls`` (a subclass of its own) while this gatherer works: the
+        original comes back with ``remove_hooks`` (or when the gatherer is freed), as the access-hook
+        swaps do (the Transformers integration swaps in a ``generate`` that syncs the ranks)."""
+        self._swapped.append(_Swapped(module, type(module)))
+        module.__class__ = cls
+
     def remove_hooks(self) -> None:
-        """Removes the module hooks and gives the modules their own classes back."""
+        """Removes the module hooks and gives the modules their own classes back (the last swap
+        first: a module swapped twice gets its own class)."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        for s in self._swapped:
+        for s in reversed(self._swapped):
             s.remove()
         self._swapped.clear()
 

@@ -54,7 +54,7 @@ class ShardedGroup:
         # Stages 0/1: the full gradient buffer; stage 2+: only the owned, reduced slice.
         self.grad_full = (torch.zeros(layout.padded, dtype=layout.dtype, device=device)
                           if policy.keep_full_grads else None)
-        self.grad_shard = (None if policy.keep_full_grads
+        self.grad_shard = (None if policy.keep_full_grads or not policy.trains  # frozen: never a gradient
                            else torch.zeros(self.hi - self.lo, dtype=layout.dtype, device=device))
         self.has_grad = False  # the owned slice holds a gradient of this optimizer step
         # where the owned range's reduced gradient is, chosen once: a slice of the full buffer or the shard
@@ -215,7 +215,8 @@ class ShardedGroup:
         """The tensors this group holds, by role (for memory accounting)."""
         grads = self.grad_full if self.grad_full is not None else self.grad_shard
         if self.partitioned:  # the full buffer counts only while gathered (its storage is resized)
-            shard_role = "host_params" if self.params_on_host else "params"
+            kind = "params" if self.policy.trains else "frozen"
+            shard_role = f"host_{kind}" if self.params_on_host else kind
             return {shard_role: self.param_shard, "gathered": self.param_flat, "grads": grads, "staged": self._staged}
         return {"params": self.param_flat, "grads": grads}
 

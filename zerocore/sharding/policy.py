@@ -1,4 +1,8 @@
-"""A ZeRO stage is a policy over the one sharding core: three decisions, nothing else."""
+"""A ZeRO stage is a policy over the one sharding core: three decisions, nothing else.
+
+Frozen parameters (``requires_grad=False``) at stage 3 are partitioned and gathered like trainable
+ones, in groups of their own whose policy says they are not trained (``trains``): no gradient
+buffer, no optimizer state, no reduction."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,6 +14,7 @@ class StagePolicy:
     shard_optimizer: bool  # fp32 master, m, v only for the owned chunk (stages 1-3)
     keep_full_grads: bool  # a full gradient buffer per group, reduced at the boundary (stages 0, 1)
     keep_full_params: bool  # full parameters stay gathered between uses (stages 0-2)
+    trains: bool = True  # False: a group of frozen parameters (stage 3): no gradients, no optimizer state
 
     def partitions(self, world: int) -> int:
         """How many pieces the optimizer state of a group is split into."""
@@ -27,3 +32,8 @@ def policy_for(stage: int) -> StagePolicy:
     if stage == 3:
         return StagePolicy(3, shard_optimizer=True, keep_full_grads=False, keep_full_params=False)
     raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage}")
+
+
+def frozen_policy() -> StagePolicy:
+    """Stage 3's groups of frozen parameters: partitioned and gathered per unit, never trained."""
+    return StagePolicy(3, shard_optimizer=True, keep_full_grads=False, keep_full_params=False, trains=False)

@@ -6,7 +6,7 @@ unit: it holds whatever no smaller unit takes. The others are chosen
 
 - by class name (``stage3_unit_classes``, e.g. ``["Block"]``): every module of those classes; or
 - by size (default): walking down from the root, a child with at least ``stage3_unit_min_params``
-  trainable elements becomes a unit and is not split further, except containers without a
+  elements to gather becomes a unit and is not split further, except containers without a
   forward of their own (ModuleList / ModuleDict) and children holding more than half of the
   model (a ``transformer`` wrapper around the blocks), which are walked into. For a transformer
   this yields one unit per block plus the embedding.
@@ -17,6 +17,12 @@ so it is gathered for every use. Parameters with fewer than
 ``stage3_param_persistence_threshold`` elements are *persistent*: never partitioned (kept whole on
 every rank, their optimizer state still sharded), as DeepSpeed does, since gathering many tiny
 tensors costs more in latency than it saves in memory.
+
+Frozen parameters (``requires_grad=False``) are placed by the same rules and gathered with their
+unit (DeepSpeed partitions every parameter, frozen or not): a LoRA model's frozen base is what
+stage 3 must shard. Unit sizes count them, so a module holding only frozen weights (a frozen
+embedding) is a unit of its own. Frozen parameters that are not floating point (a flat group has
+one dtype) or are persistent stay whole on every rank.
 """
 from __future__ import annotations
 
@@ -35,12 +41,13 @@ class UnitPlan:
     name: str  # module path; "" for the root
     module: nn.Module
     params: list[Named]  # trainable, partitioned, in registration order
+    frozen: list[Named] = dataclasses.field(default_factory=list)  # frozen, partitioned, gathered with the unit
 
 
-def _size(module: nn.Module, trainable: set[int]) -> int:
+def _size(module: nn.Module, counted: set[int]) -> int:
     seen, n = set(), 0
     for p in module.parameters():
-        if id(p) in trainable and id(p) not in seen:
+        if id(p) in counted and id(p) not in seen:
             seen.add(id(p))
             n += logical_numel(p)
     return n
@@ -53,7 +60,8 @@ def logical_numel(p) -> int:
 
 def choose_unit_modules(root: nn.Module, trainable: set[int], *, classes: Sequence[str] = (),
                         min_params: int = 1) -> list[tuple[str, nn.Module]]:
-    """(path, module) of every unit, root first, then in registration order."""
+    """(path, module) of every unit, root first, then in registration order. ``trainable``: ids of
+    the parameters whose elements the sizes count (the ones to gather, frozen ones included)."""
     if classes:
         wanted = set(classes)
         found = [(n, m) for n, m in root.named_modules() if n and type(m).__name__ in wanted]
@@ -84,28 +92,70 @@ def choose_unit_modules(root: nn.Module, trainable: set[int], *, classes: Sequen
     return units
 
 
-def plan_units(root: nn.Module, trainable: list[Named], *, classes: Sequence[str] = (), min_params: int = 1,
-               persistence_threshold: int = 0) -> tuple[list[UnitPlan], list[Named]]:
-    """Splits the trainable parameters into units and persistent ones.
+def plan_units(root: nn.Module, trainable: list[Named], *, frozen: Sequence[Named] = (), classes: Sequence[str] = (),
+               min_params: int = 1, persistence_threshold: int = 0) -> tuple[list[UnitPlan], list[Named]]:
+    """Splits the trainable parameters into units and persistent ones, and places the partitioned
+    frozen ones (``frozen``: floating point, at least ``persistence_threshold`` elements: see
+    ``partitioned_frozen``) in the units' ``frozen`` lists.
 
-    Returns (units with at least one parameter, root first; persistent parameters)."""
-    ids = {id(p) for _, p in trainable}
+    Returns (units with at least one parameter, root first; persistent trainable parameters)."""
+    frozen = list(frozen)
+    ids = {id(p) for _, p in trainable} | {id(p) for _, p in frozen}
     chosen = choose_unit_modules(root, ids, classes=classes, min_params=min_params)
     unit_paths = [path for path, _ in chosen]
     plans = [UnitPlan(path, m, []) for path, m in chosen]
-    persistent: list[Named] = []
-    for names, p in trainable:
-        if logical_numel(p) < persistence_threshold:
-            persistent.append((names, p))
-            continue
+
+    def owner(names) -> UnitPlan:
         owners = [n.rsplit(".", 1)[0] if "." in n else "" for n in names]
         best = 0  # the root contains everything
         for i, path in enumerate(unit_paths):
             if i and all(_inside(o, path) for o in owners) and len(path) > len(unit_paths[best]):
                 best = i
-        plans[best].params.append((names, p))
-    return [u for u in plans if u.params], persistent
+        return plans[best]
+
+    persistent: list[Named] = []
+    for names, p in trainable:
+        if logical_numel(p) < persistence_threshold:
+            persistent.append((names, p))
+        else:
+            owner(names).params.append((names, p))
+    for names, p in frozen:
+        owner(names).frozen.append((names, p))
+    return [u for u in plans if u.params or u.frozen], persistent
+
+
+def partitioned_frozen(frozen: Sequence[Named], persistence_threshold: int) -> list[Named]:
+    """The frozen parameters stage 3 partitions: floating point (a flat group holds one dtype) and
+    not persistent (below ``stage3_param_persistence_threshold`` elements they stay whole, as
+    persistent trainable ones do)."""
+    return [(n, p) for n, p in frozen if p.is_floating_point() and logical_numel(p) >= persistence_threshold]
 
 
 def _inside(module_path: str, unit_path: str) -> bool:
     return module_path == unit_path or module_path.startswith(unit_path + ".")
+
+
+def entry_modules(root: nn.Module, unit_modules: Sequence[nn.Module], sizes: dict[int, int]) -> list[nn.Module]:
+    """The wrappers a forward may enter below the root: from the root down, each child holding more
+    than half of the elements to gather (``sizes``: id(parameter) -> elements), until a unit or a
+    container without a forward of its own. PEFT's ``PeftModel`` -> ``LoraModel`` ->
+    ``LlamaForCausalLM`` -> ``LlamaModel``, say: generation calls ``LlamaForCausalLM``'s forward."""
+    units = {id(m) for m in unit_modules}
+    total = sum(sizes.values())
+    out, m = [], root
+    while True:
+        nxt = None
+        for child in m.children():
+            seen, n = set(), 0
+            for p in child.parameters():
+                if id(p) in sizes and id(p) not in seen:
+                    seen.add(id(p))
+                    n += sizes[id(p)]
+            if 2 * n > total:
+                nxt = child
+                break
+        if nxt is None or id(nxt) in units or isinstance(nxt, (nn.ModuleList, nn.ModuleDict)):
+            return out
+        out.append(nxt)
+        m = nxt
+

@@ -1,4 +1,4 @@
-"""Stage-3 models loaded while partitioned, and ``generate`` that does not hang under stage 3.
+"""Stage-3 models loaded while partitioned, and ``generate`` with ``synced_gpus`` under stage 3.
 
 ``from_pretrained(AutoModelForCausalLM, path, config)`` builds the model from its config under
 ``zerocore.init`` (each rank keeps only its chunk of every parameter as it is built), then copies
@@ -101,7 +101,8 @@ def load_pretrained_weights(model: torch.nn.Module, path: str) -> None:
 def generate(model, *args, **kwargs):
     """``model.generate`` with ``synced_gpus=True`` when a stage-3 engine holds the model and there
     are several ranks: a rank that finishes early keeps joining the others' forward passes (each
-    gathers parameters collectively) until all are done, as Transformers does for DeepSpeed."""
+    gathers parameters collectively) until all are done, as Transformers does for DeepSpeed. Plain
+    ``model.generate`` does the same now (``zero3.py``); this stays for code written against it."""
     engine = next((owner_of(p) for p in model.parameters()), None)
     if engine is not None and engine.config.zero_optimization.stage == 3 and engine.world_size > 1:
         kwargs.setdefault("synced_gpus", True)

@@ -12,6 +12,8 @@ class) and overrides the Trainer's overridable methods, nothing in the library i
   ``backward`` going to the engine, which updates where the Trainer steps (its ``sync_gradients``,
   an epoch's short last window included, as Accelerate does for DeepSpeed);
   ``_clip_grad_norm`` / ``_get_grad_norm`` report the engine's (it clips);
+- ``evaluation_loop``: at stage 3 Transformers' ZeRO-3 rules hold inside it (``zero3.py``:
+  ``Seq2SeqTrainer``'s generation syncs the ranks);
 - checkpoints: ``_save_optimizer_and_scheduler`` / ``_load_optimizer_and_scheduler`` write and
   read a zerocore checkpoint (loadable at any world size) plus the scheduler's state;
 - ``save_model``: full weights gathered from the shards, written by ``save_pretrained`` as
@@ -26,6 +28,7 @@ import torch
 from .._common import EngineOptimizer, backward_at, global_grad_norm, initialize, optimizer_section, sync_lr
 from .._wrapping import EngineModule, read_config
 from .config import fill_auto
+from .zero3 import zero3_visible
 
 SCHEDULER_NAME = "scheduler.pt"
 
@@ -134,6 +137,15 @@ class ZeroTrainerMixin:
 
     def _get_grad_norm(self, model, grad_norm=None):
         return grad_norm if grad_norm is not None else global_grad_norm(self.zerocore_engine)
+
+    # -- evaluation ----------------------------------------------------------------------
+    def evaluation_loop(self, *args, **kwargs):
+        """The Trainer's loop, with Transformers' ZeRO-3 rules on while a stage-3 engine runs it
+        (``zero3.py``): ``Seq2SeqTrainer(predict_with_generate=True)`` then generates with
+        ``synced_gpus``, so ranks whose sequences end at different lengths do not hang. The engine
+        may be built inside the loop (evaluation before training): asked for when Transformers asks."""
+        with zero3_visible(lambda: self.zerocore_engine):
+            return super().evaluation_loop(*args, **kwargs)
 
     # -- checkpoints ---------------------------------------------------------------------
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:

@@ -1,0 +1,102 @@
+"""Transformers' own ZeRO-3 rules, applied to zerocore's stage 3 while its code runs the model.
+
+Transformers asks ``is_deepspeed_zero3_enabled()`` (which reads the weak reference
+``transformers.integrations.deepspeed._hf_deepspeed_config_weak_ref`` that DeepSpeed's config sets)
+where parameters are sharded across ranks: ``generate`` then defaults to ``synced_gpus=True`` (a rank
+whose sequences ended keeps joining the others' forward passes, whose stage-3 gathers are
+collectives: without it the ranks hang), and so does ``Seq2SeqTrainer(predict_with_generate=True)``.
+With zerocore none of that fired: plain ``model.generate`` hung at stage 3 over several ranks when
+the ranks' sequences ended at different lengths.
+
+``zero3_visible(get_engine)`` makes that question answer True *only while the block runs* and only
+while ``get_engine()`` returns a live stage-3 engine, then puts back whatever was registered before.
+It is not set for the engine's whole life on purpose: Transformers also keys model construction on
+it (``from_pretrained`` / ``from_config`` would build any other model under ``deepspeed.zero.Init``,
+resizing embeddings would use ``deepspeed.zero.GatheredParameters``), which must not happen to a
+reference or reward model built while a zerocore engine trains. It is visible:
+
+- inside ``generate`` of every Transformers model a stage-3 engine holds (``adopt``: the model's
+  class is swapped for a subclass whose ``generate`` runs in the block, for as long as the engine
+  holds it: ``destroy()`` gives the class back), so plain ``model.generate(...)`` (and PEFT's, which
+  calls the wrapped model's) picks ``synced_gpus`` as under DeepSpeed; a ``synced_gpus`` passed in
+  still wins;
+- inside ``ZeroTrainer``'s evaluation and prediction loops (``trainer.py``), so
+  ``Seq2SeqTrainer(predict_with_generate=True)`` passes ``synced_gpus=True`` itself.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+from ...runtime.gathered import owner_of
+
+
+class Zero3View:
+    """What Transformers reads of a DeepSpeed config through its weak reference: ``is_zero3()`` and
+    ``config``. Answers for the engine ``get_engine()`` returns at the time of asking (None: no)."""
+
+    def __init__(self, get_engine):
+        self._get_engine = get_engine
+
+    def _engine(self):
+        engine = self._get_engine()
+        if engine is None or getattr(engine, "module", None) is None:  # none yet, or destroyed
+            return None
+        return engine if engine.config.zero_optimization.stage == 3 else None
+
+    def is_zero3(self) -> bool:
+        return self._engine() is not None
+
+    @property
+    def config(self) -> dict:
+        e = self._engine()
+        return {"zero_optimization": {"stage": 3}} if e is not None else {}
+
+
+@contextlib.contextmanager
+def zero3_visible(get_engine):
+    """Transformers' ``is_deepspeed_zero3_enabled()`` is true inside the block while ``get_engine()``
+    is a live stage-3 engine (see the module docstring); the previous registration comes back after."""
+    from transformers.integrations import deepspeed as hf_ds
+
+    view = Zero3View(get_engine)  # alive for the block: the weak reference Transformers keeps is to it
+    before = hf_ds._hf_deepspeed_config_weak_ref
+    hf_ds._hf_deepspeed_config_weak_ref = weakref.ref(view)
+    try:
+        yield view
+    finally:
+        hf_ds._hf_deepspeed_config_weak_ref = before
+
+
+def _engine_of(module):
+    return next((owner_of(p) for p in module.parameters()), None)
+
+
+_SYNCED: dict[type, type] = {}
+
+
+def synced_class(cls: type) -> type:
+    """``cls`` with a ``generate`` that runs under ``zero3_visible`` for the engine holding the model."""
+    if getattr(cls, "_zc_synced_generate", False):
+        return cls
+    if cls in _SYNCED:
+        return _SYNCED[cls]
+
+    def generate(self, *args, **kwargs):
+        with zero3_visible(lambda: _engine_of(self)):
+            return super(new, self).generate(*args, **kwargs)
+
+    new = type(cls.__name__, (cls,), {"generate": generate, "_zc_synced_generate": True,
+                                      "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    _SYNCED[cls] = new
+    return new
+
+
+def adopt(engine) -> None:
+    """A stage-3 engine was built: each Transformers generation model in its module gets the
+    ``generate`` of ``synced_class`` while the engine holds it (the gatherer gives the class back)."""
+    from transformers.generation import GenerationMixin
+
+    for m in engine.module.modules():
+        if isinstance(m, GenerationMixin) and not getattr(type(m), "_zc_synced_generate", False):
+            engine.gatherer.swap_class(m, synced_class(type(m)))
