@@ -238,3 +238,19 @@ def test_parameter_offload_keeps_frozen_chunks_in_host_memory(world2):
             assert torch.equal(r["state"][name], init[name]), name
         trained = {k: v for k, v in r["state"].items() if k not in frozen}
         assert_states_close(trained, {k: want[k] for k in trained}, {k: init[k] for k in trained})
+
+
+def test_frozen_partitioned_parameters_carry_deepspeeds_attributes():
+    """Third-party code reads ds_numel/ds_tensor of every stage-3 parameter, frozen ones included."""
+    from zerocore.runtime.ds_param_attrs import ZeroParamStatus
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    model[0].requires_grad_(False)
+    engine = zerocore.initialize(model, {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+                                         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
+    w = model[0].weight
+    assert engine.frozen_groups and w.ds_numel == 64 * 64 and tuple(w.ds_shape) == (64, 64)
+    assert not w.ds_persist and w.ds_status == ZeroParamStatus.NOT_AVAILABLE
+    assert w.ds_tensor.numel() == 64 * 64  # world 1: this rank's part is the whole of it
+    engine.destroy()

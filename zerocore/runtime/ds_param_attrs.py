@@ -119,10 +119,11 @@ def mark_init(p: nn.Parameter) -> None:
 
 
 def attach(engine) -> None:
-    """Every parameter of a stage-3 engine: those of its groups (partitioned units and the whole
-    persistent groups) and the ones it keeps whole outside them (frozen, in no hyper group)."""
+    """Every parameter of a stage-3 engine: those of its groups (partitioned units, their frozen
+    groups, and the whole persistent groups) and the ones it keeps whole outside them (small frozen
+    ones, those in no hyper group)."""
     grouped = set()
-    for g in engine.groups:
+    for g in list(engine.groups) + list(getattr(engine, "frozen_groups", [])):
         for p, s in zip(g.params, g.layout.slots):
             a = max(s.offset, g.lo)
             mark(p, s.shape, not g.partitioned, g, a, max(a, min(s.end, g.hi)))
