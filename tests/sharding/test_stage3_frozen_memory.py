@@ -13,19 +13,12 @@ import torch
 
 import zerocore
 from frozen_models import Adapted, MICRO, batch
+from memory_helpers import rss
 from stage3_ranks import results, spawn
 
 MIB = 1 << 20
 D, BLOCKS = 2048, 6
 BASE = BLOCKS * D * D * 4  # the frozen base weights: 96 MiB
-
-
-def _rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def _config() -> dict:
@@ -47,14 +40,14 @@ def sc_frozen_base_memory(rank: int, world: int) -> dict:
     _step(warm, 0, rank)
     warm.destroy()
     del warm
-    out = {"before": _rss()}
+    out = {"before": rss()}
     model = torch.nn.Sequential(*(Adapted(D, r=8) for _ in range(BLOCKS)))
-    out["model"] = _rss()
+    out["model"] = rss()
     engine = zerocore.initialize(model, _config())
-    out["initialized"] = _rss()
+    out["initialized"] = rss()
     for step in range(2):
         _step(engine, step, rank)
-    out["trained"] = _rss()
+    out["trained"] = rss()
     rep = engine.memory_report()
     out["report"] = rep
     out["frozen_whole"] = sum(p.numel() * p.element_size() for p in model.parameters()
