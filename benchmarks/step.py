@@ -29,6 +29,13 @@ stay whole on every rank, the matrices are partitioned; ``stage3_prefetch_bucket
 block's partitioned elements (prefetch one block ahead). ``zerocore_stage3_nocheck`` is the same
 with ``stage3_check_divergence: false``: the difference is the divergence guard's cost.
 
+CPU offload (``--preset offload``): after its timed steps each zerocore offload variant's host Adam
+is timed alone on copies of its shards with its worker's thread count (T_host, host_step_probe.py);
+the table sets the offload step against max(T_device, T_host), T_device being the same stage
+without offload in the same run (1.0: host and device fully overlapped), and against their sum
+(1.0: no overlap). On CUDA every rank's training thread gets its share of the cores (DeepSpeed's CPU
+Adam runs with it); zerocore's host step takes its own count (zerocore/offload/host_threads.py).
+
 NVMe offload (``--preset nvme``): zerocore and DeepSpeed stage 3 with the optimizer
 state (``*_nvme``) and also the parameter shards beyond ``--max-in-cpu`` (``*_nvme_param``) in swap
 files under ``--nvme-dir``, the same ``sub_group_size`` and ``aio`` section for both, beside stage 3
@@ -58,10 +65,13 @@ import time
 import torch
 import torch.distributed as dist
 
+from zerocore.offload.host_threads import cores_of_this_rank
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import gather_objects, machine_info, summary, spawn_ranks  # noqa: E402
 
 import step_cuda  # noqa: E402
+import host_step_probe  # noqa: E402
 import step_variants as sv  # noqa: E402
 import swap_probe  # noqa: E402
 
@@ -76,8 +86,11 @@ def build(variant: str, args, vocab: int, ctx: "sv.Ctx"):
 
 
 def worker(rank: int, world: int, init: str, args, out: str) -> None:
-    torch.set_num_threads(1)
     cuda = args.device == "cuda"
+    # CPU: the ranks share this machine's cores, one thread each. CUDA: a rank's share of the cores
+    # (what a rank started by DeepSpeed's launcher has; DeepSpeed's CPU Adam runs with it), not
+    # torchrun's OMP_NUM_THREADS=1; zerocore's host step takes its own count (offload/host_threads.py)
+    torch.set_num_threads(cores_of_this_rank() if cuda else 1)
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -140,12 +153,16 @@ def _run_cpu(rank: int, world: int, args, vocab: int, ctx: "sv.Ctx", batches) ->
                 times[v][-1].append(time.perf_counter() - t0)
                 losses[v].append(loss.item())
     swap = gather_objects(probe.snapshot(), world)  # the timed steps' swap, before the teardown's
+    memory = {}  # the CPU has no allocator statistics to read: only the offload variants' T_host
+    for v, step in steps.items():
+        t_host = host_step_probe.host_step_seconds(getattr(step, "engine", None))
+        if t_host is not None:
+            memory[v] = {"host_step": t_host}
     for v in list(steps):  # in the same order on every rank: a teardown may be collective (stage 3's gather)
         steps.pop(v).close()
     if rank == 0 and disk:
         os.remove(os.path.join(args.nvme_dir, swap_probe.PROBE_FILE))
-    # the CPU has no allocator statistics to read: no memory figures
-    return {"times": times, "losses": losses, "memory": {}, "not_built": agreed, "disk": disk, "swap": swap}
+    return {"times": times, "losses": losses, "memory": memory, "not_built": agreed, "disk": disk, "swap": swap}
 
 
 def parse_args(argv=None):
@@ -267,6 +284,34 @@ def nvme_report(res: dict, args, med: dict) -> dict:
     return out
 
 
+def offload_bounds(res: dict, args, med: dict, rows: dict) -> dict:
+    """Each zerocore CPU-offload variant's step against what it could take at best: T_host (its host
+    Adam alone, host_step_probe.py) and T_device (the same stage without offload, this run's median).
+    ``vs_max`` = step / max(T_device, T_host) (1.0: the host step fully hidden under the device's
+    work or the other way round); ``vs_sum`` = step / (T_device + T_host) (1.0: no overlap at all)."""
+    out = {}
+    for v in args.variants:
+        t = res["memory"].get(v, {}).get("host_step")
+        if not t or "median_ms" not in t:
+            continue
+        rows[v]["host_step"] = t
+        dev = _without_offload(v)
+        t_dev = med[dev] * 1e3 if dev in med and dev != v else None
+        row = {"step_ms": med[v] * 1e3, "t_host_ms": t["median_ms"], "t_device_ms": t_dev, "host_threads": t["threads"]}
+        if t_dev is not None:
+            row["vs_max"] = row["step_ms"] / max(t_dev, t["median_ms"])
+            row["vs_sum"] = row["step_ms"] / (t_dev + t["median_ms"])
+        out[v] = row
+    if out:
+        print(f"\n{'offload step against T_host and T_device':<36}{'step ms':>9}{'T_host':>9}{'threads':>8}"
+              f"{'T_device':>9}{'vs max':>8}{'vs sum':>8}")
+        for v, r in out.items():
+            f = lambda k, p=1: f"{r[k]:.{p}f}" if r.get(k) is not None else "-"  # noqa: E731
+            print(f"{v:<36}{f('step_ms'):>9}{f('t_host_ms'):>9}{r['host_threads']:>8}{f('t_device_ms'):>9}"
+                  f"{f('vs_max', 2):>8}{f('vs_sum', 2):>8}")
+    return out
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     made_dir = args.nvme_dir is None
@@ -339,12 +384,15 @@ def main(argv=None) -> dict:
         ratios[f"{a}/{b}"] = r
         print(f"{a + ' / ' + b:<52}{r['overall']:>8.3f}x{r['round_min']:>14.3f}x{r['round_median']:>7.3f}x"
               f"{r['round_max']:>7.3f}x")
+    bounds = offload_bounds(res, args, med, rows)
     if "zerocore_stage3" in args.variants and "zerocore_stage3_nocheck" in args.variants:
         d = med["zerocore_stage3"] - med["zerocore_stage3_nocheck"]
         print(f"divergence guard: {d * 1e3:+.1f} ms per step (difference of medians)")
     report = {"machine": machine_info(), "device": args.device, "gpu": torch.cuda.get_device_name(0) if cuda else None,
               "world": args.ranks, "args": vars(args), "n_params": res["n_params"], "results": rows, "ratios": ratios,
               "skipped": {v: {"why": why, **res["memory"].get(v, {})} for v, why in args.skipped.items()}}
+    if bounds:
+        report["offload_bounds"] = bounds
     if res.get("disk") or any("_nvme" in v for v in args.variants):
         report["nvme"] = nvme_report(res, args, med)
     if args.out:

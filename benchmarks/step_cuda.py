@@ -27,6 +27,8 @@ import time
 import torch
 import torch.distributed as dist
 
+import host_step_probe
+
 from _common import gather_objects
 
 GIB = float(1 << 30)
@@ -101,6 +103,15 @@ def _run_one(v, build, batches, args, mem, world):
         except Exception as e:  # noqa: BLE001
             why = _reason("failed in a timed step", e)
         why = _agree(why, world)
+    if why is None:  # T_host: a zerocore offload variant's host Adam alone (host_step_probe.py), after the timing
+        engine = getattr(step, "engine", None)
+        if engine is not None and hasattr(engine, "offload"):
+            try:
+                t_host = host_step_probe.host_step_seconds(engine)
+            except Exception as e:  # noqa: BLE001 - a probe's failure loses the figure, not the variant
+                t_host = {"error": _reason("host step probe failed", e)}
+            if t_host is not None:
+                memory["host_step"] = t_host
     if step is not None:
         closed = _close(step, failed=why is not None)
         if closed is not None:
@@ -171,6 +182,8 @@ def leak_warnings(v: str, memory: dict) -> list[str]:
     lines = []
     if memory.get("close_error"):
         lines.append(f"WARNING: {v}: close() raised {memory['close_error']}")
+    if "left_after_gc_GiB" not in memory:  # a CPU run: no allocator figures
+        return lines
     left_del, left_gc = memory["left_after_del_GiB"], memory["left_after_gc_GiB"]
     if left_gc * GIB > LEAK_BYTES:
         lines.append(f"WARNING: {v} LEAKED {left_gc:.3f} GiB: still allocated after close(), del and gc.collect() "

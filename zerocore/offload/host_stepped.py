@@ -44,6 +44,7 @@ class HostSteppedShard:
         self.sumsq, self.nonfinite = 0.0, False
         self._host_norm_pending = False  # a device gradient copy in flight: the host part of the norm waits
         self.enqueue = None  # (group index, host step, ready) -> None: set by OffloadPlan at stage 3
+        self.run_now = None  # the same, run on the worker and waited for: OffloadPlan, stages 1/2 on a GPU
         self.param_swap = None  # set by OffloadPlan when this group's parameter shard rests on NVMe
         self.pieces = None  # hyper-parameter groups of the owned range (sharding.optimizer.Pieces)
 
@@ -99,13 +100,14 @@ class HostSteppedShard:
         return self.param_swap.held(self.group.index, step, overwrite=whole)
 
     def _run_host(self, host_part):
-        """Stage 3: queued for the worker, in the next forward's order; else stepped now (the device
-        stream waits for its copy back)."""
-        if self.enqueue is not None:
+        """Stage 3: queued for the worker, in the next forward's order; else stepped now, on the
+        worker (``run_now``) or on this thread (the device stream waits for its copy back)."""
+        hand_over = self.enqueue or self.run_now
+        if hand_over is not None:
             group = self.group
             # the queued step keeps its group alive until it has run (this shard reaches the group
             # weakly): an engine dropped right after step() is freed once its queued steps are done
-            self.enqueue(group.index, functools.partial(_keeping, group, host_part), self.ready)
+            hand_over(group.index, functools.partial(_keeping, group, host_part), self.ready)
             return None
         ev = host_part()
         if ev is not None:

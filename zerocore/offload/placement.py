@@ -13,7 +13,9 @@ there.
   handed to the worker in the order the last forward gathered the units (the next forward's
   order), and each unit's gather waits for its own (``GroupOffload.ready``). Stages 1/2 step
   synchronously: the all-gather that follows each group's step needs its updated slice, so the
-  overlap there is the engine's (group k's all-gather while group k+1 steps).
+  overlap there is the engine's (group k's all-gather while group k+1 steps); on a GPU each such
+  step runs on the worker thread all the same (``_run_now``), with the host's thread count
+  (host_threads.py), not the training thread's (one, under torchrun).
 """
 from __future__ import annotations
 
@@ -26,17 +28,11 @@ from ..sharding.optimizer import OptimizerShard
 from .host_memory import should_pin
 from .host_shard import HostOptimizerShard
 from .host_stepped import HostSteppedShard
+from .host_threads import host_step_threads, worker_at_stages_1_2
 from .nvme import NvmeSwap, ParamReady, ParamSwap
 from .nvme.checks import check_nvme_path
 from .stepper import HostStepper
 
-
-
-def host_step_threads(device: torch.device) -> int:
-    """OpenMP threads of the host step: with a CUDA device every core but the training thread's;
-    on a CPU device the training thread's own count (both share the cores anyway)."""
-    n = torch.get_num_threads()
-    return max(1, n - 1) if device.type == "cuda" else n
 
 
 class OffloadPlan:
@@ -57,7 +53,11 @@ class OffloadPlan:
         self.max_in_cpu = par.max_in_cpu
         self.device = device
         self.boundary = boundary  # () -> is the backward under way the accumulation boundary's
-        self.stepper = HostStepper(host_step_threads(device)) if z.stage == 3 else None
+        # stage 3 queues its host steps for the worker (each unit's next gather waits for its own);
+        # stages 1/2 step synchronously, on the worker too on a GPU (its own thread count, host_threads.py)
+        self.queued = z.stage == 3
+        use_worker = self.queued or worker_at_stages_1_2(device)
+        self.stepper = HostStepper(host_step_threads(device)) if use_worker else None
         self.shards: dict[int, HostSteppedShard] = {}
         self.host_param_elems = 0
         self.order: list[int] = []  # groups in the order they were first gathered since the last step
@@ -100,12 +100,14 @@ class OffloadPlan:
             self.param_swap.register(g, also_needed=self.nvme.needed if same_drive else 0)
             shard.param_swap = self.param_swap
             ready = ParamReady(shard.ready, self.param_swap, g.index)
-        queued = self.stepper is not None and g.partitioned  # stage 3: host steps queued, gathers noted
+        queued = self.queued and g.partitioned  # stage 3: host steps queued, gathers noted
         # the group and the shard call back into this plan weakly: the plan holds the shards
         g.attach_offload(GroupOffload(shard, ready, weak_call(self._note_gather) if queued else None, queued=queued))
         if queued:
             shard.enqueue = weak_call(self._enqueue)
-        if self.stepper is None and shard.reads_ahead:  # stages 1/2 step in index order: read the next ahead
+        elif self.stepper is not None:
+            shard.run_now = weak_call(self._run_now)
+        if not self.queued and shard.reads_ahead:  # stages 1/2 step in index order: read the next ahead
             last = max((i for i in self.shards if self.shards[i].reads_ahead), default=None)
             if last is not None:
                 self.shards[last].then = shard
@@ -125,7 +127,7 @@ class OffloadPlan:
         shard = self.shards.get(k)
         if shard is not None and self.boundary():
             shard.land(shard.group.owned_grad())
-            if self.nvme is not None and self.stepper is None and k == min(self.shards):
+            if self.nvme is not None and not self.queued and k == min(self.shards):
                 # stages 1/2 step synchronously, this group first: its first tiles load during backward
                 shard.read_first_tiles(shard.last_step + 1)
 
@@ -152,6 +154,12 @@ class OffloadPlan:
     def _enqueue(self, gi: int, fn, ready) -> None:
         ready.clear()  # reads of this group's parameters wait from now on
         self._queued.append((gi, fn, ready))
+
+    def _run_now(self, gi: int, fn, ready) -> None:
+        """Stages 1/2 on a GPU: the host step on the worker (its thread count), waited for here; on
+        CUDA the current stream then waits for its copy back (``Ready.wait``)."""
+        self.stepper.submit(gi, fn, ready)
+        ready.wait_own()
 
     def launch(self) -> None:
         """Hands the queued host steps to the worker, first-needed first."""

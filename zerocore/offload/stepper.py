@@ -46,6 +46,17 @@ class Ready:
         if self.cuda_event is not None:
             torch.cuda.current_stream().wait_event(self.cuda_event)
 
+    def wait_own(self) -> None:
+        """``wait`` for a step the caller handed over and waits for at once (stages 1/2 on the worker):
+        its error is raised as it was raised on the worker, as if the caller had run it, and cleared
+        (the caller handles it; a later step may be tried again, as with the step run inline)."""
+        self._done.wait()
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+        if self.cuda_event is not None:
+            torch.cuda.current_stream().wait_event(self.cuda_event)
+
 
 def _worker(jobs: queue.Queue, threads: int) -> None:
     torch.set_num_threads(threads)

@@ -143,7 +143,7 @@ def _one_step(engine: DryEngine, run_forward) -> None:
         engine.gatherer.free_all()
     _step_gathers(engine)
     engine.reducer.clear()
-    if engine.offload is not None and engine.offload.stepper is not None:
+    if engine.offload is not None and engine.offload.queued:
         # OffloadPlan.launch: the next forward's first gather of each host-stepped unit is deferred
         # until the unit is waited for (then issued synchronously)
         for g in engine.groups:
