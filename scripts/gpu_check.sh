@@ -11,6 +11,10 @@
 #   step     benchmarks/step.py --device cuda: torch AMP and zerocore stages 0-3 on the 337M GPT, memory net of
 #            each variant's baseline, left after del / after gc
 #   offload  benchmarks/offload_states.py on the same GPT: device memory freed, round trip vs the pinned copy rate
+#   cpuoffload  step.py on the same GPT with CPU offload at stages 2 and 3 beside the same stages without it
+#            (T_device) and DeepSpeed's (when installed): T_host and each step against max(T_device, T_host)
+#   llama    step.py on the Hugging Face Llama of issue 35 (256M, 16 layers, 4 x 512 tokens): torch AMP, stages 2, 3
+#   compile  benchmarks/compile_stage3.py --device cuda: engine.compile() against eager at stages 2 and 3
 # Environment: PY (default python3), ZC_ARCH (default 9.0), T_BUILD/T_TESTS/T_STEP/T_OFFLOAD (seconds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +57,15 @@ for s in "${steps[@]}"; do
     offload)
       run offload "${T_OFFLOAD:-120}" "$PY" benchmarks/offload_states.py --device cuda "${GPT[@]}" --stages 0 1 2 3 \
         --rounds 3 --out "$W/offload_states.json" ;;
+    cpuoffload)
+      run cpuoffload "${T_CPUOFFLOAD:-300}" "$PY" benchmarks/step.py --device cuda --ranks 1 "${GPT[@]}" --steps 4 \
+        --rounds 2 --warmup 2 --preset offload --out "$W/step_offload.json" ;;
+    llama)
+      run llama "${T_LLAMA:-150}" "$PY" benchmarks/step.py --device cuda --ranks 1 --model hf-llama --dim 1024 \
+        --layers 16 --ctx 512 --batch 4 --steps 5 --rounds 3 --warmup 2 \
+        --variants torch_amp zerocore_stage2 zerocore_stage3 --out "$W/step_llama.json" ;;
+    compile)
+      run compile "${T_COMPILE:-240}" "$PY" benchmarks/compile_stage3.py --device cuda --out "$W/compile_stage3.json" ;;
     *) note "unknown step $s" ;;
   esac
 done
