@@ -1,0 +1,97 @@
+"""Stage 3's ``engine.compile()`` compiles each unit's forward on its own (FSDP2's recipe): the gather/free hooks
+stay eager around the units' graphs, units of one class share one graph, and nothing recompiles from step to
+step (issue 35). Counted with Dynamo's own counters (benchmarks/compile_stage3.py's ``DynamoCounts``); the
+compiled run trains as the eager one (losses and parameters). World 1, four units of one class.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import zerocore
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+from compile_stage3 import DynamoCounts  # noqa: E402
+
+UNITS = 4
+STEPS = 4
+
+
+class Block(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + torch.nn.functional.gelu(self.lin(self.norm(x)))
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), *[Block(16) for _ in range(UNITS)], nn.Linear(16, 4))
+
+
+def config(offload: bool) -> dict:
+    z = {"stage": 3, "stage3_unit_classes": ["Block"], "stage3_param_persistence_threshold": 0}
+    if offload:
+        z.update(offload_optimizer={"device": "cpu"}, offload_param={"device": "cpu"})
+    return {"train_micro_batch_size_per_gpu": 4, "zero_optimization": z,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}}
+
+
+def train(offload: bool, compiled: bool):
+    """Losses, final full parameters and Dynamo's counts (first step, each later step)."""
+    torch._dynamo.reset()
+    model = make_model()
+    engine = zerocore.initialize(model, config(offload))
+    if compiled:
+        engine.compile()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
+    counts = DynamoCounts()
+    losses, per_step = [], []
+    try:
+        for _ in range(STEPS):
+            counts.clear()
+            loss = (engine(x) - y).square().mean()
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+            per_step.append(counts.read())
+    finally:
+        counts.close()
+    params = [t.clone() for t in engine.full_state_dict().values()]
+    blocks = [m for m in model if isinstance(m, Block)]
+    engine.destroy()
+    # the model given back: each block's own forward, every module its own class
+    assert all("forward" not in b.__dict__ for b in blocks)
+    assert all(type(m) in (nn.Sequential, Block, nn.Linear, nn.LayerNorm) for m in model.modules())
+    return losses, params, per_step
+
+
+def check(offload: bool) -> None:
+    want_losses, want_params, _ = train(offload, compiled=False)
+    losses, params, per_step = train(offload, compiled=True)
+    first, later = per_step[0], per_step[1:]
+    assert first["unique_graphs"] == 1, first  # the four units share their forward's graph
+    assert first["graph_breaks"] <= UNITS, first
+    assert sum(c["recompiles"] for c in per_step) == 0, [c["recompile_reasons"] for c in per_step]
+    assert all(c["frames_compiled"] == 0 and c["graph_breaks"] == 0 for c in later), later
+    assert losses == pytest.approx(want_losses, rel=1e-4, abs=1e-6)
+    assert losses[-1] < losses[0]
+    for got, want in zip(params, want_params):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_stage3_units_compiled_once():
+    check(offload=False)
+
+
+@pytest.mark.slow
+def test_stage3_units_compiled_once_with_cpu_offload():
+    check(offload=True)
