@@ -95,3 +95,43 @@ def test_stage3_units_compiled_once():
 @pytest.mark.slow
 def test_stage3_units_compiled_once_with_cpu_offload():
     check(offload=True)
+
+
+@pytest.mark.slow
+def test_stage3_compiled_unit_reading_another_units_parameter():
+    """NestedNet's head reads the input layer's weight (another unit, sharded then: no prefetch): in the head's
+    compiled forward that read calls the gatherer eagerly (one graph break), and the run trains as eager.
+    Units of several classes and shapes compile in the first step only."""
+    from dist_helpers import NestedNet
+
+    zero = {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 0,
+            "stage3_unit_classes": ["Middle", "Inner", "Head", "Linear"]}
+    runs = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        engine = zerocore.initialize(NestedNet(), {"train_micro_batch_size_per_gpu": 4, "zero_optimization": zero,
+                                                   "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})
+        units = engine.gatherer.compile_units() if compiled else []
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(4, 37, generator=g), torch.randn(4, 11, generator=g)
+        counts, losses, per_step = DynamoCounts(), [], []
+        try:
+            for _ in range(STEPS):
+                counts.clear()
+                loss = (engine(x) - y).square().mean()
+                engine.backward(loss)
+                engine.step()
+                losses.append(loss.item())
+                per_step.append(counts.read())
+        finally:
+            counts.close()
+        runs.append((losses, [t.clone() for t in engine.full_state_dict().values()], per_step, units))
+        engine.destroy()
+    (want_losses, want_params, _, _), (losses, params, per_step, units) = runs
+    assert "head" in units and "inp" in units and "mids.0" not in units  # Middle holds a unit: eager
+    assert 1 <= per_step[0]["graph_breaks"] <= len(units), per_step[0]
+    assert all(c["recompiles"] == 0 and c["frames_compiled"] == 0 for c in per_step[1:]), per_step[1:]
+    assert losses == pytest.approx(want_losses, rel=1e-4, abs=1e-6)
+    for got, want in zip(params, want_params):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

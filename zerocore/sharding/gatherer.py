@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import types
 import weakref
 
 import torch
@@ -479,12 +480,15 @@ class ParamGatherer:
             sm = s.module()
             if sm is not None and getattr(type(sm), "_zc_access_hooked", False) and type(sm).__bases__[0] is s.original:
                 swapped[id(sm)] = (sm, s.original)
-        done = []
+        done, compiled = [], {}
         for u in self.units:
             m = u.module
             if m is self.root or "forward" in m.__dict__ or any(id(x) in unit_ids for x in m.modules() if x is not m):
                 continue
-            m.forward = torch.compile(m.forward, **compile_kwargs)
+            cls = type(m).__bases__[0] if getattr(type(m), "_zc_access_hooked", False) else type(m)
+            if cls not in compiled:
+                compiled[cls] = torch.compile(_forward_of(cls), **compile_kwargs)
+            m.forward = types.MethodType(compiled[cls], m)
             self._hooks.append(_CompiledForward(m))
             for x in m.modules():
                 if id(x) in swapped:
@@ -508,6 +512,27 @@ class ParamGatherer:
         for s in reversed(self._swapped):
             s.remove()
         self._swapped.clear()
+
+
+_FORWARDS: dict[type, object] = {}
+
+
+def _forward_of(cls: type):
+    """A function calling ``cls.forward``, with a code object of its own per class: Dynamo keeps its
+    compiled graphs (and counts recompilations against its limit) per code object, so units of
+    different classes do not share one cache (``torch.compile`` of a bound method of a ``torch.nn``
+    class would put them all under one shared wrapper's code)."""
+    fn = _FORWARDS.get(cls)
+    if fn is None:
+        forward = cls.forward
+
+        def unit_forward(self, *args, **kwargs):
+            return forward(self, *args, **kwargs)
+
+        unit_forward.__code__ = unit_forward.__code__.replace(co_name=f"{cls.__name__}_forward")
+        unit_forward.__name__ = unit_forward.__qualname__ = f"{cls.__name__}_forward"
+        fn = _FORWARDS[cls] = unit_forward
+    return fn
 
 
 class _CompiledForward:
