@@ -531,6 +531,7 @@ def _forward_of(cls: type):
 
         unit_forward.__code__ = unit_forward.__code__.replace(co_name=f"{cls.__name__}_forward")
         unit_forward.__name__ = unit_forward.__qualname__ = f"{cls.__name__}_forward"
+        unit_forward.__wrapped__ = forward  # inspect.signature(module.forward) still names the forward's parameters
         fn = _FORWARDS[cls] = unit_forward
     return fn
 
