@@ -489,7 +489,7 @@ class ParamGatherer:
             if cls not in compiled:
                 compiled[cls] = torch.compile(_forward_of(cls), **compile_kwargs)
             m.forward = types.MethodType(compiled[cls], m)
-            self._hooks.append(_CompiledForward(m))
+            self._hooks.append(_CompiledForward(m, compiled[cls]))
             for x in m.modules():
                 if id(x) in swapped:
                     make_traceable(*swapped[id(x)])
@@ -539,15 +539,15 @@ def _forward_of(cls: type):
 class _CompiledForward:
     """A unit whose forward ``compile_units`` compiled: ``remove()`` gives it its own forward back."""
 
-    __slots__ = ("module",)
+    __slots__ = ("module", "fn")
 
-    def __init__(self, module: nn.Module):
-        self.module = weakref.ref(module)
+    def __init__(self, module: nn.Module, fn):
+        self.module, self.fn = weakref.ref(module), fn
 
     def remove(self) -> None:
         m = self.module()
-        if m is not None:
-            m.__dict__.pop("forward", None)
+        if m is not None and getattr(m.__dict__.get("forward"), "__func__", None) is self.fn:
+            del m.__dict__["forward"]  # only the forward set here (not one set over it since)
 
 
 class _Swapped:
