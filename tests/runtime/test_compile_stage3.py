@@ -44,13 +44,13 @@ def config(offload: bool) -> dict:
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}}
 
 
-def train(offload: bool, compiled: bool):
+def train(offload: bool, compiled: bool, backend: str = "inductor"):
     """Losses, final full parameters and Dynamo's counts (first step, each later step)."""
     torch._dynamo.reset()
     model = make_model()
     engine = zerocore.initialize(model, config(offload))
     if compiled:
-        engine.compile()
+        engine.compile(backend=backend)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
     counts = DynamoCounts()
@@ -74,9 +74,9 @@ def train(offload: bool, compiled: bool):
     return losses, params, per_step
 
 
-def check(offload: bool) -> None:
+def check(offload: bool, backend: str = "inductor") -> None:
     want_losses, want_params, _ = train(offload, compiled=False)
-    losses, params, per_step = train(offload, compiled=True)
+    losses, params, per_step = train(offload, compiled=True, backend=backend)
     first, later = per_step[0], per_step[1:]
     assert first["unique_graphs"] == 1, first  # the four units share their forward's graph
     assert first["graph_breaks"] <= UNITS, first
@@ -89,6 +89,13 @@ def check(offload: bool) -> None:
 
 
 def test_stage3_units_compiled_once():
+    """Dynamo's graphs, guards and AOT autograd's backward without Inductor's code generation (seconds); the slow
+    tests below compile with Inductor."""
+    check(offload=False, backend="aot_eager")
+
+
+@pytest.mark.slow
+def test_stage3_units_compiled_once_inductor():
     check(offload=False)
 
 
