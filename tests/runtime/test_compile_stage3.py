@@ -94,6 +94,36 @@ def test_stage3_units_compiled_once():
     check(offload=False, backend="aot_eager")
 
 
+def test_stage3_compiled_accumulation_and_eval():
+    """Gradient accumulation recompiles nothing; an eval-mode no-grad forward compiles its graph once (Dynamo guards
+    the grad mode), and training and eval then alternate without compiling again."""
+    torch._dynamo.reset()
+    engine = zerocore.initialize(make_model(), {**config(False), "gradient_accumulation_steps": 2})
+    engine.compile(backend="aot_eager")
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    counts, seen = DynamoCounts(), []
+    try:
+        for _ in range(2):
+            for _ in range(2):  # an optimizer step of two micro-batches
+                counts.clear()
+                for _ in range(2):
+                    engine.backward(engine(x).square().mean())
+                    engine.step()
+                seen.append(("train", counts.read()))
+            counts.clear()
+            engine.eval()
+            with torch.no_grad():
+                engine(x)
+            engine.train()
+            seen.append(("eval", counts.read()))
+    finally:
+        counts.close()
+        engine.destroy()
+    frames = [(what, c["frames_compiled"], c["recompiles"]) for what, c in seen]
+    assert frames == [("train", 1, 0), ("train", 0, 0), ("eval", 1, 1), ("train", 0, 0), ("train", 0, 0),
+                      ("eval", 0, 0)], [(w, c["recompile_reasons"]) for w, c in seen]
+    assert "grad_mode" in seen[2][1]["recompile_reasons"][0]
+
 @pytest.mark.slow
 def test_stage3_units_compiled_once_inductor():
     check(offload=False)
