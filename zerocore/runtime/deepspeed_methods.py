@@ -239,14 +239,18 @@ class DeepSpeedMethods:
 
     # -- lifecycle (train()/eval() are nn.Module's: the engine and the wrapped model) ----------
     def compile(self, backend=None, compile_kwargs=None, schedule=None, compiled_autograd_enabled: bool = False):
-        """``torch.compile`` of the wrapped module's forward (the engine's hooks and collectives stay
-        outside the compiled graph at stage 3). Called once; returns nothing, as DeepSpeed's."""
+        """``torch.compile`` of the wrapped module's forward; at stage 3 of each unit's forward on its
+        own (``ParamGatherer.compile_units``: FSDP2's recipe, the gather/free hooks eager around each
+        unit's graph, the glue between units eager). Called once; returns nothing, as DeepSpeed's."""
         if self.is_compiled:
             return
         kwargs = dict(compile_kwargs or {})
         if backend is not None:
             kwargs["backend"] = backend
-        self.module.compile(**kwargs)
+        if self.gatherer is not None and self.gatherer.compile_units(**kwargs):
+            pass  # stage 3: the units compiled, the glue eager
+        else:  # stages 0-2 (or a stage-3 model with no unit below the root): the whole module
+            self.module.compile(**kwargs)
         self._is_compiled = True
 
     @property

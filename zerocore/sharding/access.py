@@ -13,8 +13,10 @@ from __future__ import annotations
 from torch import nn
 
 from ..ops.params import param_ops
+from .eager import eager_only
 
 _HOOKED: dict[type, type] = {}
+_TRACEABLE: dict[type, type] = {}
 
 
 def _with_access_hook(cls: type) -> type:
@@ -56,6 +58,42 @@ def _with_access_hook(cls: type) -> type:
                                       "__module__": cls.__module__, "__qualname__": cls.__qualname__})
     _HOOKED[cls] = new
     return new
+
+
+@eager_only
+def _tell(module: nn.Module, p: nn.Parameter) -> None:
+    """The gatherer hears of a read of an empty parameter (run eagerly under ``torch.compile``)."""
+    g = module.__dict__.get("_zc_gatherer")
+    if g is not None:
+        g.on_access(p)
+
+
+def _with_traceable_access_hook(cls: type) -> type:
+    """The access-hooked subclass for modules inside a unit compiled on its own (stage 3's
+    ``engine.compile()``): its ``__getattr__`` is a plain Python function Dynamo inlines (it refuses
+    the native one, breaking the graph at every parameter read). Traced, a read of a gathered
+    parameter is nn.Module's lookup (the numel test is decided by the shape guard, at trace time);
+    a read of an empty one (another unit's parameter) calls the gatherer eagerly: a graph break,
+    only where such a read is."""
+    if cls in _TRACEABLE:
+        return _TRACEABLE[cls]
+    base_getattr = cls.__getattr__
+
+    def __getattr__(self, name):
+        value = base_getattr(self, name)
+        if isinstance(value, nn.Parameter) and value.numel() == 0:
+            _tell(self, value)
+        return value
+
+    new = type(cls.__name__, (cls,), {"__getattr__": __getattr__, "_zc_access_hooked": True,
+                                      "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    _TRACEABLE[cls] = new
+    return new
+
+
+def make_traceable(module: nn.Module, original: type) -> None:
+    """``module`` (access-hooked, its own class ``original``) gets the traceable variant of the hook."""
+    module.__class__ = _with_traceable_access_hook(original)
 
 
 def swap_class(module: nn.Module, gatherer) -> type:

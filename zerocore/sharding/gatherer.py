@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import types
 import weakref
 
 import torch
@@ -58,7 +59,7 @@ from .._weak import GONE, EngineGone, proxy, remove_when_freed
 from ..comm import DONE, Comm
 from ..comm.divergence import DivergenceGuard, Op, Phase
 from ..ops.params import param_ops
-from .access import restore, swap_class
+from .access import make_traceable, restore, swap_class
 from .eager import eager_only
 from .group import ShardedGroup
 from .passes import Pass
@@ -464,6 +465,37 @@ class ParamGatherer:
         for m in owners.values():  # the modules get a weak proxy: they are the gatherer's, not its owners
             self._swapped.append(_Swapped(m, swap_class(m, proxy(self))))
 
+    # -- torch.compile ------------------------------------------------------------------------
+    def compile_units(self, **compile_kwargs) -> list[str]:
+        """``torch.compile`` of each unit's forward on its own (FSDP2's recipe: ``fully_shard`` and
+        compile each block): the unit's hooks (gather, free, the backward signals) stay eager module
+        hooks around the compiled forward, so the forward is one graph with no collective or storage
+        resize in it, and units of one class share that graph (their parameters are graph inputs of
+        the same shapes). Units holding another unit, and the root (the glue between units), run
+        eagerly. The access-hooked modules inside get a ``__getattr__`` Dynamo traces (``access.py``).
+        Undone by ``remove_hooks``. Returns the paths of the units compiled."""
+        unit_ids = {id(u.module) for u in self.units}
+        swapped = {}  # id(module) -> its own class, for the modules still wearing the access hook
+        for s in self._swapped:
+            sm = s.module()
+            if sm is not None and getattr(type(sm), "_zc_access_hooked", False) and type(sm).__bases__[0] is s.original:
+                swapped[id(sm)] = (sm, s.original)
+        done, compiled = [], {}
+        for u in self.units:
+            m = u.module
+            if m is self.root or "forward" in m.__dict__ or any(id(x) in unit_ids for x in m.modules() if x is not m):
+                continue
+            cls = type(m).__bases__[0] if getattr(type(m), "_zc_access_hooked", False) else type(m)
+            if cls not in compiled:
+                compiled[cls] = torch.compile(_forward_of(cls), **compile_kwargs)
+            m.forward = types.MethodType(compiled[cls], m)
+            self._hooks.append(_CompiledForward(m, compiled[cls]))
+            for x in m.modules():
+                if id(x) in swapped:
+                    make_traceable(*swapped[id(x)])
+            done.append(u.name)
+        return done
+
     def swap_class(self, module: nn.Module, cls: type) -> None:
         """Gives ``module`` the class ``cls`` (a subclass of its own) while this gatherer works: the
         original comes back with ``remove_hooks`` (or when the gatherer is freed), as the access-hook
@@ -480,6 +512,42 @@ class ParamGatherer:
         for s in reversed(self._swapped):
             s.remove()
         self._swapped.clear()
+
+
+_FORWARDS: dict[type, object] = {}
+
+
+def _forward_of(cls: type):
+    """A function calling ``cls.forward``, with a code object of its own per class: Dynamo keeps its
+    compiled graphs (and counts recompilations against its limit) per code object, so units of
+    different classes do not share one cache (``torch.compile`` of a bound method of a ``torch.nn``
+    class would put them all under one shared wrapper's code)."""
+    fn = _FORWARDS.get(cls)
+    if fn is None:
+        forward = cls.forward
+
+        def unit_forward(self, *args, **kwargs):
+            return forward(self, *args, **kwargs)
+
+        unit_forward.__code__ = unit_forward.__code__.replace(co_name=f"{cls.__name__}_forward")
+        unit_forward.__name__ = unit_forward.__qualname__ = f"{cls.__name__}_forward"
+        unit_forward.__wrapped__ = forward  # inspect.signature(module.forward) still names the forward's parameters
+        fn = _FORWARDS[cls] = unit_forward
+    return fn
+
+
+class _CompiledForward:
+    """A unit whose forward ``compile_units`` compiled: ``remove()`` gives it its own forward back."""
+
+    __slots__ = ("module", "fn")
+
+    def __init__(self, module: nn.Module, fn):
+        self.module, self.fn = weakref.ref(module), fn
+
+    def remove(self) -> None:
+        m = self.module()
+        if m is not None and getattr(m.__dict__.get("forward"), "__func__", None) is self.fn:
+            del m.__dict__["forward"]  # only the forward set here (not one set over it since)
 
 
 class _Swapped:
