@@ -65,7 +65,8 @@ for s in "${steps[@]}"; do
         --layers 16 --ctx 512 --batch 4 --steps 5 --rounds 3 --warmup 2 \
         --variants torch_amp zerocore_stage2 zerocore_stage3 --out "$W/step_llama.json" ;;
     compile)
-      run compile "${T_COMPILE:-240}" "$PY" benchmarks/compile_stage3.py --device cuda --out "$W/compile_stage3.json" ;;
+      run compile "${T_COMPILE:-240}" "$PY" benchmarks/compile_stage3.py --device cuda --dim 512 --layers 8 --ctx 256 \
+        --batch 8 --out "$W/compile_stage3.json" ;;
     *) note "unknown step $s" ;;
   esac
 done
