@@ -51,6 +51,7 @@ from .throughput import ThroughputTimer
 from . import ds_param_attrs
 from .module_face import ModuleFace
 from . import provided
+from ..debug.engine_waits import watch_engine
 
 
 class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
@@ -159,6 +160,7 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         self.tput_timer = ThroughputTimer(self.train_batch_size())  # DeepSpeed's samples/s (throughput.py)
         if z.stage == 3:
             ds_param_attrs.attach(self)  # DeepSpeed's ds_* attributes, which third-party code reads
+        watch_engine(self)  # ZEROCORE_DEBUG_HOST_WAITS: each step's host waits (zerocore/debug/engine_waits.py)
         engine_started(self)  # the process groups zerocore created live while an engine does
 
     def _group_specs(self, module, trainable, z, hyper: dict[int, int], frozen=()) -> list[GroupSpec]:
