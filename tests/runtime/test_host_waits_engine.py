@@ -10,11 +10,13 @@ the mode on as off.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 import zerocore
-from dist_helpers import DTYPES, Case, loss_fn, make_batch, make_model
+from dist_helpers import DTYPES, Case, case_results, loss_fn, make_batch, make_model, spawn_cases
 from zerocore.debug import HostWaitError
 
 ENV = "ZEROCORE_DEBUG_HOST_WAITS"
@@ -70,3 +72,150 @@ def test_unset_wraps_nothing(monkeypatch):
     monkeypatch.setenv(ENV, "sometimes")
     with pytest.raises(ValueError, match="ZEROCORE_DEBUG_HOST_WAITS='sometimes': expected one of count, raise"):
         zerocore.initialize(Chatty(), _cfg())
+
+
+# -- a steady-state step waits for nothing (world 1) ---------------------------------------------------
+WARMUP, STEPS = 2, 4
+CPU_OPT = {"offload_optimizer": {"device": "cpu"}}
+SCENARIOS = {  # name: (stages, Case keywords, zero_optimization additions)
+    "bf16_clip": ((0, 1, 2, 3), dict(dtype="bf16", clip=0.05), {}),
+    "fp32_clip_gas2": ((0, 1, 2, 3), dict(clip=0.05, gas=2), {}),
+    "bf16_clip_cpu_offload": ((1, 2, 3), dict(dtype="bf16", clip=0.05), CPU_OPT),
+    "bf16_clip_param_offload": ((3,), dict(dtype="bf16", clip=0.05, model="gpt"),
+                                {"offload_param": {"device": "cpu"}}),
+    "bf16_clip_param_and_cpu_offload": ((3,), dict(dtype="bf16", clip=0.05, gas=2),
+                                        {"offload_param": {"device": "cpu"}, **CPU_OPT}),
+    "fp16_dynamic": ((0, 1, 2, 3), dict(dtype="fp16", clip=0.05), {}),
+    "fp16_dynamic_cpu_offload": ((2,), dict(dtype="fp16", clip=0.05), CPU_OPT),
+    "bf16_clip_check_grad_overflow": ((1, 3), dict(dtype="bf16", clip=0.05), {}),
+}
+READS_OVERFLOW = {"fp16_dynamic", "bf16_clip_check_grad_overflow"}  # one read per boundary: the skip decision
+CASES = [(name, stage) for name, (stages, _, _) in SCENARIOS.items() for stage in stages]
+
+
+def config(case: Case) -> dict:
+    cfg = case.config()
+    if case.name.endswith("check_grad_overflow"):
+        cfg["bf16"]["check_grad_overflow"] = True
+    return cfg
+
+
+def train(name: str, stage: int, monkeypatch, mode: str | None, inf_at: int | None = None) -> dict:
+    """STEPS optimizer steps of scenario ``name``; each boundary's wait log when ``mode`` is set.
+    ``inf_at``: an Inf in one gradient element at that step."""
+    _, kw, zero = SCENARIOS[name]
+    kw = dict(kw)
+    case = Case(name, kw.pop("model", "mlp"), stage, zero=zero, **kw)
+    if mode is None:
+        monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, mode)
+    engine = zerocore.initialize(make_model(case.model, 0), config(case))
+    dtype, out = DTYPES[case.dtype], {"logs": [], "norms": [], "losses": [], "skipped": []}
+    for step in range(STEPS):
+        x, y = make_batch(case.model, step, case.micro * case.gas, 0)
+        for k in range(case.gas):
+            xb, yb = x[k * case.micro:(k + 1) * case.micro], y[k * case.micro:(k + 1) * case.micro]
+            loss = loss_fn(case.model, engine(xb.to(dtype) if xb.is_floating_point() else xb), yb)
+            hook = None
+            if step == inf_at:
+                hook = engine.module.out.weight.register_hook(lambda g: g.index_fill(0, torch.tensor([0]), float("inf")))
+            engine.backward(loss)
+            if hook is not None:
+                hook.remove()
+            engine.step()
+            out["losses"].append(loss.item())
+        out["logs"].append(engine.host_waits_last_step)
+        out["norms"].append(engine.global_grad_norm)  # read lazily, here: the user's wait, not the step's
+        out["skipped"].append(engine.skipped_steps)
+    out["state"] = engine.full_state_dict()
+    engine.destroy()
+    return out
+
+
+@pytest.mark.parametrize("name, stage", CASES, ids=[f"{n}-stage{s}" for n, s in CASES])
+def test_steady_state_steps_wait_for_nothing_and_train_the_same(name, stage, monkeypatch):
+    on = train(name, stage, monkeypatch, "count")
+    steady = on["logs"][WARMUP:]
+    if name in READS_OVERFLOW:  # the overflow decision: one read per boundary, in the step (GradScaler's)
+        for log in steady:
+            assert log.count == 1, str(log)
+            assert all(w.site.endswith(" in step") and "engine.py" in w.site for w in log.waits), str(log)
+    else:  # fp16 with offload included: the overflow flag is host data there
+        assert [log.count for log in steady] == [0] * len(steady), "\n".join(map(str, steady))
+    assert all(not log.events for log in steady)  # a CPU device records no events
+    off = train(name, stage, monkeypatch, None)
+    assert on["losses"] == off["losses"] and on["norms"] == off["norms"]
+    assert all(torch.equal(on["state"][k], off["state"][k]) for k in off["state"])
+
+
+def table() -> str:
+    """The counts per steady-state step (``python tests/runtime/test_host_waits_engine.py``)."""
+    mp = pytest.MonkeyPatch()
+    rows = ["| scenario | stage | waits per steady step | event waits |", "|---|---|---|---|"]
+    try:
+        for name, stage in CASES:
+            logs = train(name, stage, mp, "count")["logs"][WARMUP:]
+            rows.append(f"| {name} | {stage} | {max(log.count for log in logs)} | "
+                        f"{max(len(log.events) for log in logs)} |")
+    finally:
+        mp.undo()
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(table())
+
+
+@pytest.mark.parametrize("name, stage", [("bf16_clip", 3), ("bf16_clip_cpu_offload", 2), ("fp32_clip_gas2", 1)])
+def test_raise_mode_trains_through_without_a_wait(name, stage, monkeypatch):
+    assert [log.count for log in train(name, stage, monkeypatch, "raise")["logs"]] == [0] * STEPS
+
+
+def test_raise_mode_names_fp16s_overflow_read(monkeypatch):
+    with pytest.raises(HostWaitError, match=r"zerocore/runtime/engine.py:\d+ in step"):
+        train("fp16_dynamic", 2, monkeypatch, "raise")
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_bf16_applies_an_inf_gradient_unless_asked_to_check(stage, monkeypatch):
+    """bf16 by default (torch.optim's behaviour): no host read, the step with an Inf gradient is applied and
+    the lazily read norm is inf. bf16.check_grad_overflow (DeepSpeed's): skipped, as fp16 skips."""
+    free = train("bf16_clip", stage, monkeypatch, "count", inf_at=2)
+    assert free["skipped"] == [0] * STEPS and free["norms"][2] == float("inf")
+    assert [log.count for log in free["logs"]] == [0] * STEPS
+    with pytest.warns(RuntimeWarning, match="the update was skipped"):
+        checked = train("bf16_clip_check_grad_overflow", stage, monkeypatch, "count", inf_at=2)
+    assert checked["skipped"] == [0, 0, 1, 1] and checked["norms"][2] == float("inf")
+    assert [log.count for log in checked["logs"]] == [1] * STEPS
+    assert all(map(math.isfinite, checked["norms"][3:])) and all(map(math.isfinite, checked["losses"]))
+
+
+# -- two gloo ranks -------------------------------------------------------------------------------------
+W2 = [Case("w2_s2_bf16_clip", "mlp", 2, dtype="bf16", clip=0.05, steps=STEPS),
+      Case("w2_s3_bf16_clip_gas2", "gpt", 3, dtype="bf16", clip=0.05, gas=2, steps=STEPS),
+      Case("w2_s1_bf16_clip_cpu_offload", "mlp", 1, dtype="bf16", clip=0.05, steps=STEPS, zero=CPU_OPT)]
+
+
+def run_counted(case: Case, rank: int, world: int) -> dict:
+    """One rank of a W2 case (ZEROCORE_DEBUG_HOST_WAITS inherited from the parent): each step's waits."""
+    engine = zerocore.initialize(make_model(case.model, 0), case.config())
+    dtype, logs = DTYPES[case.dtype], []
+    for step in range(case.steps):
+        x, y = make_batch(case.model, step, case.micro * case.gas * world, 0)
+        for k in range(case.gas):
+            lo = (k * world + rank) * case.micro
+            xb, yb = x[lo:lo + case.micro], y[lo:lo + case.micro]
+            engine.backward(loss_fn(case.model, engine(xb.to(dtype) if xb.is_floating_point() else xb), yb))
+            engine.step()
+        logs.append([str(w) for w in engine.host_waits_last_step.waits if w.kind != "event"])
+    engine.destroy()
+    return {"logs": logs}
+
+
+def test_two_ranks_steady_state_steps_wait_for_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV, "count")
+    results = spawn_cases(W2, 2, tmp_path, run=run_counted)
+    for case in W2:
+        for r in case_results(results, W2, case.name):
+            assert r["logs"][WARMUP:] == [[]] * (STEPS - WARMUP), (case.name, r["logs"])

@@ -49,8 +49,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 _aten = torch.ops.aten
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_SKIP = (_TORCH_DIR, _HERE, contextlib.__file__, os.path.join("zerocore", "ops", "norm.py"),
-         os.path.join("zerocore", "ops", "cuda", "kernels.py"))
+# frames a call site is never in: torch, this package, contextlib; and the ops whose own reads are the native
+# call's (the site is their caller)
+_SKIP_PREFIXES = (_TORCH_DIR, _HERE, contextlib.__file__)
+_SKIP_SUFFIXES = (os.path.join("zerocore", "ops", "norm.py"), os.path.join("zerocore", "ops", "cuda", "kernels.py"))
 
 _local = threading.local()  # .exempt: nesting of reads not to count; .watchers: active watchers
 _host: dict[int, weakref.ref] = {}  # host-buffer storage address -> a tensor holding it
@@ -138,7 +140,8 @@ def device_read(t: torch.Tensor) -> float:
 
 def _site() -> str:
     f = sys._getframe(1)
-    while f is not None and (f.f_code.co_filename.startswith(_SKIP) or f.f_code.co_filename.endswith(_SKIP[3:])):
+    while f is not None and (f.f_code.co_filename.startswith(_SKIP_PREFIXES)
+                             or f.f_code.co_filename.endswith(_SKIP_SUFFIXES)):
         f = f.f_back
     if f is None:
         return "?"
