@@ -67,6 +67,8 @@ class HostSteppedShard:
                     if self._device_norm_h is None:
                         self._device_norm_h = host_zeros(2, torch.float64, self.pin)
                     self._device_norm_h.copy_(torch.stack([s, bad.to(torch.float64)]), non_blocking=True)
+                    s.record_stream(stream)  # read here: not reused on the compute stream before that
+                    bad.record_stream(stream)
                 ev = torch.cuda.Event()
                 ev.record(stream)
             grad.record_stream(stream)
