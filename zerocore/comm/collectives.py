@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..debug.host_waits import mark_host
 from . import lifetime
 
 # torch 2.13 renamed the flat-tensor collectives; keep working on older releases.
@@ -161,9 +162,23 @@ class Comm:
             dist.broadcast(t, src=self._global[src], group=self.group)
 
     def sum_floats(self, values: list[float]) -> list[float]:
-        """Sums a few Python floats over ranks in one small collective (float64)."""
+        """Sums a few Python floats over ranks in one small collective (float64). Through NCCL they
+        travel in device memory, so reading the sum waits for the device: host values of a step go
+        through ``host_side()``."""
         if self.world == 1:
             return list(values)
         t = torch.tensor(values, dtype=torch.float64, device=self._scalar_device)
+        if self._scalar_device.type == "cpu":  # host memory (zerocore.debug.host_waits: no device to wait for)
+            mark_host(t)
         dist.all_reduce(t, group=self.group)
         return t.tolist()
+
+    def host_side(self) -> "Comm":
+        """This group's ranks over gloo, for host values (offload's gradient norm): ``sum_floats`` there
+        waits for the other ranks, not for a device. This Comm itself where it is gloo already (or one
+        rank). A collective the first time (a new group): call it on every rank at the same point."""
+        if self.backend == "gloo" or self.world == 1:
+            return self
+        ranks = tuple(dist.get_process_group_ranks(self.group)) if self.group is not None else None
+        return Comm(lifetime.new_side_group(("host", ranks), list(ranks) if ranks is not None else None,
+                                            use_local_synchronization=ranks is not None))

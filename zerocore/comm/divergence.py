@@ -34,6 +34,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from ..debug.host_waits import mark_host
 from . import lifetime
 from .collectives import Comm
 
@@ -112,8 +113,10 @@ class DivergenceGuard:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
         self.count = 0  # collectives checked so far on this rank
-        self._out = torch.empty(comm.world * HEADER, dtype=torch.int64)
-        self._mine = torch.empty(HEADER, dtype=torch.int64)
+        # host memory exchanged over gloo (named so to zerocore.debug.host_waits: reading it waits for no device)
+        self._out = mark_host(torch.empty(comm.world * HEADER, dtype=torch.int64))
+        self._mine = mark_host(torch.empty(HEADER, dtype=torch.int64))
+        self._mine_np = None  # its numpy view, written in place at each exchange: no tensor made per collective
         # every rank builds its guard at the same point (engine construction): a collective
         self._headers = _header_comm(comm, timeout_s) if self.enabled else None
 
@@ -157,7 +160,9 @@ class DivergenceGuard:
 
     def _exchange(self, op: int, index: int, phase: int, extra: int = 0) -> list[list[int]]:
         self.count += 1
-        self._mine.copy_(torch.tensor([op, index, phase, self.count, extra], dtype=torch.int64))
+        if self._mine_np is None:  # made on first use: a dry engine's guard (fake tensors) never exchanges
+            self._mine_np = self._mine.numpy()
+        self._mine_np[:] = (op, index, phase, self.count, extra)
         try:
             if self._headers is not None:  # gloo itself gives up after the timeout
                 self._headers.all_gather_into(self._out, self._mine)

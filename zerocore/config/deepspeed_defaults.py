@@ -16,7 +16,7 @@ DEEPSPEED_DEFAULTS: dict[str, object] = {
     "optimizer.params.eps": 1e-8, "optimizer.params.weight_decay": 0.0, "optimizer.params.adam_w_mode": True,
     "fp16.enabled": False, "fp16.loss_scale": 0.0, "fp16.initial_scale_power": 16, "fp16.loss_scale_window": 1000,
     "fp16.hysteresis": 2, "fp16.consecutive_hysteresis": False, "fp16.min_loss_scale": 1.0,
-    "bf16.enabled": False,
+    "bf16.enabled": False, "bf16.check_grad_overflow": True,
     "zero_optimization.stage": 0, "zero_optimization.contiguous_gradients": True,
     "zero_optimization.reduce_scatter": True, "zero_optimization.overlap_comm": None,
     "zero_optimization.reduce_dtype": ONLY_ZEROCORE,

@@ -249,6 +249,12 @@ class FP16Config(_Section):
 class BF16Config(_Section):
     PATH = "bf16"
     enabled: bool = option(False, "Train with bf16 parameters and gradients and an fp32 master.", kind=bool)
+    check_grad_overflow: bool = option(
+        True, "Skip the update of an accumulation boundary whose gradients hold Inf/NaN (counted in skipped_steps), "
+        "as fp16 does: the host reads the flag once per boundary (DeepSpeed's default: nothing is lost to a NaN). "
+        "false: the step never waits for the device; such gradients go into the update as with torch.optim and "
+        "FSDP, and get_global_grad_norm() reads inf (with offload the flag is host data already and such a step "
+        "is skipped either way).", kind=bool)
 
 
 @dataclasses.dataclass

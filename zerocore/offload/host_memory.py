@@ -8,6 +8,8 @@ import logging
 
 import torch
 
+from ..debug.host_waits import mark_host
+
 log = logging.getLogger("zerocore.offload")
 _said_unpinned = False
 
@@ -26,8 +28,9 @@ def should_pin(pin_memory: bool, device: torch.device) -> bool:
 
 
 def host_empty(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
-    """An uninitialised host tensor (page-locked when ``pin``)."""
-    return torch.empty(numel, dtype=dtype, device="cpu", pin_memory=pin)
+    """An uninitialised host tensor (page-locked when ``pin``), known as host memory to
+    ``zerocore.debug.host_waits`` (which on a CPU device counts every other tensor as device memory)."""
+    return mark_host(torch.empty(numel, dtype=dtype, device="cpu", pin_memory=pin))
 
 
 def host_zeros(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:

@@ -43,6 +43,8 @@ class HostSteppedShard:
         self._copy_event = None  # the last copy back to the device (CUDA)
         self.sumsq, self.nonfinite = 0.0, False
         self._host_norm_pending = False  # a device gradient copy in flight: the host part of the norm waits
+        self._device_norm_h = None  # ratio < 1 on CUDA: the device part's (sum of squares, flag), landed
+        self._device_norm_pending = False
         self.enqueue = None  # (group index, host step, ready) -> None: set by OffloadPlan at stage 3
         self.run_now = None  # the same, run on the worker and waited for: OffloadPlan, stages 1/2 on a GPU
         self.param_swap = None  # set by OffloadPlan when this group's parameter shard rests on NVMe
@@ -55,20 +57,30 @@ class HostSteppedShard:
         overflow flag is accumulated (the device part's on the device)."""
         self.ready.wait()  # the worker may still be reading last step's landed gradient
         h = self.split
-        s, bad = (ops.sum_squares(grad[h:]) if h < grad.numel() else (0.0, False))
+        device_part = h < grad.numel()  # ratio < 1: its norm part is computed on the device
+        s, bad = (ops.sum_squares(grad[h:], sync=False) if device_part else (0.0, False))
         if grad.device.type == "cuda":
             stream = self._stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 self.grad_h.copy_(grad[:h], non_blocking=True)
+                if device_part:  # the device part's (sum, flag) come to the host behind the same event
+                    if self._device_norm_h is None:
+                        self._device_norm_h = host_zeros(2, torch.float64, self.pin)
+                    self._device_norm_h.copy_(torch.stack([s, bad.to(torch.float64)]), non_blocking=True)
+                    s.record_stream(stream)  # read here: not reused on the compute stream before that
+                    bad.record_stream(stream)
                 ev = torch.cuda.Event()
                 ev.record(stream)
             grad.record_stream(stream)
             self._landed.append(ev)
-            self.sumsq, self.nonfinite = s, bad  # the host part is added when its copy has landed
+            self._device_norm_pending = device_part
+            self.sumsq, self.nonfinite = 0.0, False  # both parts are added when the copies have landed
             self._host_norm_pending = True
             return
-        self.grad_h.copy_(grad[:h])
+        # a CPU device: the copy is done when copy_ returns (non_blocking changes nothing on the CPU; said
+        # so that zerocore.debug.host_waits meets the same code a CUDA device runs: a copy not waited for)
+        self.grad_h.copy_(grad[:h], non_blocking=True)
         hs, hbad = ops.sum_squares(self.grad_h)
         self.sumsq, self.nonfinite = hs + s, bool(hbad or bad)
         self._host_norm_pending = False
@@ -77,10 +89,10 @@ class HostSteppedShard:
         """This group's (sum of squares, any Inf/NaN) of the owned reduced gradient."""
         if self._host_norm_pending:
             for ev in self._landed:
-                ev.synchronize()
+                ev.synchronize()  # the host waits on the copies this step needs, not on the device
             self._landed.clear()
             hs, hbad = ops.sum_squares(self.grad_h)
-            s, bad = self.sumsq, self.nonfinite
+            s, bad = self._device_norm_h.tolist() if self._device_norm_pending else (self.sumsq, self.nonfinite)
             self.sumsq, self.nonfinite = hs + s, bool(hbad or bad)
             self._host_norm_pending = False
         return self.sumsq, self.nonfinite

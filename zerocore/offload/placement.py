@@ -8,7 +8,8 @@ there.
   recorded order, written back behind the host step).
 - ``on_reduced(k)`` (the reducer's callback): in the boundary backward, group k's owned gradient
   is final: it goes to the host and its norm/overflow contribution is accumulated, so the global
-  norm is known when backward ends (``landed_sumsq``).
+  norm is known when backward ends (``landed_sumsq``); a device-resident group's norm part is computed
+  on the device then and copied to the host behind an event (``device_norms.py``).
 - ``launch()`` after the engine's step loop: at stage 3 the host steps were only queued; they are
   handed to the worker in the order the last forward gathered the units (the next forward's
   order), and each unit's gather waits for its own (``GroupOffload.ready``). Stages 1/2 step
@@ -19,6 +20,8 @@ there.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .._weak import weak_call
@@ -27,12 +30,16 @@ from ..sharding.offloaded import GroupOffload
 from ..sharding.optimizer import OptimizerShard
 from .host_memory import should_pin
 from .host_shard import HostOptimizerShard
+from .device_norms import LandedNorm
 from .host_stepped import HostSteppedShard
 from .host_threads import host_step_threads, worker_at_stages_1_2
 from .nvme import NvmeSwap, ParamReady, ParamSwap
 from .nvme.checks import check_nvme_path
 from .stepper import HostStepper
 
+
+def _GONE():
+    return None
 
 
 class OffloadPlan:
@@ -63,6 +70,8 @@ class OffloadPlan:
         self.order: list[int] = []  # groups in the order they were first gathered since the last step
         self._seen: set[int] = set()
         self._queued: list[tuple[int, object, object]] = []
+        self._resident: dict = {}  # index -> weak reference to a device-resident group (optimizer state there)
+        self._resident_norms: dict[int, LandedNorm] = {}  # their norm parts of the boundary under way
 
     @staticmethod
     def build(config, device: torch.device, boundary) -> "OffloadPlan | None":
@@ -87,6 +96,7 @@ class OffloadPlan:
                     "NVMe), or 'none'")
             g.offload_params(self.pin_par)
         if not self.optimizer and not g.params_on_host:
+            self._resident[g.index] = weakref.ref(g)  # the engine owns it
             return OptimizerShard(g, init, tile=tile)
         if self.nvme is not None:
             shard = self.nvme.make_shard(g, init, self.pin_opt)
@@ -125,7 +135,13 @@ class OffloadPlan:
     # -- gradients ---------------------------------------------------------------------------
     def on_reduced(self, k: int) -> None:
         shard = self.shards.get(k)
-        if shard is not None and self.boundary():
+        if shard is None:  # a device-resident group (stage 3's persistent ones): its norm part comes to the host
+            if self.boundary():
+                g = self._resident.get(k, _GONE)()
+                if g is not None:
+                    self._resident_norms[k] = LandedNorm(g.owned_grad(), self.pin_par or self.pin_opt)
+            return
+        if self.boundary():
             shard.land(shard.group.owned_grad())
             if self.nvme is not None and not self.queued and k == min(self.shards):
                 # stages 1/2 step synchronously, this group first: its first tiles load during backward
@@ -133,14 +149,18 @@ class OffloadPlan:
 
     def landed_sumsq(self, groups, shards) -> tuple[float, bool]:
         """(sum of squares, any Inf/NaN) of this rank's owned reduced gradients, group by group in
-        index order (the order, hence the bits, of the engine's own sum)."""
-        from .. import ops
-
+        index order (the order, hence the bits, of the engine's own sum). No host wait for the device: the
+        host waits on the events recorded after each part's copy to the host (a CUDA device)."""
         sumsq, bad = 0.0, False
         for g, shard in zip(groups, shards):
-            s, b = shard.landed_sumsq() if isinstance(shard, HostSteppedShard) else ops.sum_squares(g.owned_grad())
+            if isinstance(shard, HostSteppedShard):
+                s, b = shard.landed_sumsq()
+            else:  # launched as the group's gradient was reduced (on_reduced), else now
+                landed = self._resident_norms.pop(g.index, None) or LandedNorm(g.owned_grad(), False)
+                s, b = landed.get()
             sumsq += s
             bad = bad or b
+        self._resident_norms.clear()
         return sumsq, bad
 
     # -- the step ----------------------------------------------------------------------------

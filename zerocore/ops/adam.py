@@ -55,6 +55,8 @@ def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, b
         return kernels.adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, steps=steps, lr=lr, betas=betas,
                                        eps=eps, weight_decay=weight_decay, adamw_mode=adamw_mode,
                                        grad_scale=grad_scale, param_outs=param_outs)
+    if isinstance(grad_scale, torch.Tensor):  # a device coefficient (the engine's clip): the CPU kernel's argument
+        grad_scale = _scalar_argument(grad_scale)
     refused = False
     if params and type(params[0]) in PLAIN and type(steps) in (list, tuple) and type(grad_scale) in (float, int) \
             and steps_plain(steps):
@@ -75,3 +77,15 @@ def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, b
     grad_scale = check_number("grad_scale", grad_scale, low=float("-inf"))
     _loader.load("adam").adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps,
                                          weight_decay, bool(adamw_mode), grad_scale)
+
+
+def _scalar_argument(t: torch.Tensor) -> float:
+    """A one-element ``grad_scale`` tensor on the CPU as the CPU kernel's float argument. A CUDA kernel
+    reads such a tensor from device memory itself; on a CPU device this read is that kernel read, not a
+    host wait for a device (``zerocore.debug.host_waits`` does not count it)."""
+    if t.numel() != 1 or t.device.type != "cpu":
+        raise TypeError(f"adam_step_multi: a grad_scale tensor must be one element on the tensors' device, got "
+                        f"{t.numel()} on {t.device}")
+    from ..debug.host_waits import device_read
+
+    return device_read(t)

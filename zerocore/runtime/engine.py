@@ -25,7 +25,7 @@ from ..sharding.gatherer import Limits, ParamGatherer
 from ..sharding.optimizer import MultiShardStep, owned_grads
 from .loss_scale import LossScaler
 from .memory import held_bytes, with_prediction
-from .grad_norm import grad_sumsq, reduce_dtype, sum_across
+from .grad_norm import clip_coef, device_norm, grad_sumsq, reduce_dtype, sum_across
 from .model_setup import convert_rest, named_params, training_dtype
 from .gathered import register_engine
 from .partition_init import check_unchanged, initial_value
@@ -51,6 +51,7 @@ from .throughput import ThroughputTimer
 from . import ds_param_attrs
 from .module_face import ModuleFace
 from . import provided
+from ..debug.engine_waits import watch_engine
 
 
 class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
@@ -95,6 +96,8 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         own_module_zero_grad(self)
         # CPU offload: where the optimizer shard (and stage-3 parameter shards) rest; None: the device
         self.offload = OffloadPlan.build(config, self.device, weak_call(self.is_gradient_accumulation_boundary))
+        # offload's gradient norm is host data: summed over ranks through gloo, not through device memory
+        self._host_comm = comm.host_side() if self.offload is not None else comm
         for names, p in trainable + frozen:
             check_unchanged(p, names[0])
         self.groups: list[ShardedGroup] = []
@@ -135,6 +138,8 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
             self.gatherer.on_unit_done = weak_call(self.reducer.group_done)
         self._labels.fill(self.groups, self.gatherer)
         self.scaler = LossScaler(config.fp16 if config.fp16.enabled else None)
+        # skip an update whose gradients hold Inf/NaN: the one host read of a step (fp16; bf16 if asked)
+        self._checks_overflow = config.fp16.enabled or (config.bf16.enabled and config.bf16.check_grad_overflow)
         # the optimizer face: its param_groups are the hyper-parameter groups the update reads
         self.optimizer = ZeroOptimizer(self, hyper.groups, client.defaults, decoupled=client.decoupled,
                                        shared=client.optimizer.param_groups if client.optimizer is not None else None)
@@ -159,6 +164,7 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         self.tput_timer = ThroughputTimer(self.train_batch_size())  # DeepSpeed's samples/s (throughput.py)
         if z.stage == 3:
             ds_param_attrs.attach(self)  # DeepSpeed's ds_* attributes, which third-party code reads
+        watch_engine(self)  # ZEROCORE_DEBUG_HOST_WAITS: each step's host waits (zerocore/debug/engine_waits.py)
         engine_started(self)  # the process groups zerocore created live while an engine does
 
     def _group_specs(self, module, trainable, z, hyper: dict[int, int], frozen=()) -> list[GroupSpec]:
@@ -306,22 +312,36 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         denom = self.comm.world * self.scaler.scale
         across = self.policy.partitions(self.comm.world) > 1
         grads = owned_grads(self.groups)
+        clip = self.config.gradient_clipping
         with label("zerocore.grad_norm"):
+            # No host wait here but fp16's overflow decision (zerocore/debug/host_waits.py counts them):
+            # offloaded gradients' norms are host values already; bf16/fp32 keep norm and clip coefficient
+            # on the device (the kernel reads the coefficient, the norm is read when asked) and do not skip
+            # a step with Inf/NaN gradients (torch.optim's behaviour; bf16.check_grad_overflow: DeepSpeed's).
             if self.offload is not None:  # accumulated on the host as the buckets landed
-                sumsq, bad = sum_across(self.comm, *self.offload.landed_sumsq(self.groups, self.shards),
+                sumsq, bad = sum_across(self._host_comm, *self.offload.landed_sumsq(self.groups, self.shards),
                                         across_ranks=across)
             else:
-                sumsq, bad = grad_sumsq(grads, self.comm, across_ranks=across)
-        if bad or not math.isfinite(sumsq):
-            self._skip()
-            return
+                total = grad_sumsq(grads, self.comm, across_ranks=across, device=self.device)
+                if self._checks_overflow:
+                    # fp16 (bf16.check_grad_overflow): skip the update on Inf/NaN, one read per boundary (GradScaler's)
+                    sumsq, nbad = total.tolist()
+                    bad = nbad > 0
+                else:
+                    sumsq = bad = None
+                    norm = device_norm(total, denom)
+                    self.global_grad_norm = norm  # a device tensor: read when asked (global_grad_norm)
+                    coef = clip_coef(norm, denom, clip)
+        if sumsq is not None:
+            if bad or not math.isfinite(sumsq):
+                self._skip()
+                return
+            norm = math.sqrt(sumsq) / denom
+            self.global_grad_norm = norm
+            coef = 1.0 / denom
+            if clip > 0:
+                coef *= min(1.0, clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s coefficient
         hypers = self.optimizer.hypers()  # the groups' values now (edits and schedules take effect here)
-        norm = math.sqrt(sumsq) / denom
-        self.global_grad_norm = norm
-        coef = 1.0 / denom
-        clip = self.config.gradient_clipping
-        if clip > 0:
-            coef *= min(1.0, clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s coefficient
         self.optimizer_steps += 1
         if self._zc_pending_save is not None:  # an asynchronous save may still be copying the state
             self._zc_pending_save.snapshot_taken()
@@ -342,7 +362,7 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
                 opt._opt_called = True  # what torch's LRScheduler checks optimizer.step() set
             sched.step(**(lr_kwargs or {}))
 
-    def _update(self, coef: float, grads: list[torch.Tensor], hypers: list[AdamHyper]) -> None:
+    def _update(self, coef: float | torch.Tensor, grads: list[torch.Tensor], hypers: list[AdamHyper]) -> None:
         """``grads[i]``: group i's owned gradient; ``hypers[h]``: hyper-parameter group h's values."""
         gather = self.policy.shard_optimizer and self.comm.world > 1
         cap = self.config.zero_optimization.allgather_bucket_size
@@ -395,6 +415,20 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         self._backward_done = False
 
     # -- facts -----------------------------------------------------------------------------
+    @property
+    def global_grad_norm(self) -> float | None:
+        """The global gradient norm of the last boundary, before clipping (inf when it skipped or a
+        gradient held Inf/NaN; None before the first). bf16/fp32 keep it on the device: it is read
+        here, when asked (the only host wait it costs), not by the step."""
+        norm = self.__dict__.get("_grad_norm")
+        if isinstance(norm, torch.Tensor):
+            norm = self.__dict__["_grad_norm"] = norm.item()
+        return norm
+
+    @global_grad_norm.setter
+    def global_grad_norm(self, value) -> None:
+        self.__dict__["_grad_norm"] = value
+
     @property
     def loss_scale(self) -> float:
         return self.scaler.scale

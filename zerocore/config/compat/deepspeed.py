@@ -85,7 +85,6 @@ ACCEPTED: dict[str, dict[str, tuple]] = {
     },
     "bf16": {
         "immediate_grad_update": (ANY, "a DeepSpeed performance knob"),
-        "check_grad_overflow": ((True,), "zerocore always skips a step whose gradients hold Inf/NaN"),
         "bf16_master_weights_and_grads": ((False,), "zerocore keeps an fp32 master"),
         "bf16_optimizer_states": ((False,), "zerocore keeps the optimizer state in fp32"),
     },
