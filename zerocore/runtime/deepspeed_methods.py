@@ -25,6 +25,9 @@ class DeepSpeedMethods:
     _in_no_sync = False
     global_samples = 0  # samples of the global batches stepped so far (skipped steps included, as DeepSpeed)
     training_dataloader = None
+    # zerocore.deepspeed.initialize's mark: where its engines follow DeepSpeed rather than zerocore
+    # (zerocore/deepspeed/semantics.py); None for zerocore.initialize's
+    deepspeed_semantics = None
 
     # -- accumulation ---------------------------------------------------------------------
     def is_gradient_accumulation_boundary(self) -> bool:
@@ -220,6 +223,8 @@ class DeepSpeedMethods:
             raise ValueError("zerocore: load_checkpoint(custom_load_fn=...) is not supported")
         check_resident(self, "load_checkpoint()")
         wait_pending(self)
+        if self.deepspeed_semantics is not None:
+            self.deepspeed_semantics.before_load(self, load_dir, tag, load_optimizer_states, load_module_only)
         return provided.call("load_checkpoint", self, load_dir, tag, load_optimizer_states, load_module_only,
                              load_lr_scheduler_states=load_lr_scheduler_states, in_place=in_place)
 
