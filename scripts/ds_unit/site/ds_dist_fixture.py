@@ -7,9 +7,9 @@ attribute; pytest 8.4 and later recognise only ``FixtureFunctionDefinition`` obj
 using one fails with "fixture '...' not found", under DeepSpeed as under zerocore. DeepSpeed's
 ``tests/conftest.py`` (loaded by pytest from the copy as always) has the other half, a
 ``pytest_fixture_setup`` hook that runs such a class; here each such class in a test module is
-registered (beside it in its module) as a function-scoped fixture of the same name that does what that hook does: make the
-class and call it with the fixture's request (which launches its ranks; its ``run`` arguments are
-read from the request, as DeepSpeed's launcher always does).
+registered (beside it in its module) as a function-scoped fixture of the same name that does what
+that hook does: make the class and call it with the fixture's request (which launches its ranks;
+its ``run`` arguments are read from the request, as DeepSpeed's launcher always does).
 """
 from __future__ import annotations
 
