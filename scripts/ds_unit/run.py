@@ -8,7 +8,9 @@ error line.
     PYTHONPATH=$PWD python scripts/ds_unit/run.py --tests /tmp/ds_v0195/tests --face deepspeed --out /tmp/ds_ref
 
 How: ``site/sitecustomize.py`` (both faces) keeps a rank's pytest failure from hanging DeepSpeed's
-launcher (see there). ``alias/deepspeed`` goes first on PYTHONPATH, so ``import deepspeed`` in pytest and in every
+launcher (see there); ``site/ds_dist_fixture.py`` (a pytest plugin, both faces) makes DeepSpeed's
+``DistributedFixture`` classes fixtures under this pytest. ``alias/deepspeed`` goes first on
+PYTHONPATH, so ``import deepspeed`` in pytest and in every
 rank DeepSpeed's ``DistributedTest`` spawns (forkserver children inherit the environment) is
 ``zerocore.deepspeed``. Their launcher is kept as is: with ``DS_ACCELERATOR=cpu`` the accelerator
 is the CPU, the backend gloo, and ``LOCAL_SIZE`` tells the CPU accelerator how many "devices" there
@@ -82,8 +84,8 @@ def run_file(tests: str, rel: str, face: str, out: str, args) -> list[tuple[str,
     junit = os.path.join(out, rel.replace("/", "__") + ".xml")
     if args.keep and os.path.exists(junit):  # a result of an earlier run into this folder
         return _read_junit(junit)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", junit,
-           "-o", "junit_family=xunit1", "-W", "ignore::DeprecationWarning", f"unit/{rel}"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "ds_dist_fixture",
+           "--junitxml", junit, "-o", "junit_family=xunit1", "-W", "ignore::DeprecationWarning", f"unit/{rel}"]
     if args.k:
         cmd[-1:-1] = ["-k", args.k]
     log = os.path.join(out, rel.replace("/", "__") + ".log")

@@ -135,7 +135,7 @@ def test_kill9_mid_save_leaves_previous_tag(saved, resumed_w2):
     assert "error" in resumed_w2[0]["kill"], resumed_w2[0].get("kill")
     assert (kill_dir / "latest").read_text() == "good"
     entries = sorted(os.listdir(kill_dir))
-    assert entries == [".tmp-global_step2", "good", "latest"], entries  # the half save is only a temp dir
+    assert entries == [".tmp-global_step2", "good", "latest", "zero_to_fp32.py"], entries  # the half save: a temp dir
     case = CkCase("kill", model="mlp", stage=2)
     e = new_engine(case, 1, seed=3)
     with pytest.raises(Exception, match="global_step2"):
@@ -145,7 +145,7 @@ def test_kill9_mid_save_leaves_previous_tag(saved, resumed_w2):
     train(e, case, 0, 1, 1, 2)  # trains on
     with pytest.warns(RuntimeWarning, match="interrupted save"):
         e.save_checkpoint(str(kill_dir))  # removes the debris, publishes the new tag
-    assert sorted(os.listdir(kill_dir)) == ["global_step2", "good", "latest"]
+    assert sorted(os.listdir(kill_dir)) == ["global_step2", "good", "latest", "zero_to_fp32.py"]
 
 
 # -- damaged checkpoints, other models, missing ones --------------------------------------------------
@@ -244,7 +244,7 @@ def test_frozen_parameters_and_buffers_round_trip(tmp_path):
     from zerocore.checkpoint import save as ck_save
 
     ck_save.finish_removals()  # the removal runs in the background once the new copy is published
-    assert sorted(os.listdir(tmp_path)) == ["latest", "t"]
+    assert sorted(os.listdir(tmp_path)) == ["latest", "t", "zero_to_fp32.py"]
     m2 = model()
     m2[2].weight.data.mul_(2)
     e2 = zerocore.initialize(m2, cfg)
@@ -391,4 +391,4 @@ def test_without_optimizer_states_and_mid_accumulation(saved, tmp_path):
     e.step()
     with pytest.warns(RuntimeWarning, match="middle of gradient accumulation"):
         e.save_checkpoint(str(tmp_path), tag="after")
-    assert sorted(os.listdir(tmp_path)) == ["after", "between", "latest"]
+    assert sorted(os.listdir(tmp_path)) == ["after", "between", "latest", "zero_to_fp32.py"]

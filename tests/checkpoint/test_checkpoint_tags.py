@@ -62,7 +62,7 @@ def test_different_tags_on_the_ranks(tmp_path):
         r0, r1 = by_mode[mode]
         # saved under rank 0's tag on both ranks, complete and loadable; only rank 1 (the one that differs) warned
         assert r0["path"].endswith("tag-0") and r1["path"].endswith("tag-0") and r0["same"] and r1["same"]
-        assert r0["listing"] == ["latest", "tag-0"]
+        assert r0["listing"] == ["latest", "tag-0", "zero_to_fp32.py"]
         assert r0["warned"] == [] and len(r1["warned"]) == (1 if mode == "WARN" else 0)
     for r in by_mode["FAIL"]:  # every rank raises, nothing is written
         assert r["error"].startswith("TagMismatch:") and "different tags on different ranks" in r["error"]

@@ -41,6 +41,7 @@ from .block_writer import BlockWriter, FileSink
 from .blockio import aio_handles
 from .layout import (LATEST, MANIFEST, TMP_PREFIX, CheckpointError, check_tag, exchange, fsync_dir, rank_file,
                      write_atomic)
+from .recovery import write_recovery_script
 from ..runtime.checkpoint_marks import check_state_whole
 from ..sharding import FlatGroup
 from .agreement import agree
@@ -350,4 +351,5 @@ def _publish(plan: SavePlan, save_dir: str, tmp: str) -> str | None:
     fsync_dir(save_dir)
     if plan.save_latest:
         write_atomic(os.path.join(save_dir, LATEST), tag.encode())
+    write_recovery_script(save_dir)  # zero_to_fp32.py, as DeepSpeed leaves one (checkpoint/recovery.py)
     return old

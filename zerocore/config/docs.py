@@ -43,10 +43,24 @@ Top-level keys zerocore has no field for: those that change nothing training com
 warning, as is a feature section switched off (`{"enabled": false}`); any other
 (model/pipeline/sequence parallelism, compression, curriculum learning, ...) is an error naming
 the key, since ignoring it would train something else than the file asks for. The full list
-is at the end of this file. Where a DeepSpeed config is treated differently from DeepSpeed on
-purpose (a setting refused where DeepSpeed silently ignores it, such as `offload_param` below stage
-3, `ignore_unused_parameters: false`, bf16 with `data_types.grad_accum_dtype: "fp32"` at stage 1),
-`docs/deepspeed_unit_tests.md` says why, beside DeepSpeed's own unit tests run against zerocore.
+is at the end of this file. Where `zerocore.initialize` treats a DeepSpeed config differently
+from DeepSpeed on purpose (a setting refused where DeepSpeed silently ignores it, such as
+`offload_param` below stage 3, `ignore_unused_parameters: false`, bf16 with
+`data_types.grad_accum_dtype: "fp32"` at stage 1), `docs/deepspeed_unit_tests.md` says why,
+beside DeepSpeed's own unit tests run against zerocore.
+
+`zerocore.deepspeed.initialize` (the DeepSpeed face) follows DeepSpeed instead, and marks its
+engines so (`engine.deepspeed_semantics`; None on engines of `zerocore.initialize`):
+`offload_param` (or `cpu_offload_param`) below stage 3 is ignored with a warning naming the key;
+`ignore_unused_parameters: false` is accepted and, at stages 1-2 with optimizer offload, a
+trainable parameter without a gradient in an accumulation window fails that window's `step()`
+with an AssertionError (DeepSpeed's); `zero_force_ds_cpu_optimizer` (default true) with optimizer
+offload refuses a client optimizer other than `DeepSpeedCPUAdam` (`ZeRORuntimeException`); a
+parameter trainable at initialize whose `requires_grad` becomes False gets a zero gradient, with
+one warning naming it (`zerocore.initialize` refuses at the next `step()`); and a checkpoint's
+optimizer state saved at another data-parallel world size is refused (`ZeRORuntimeException`)
+unless `checkpoint.load_universal` is true (`zerocore.initialize` reshards it always). bf16 with
+`data_types.grad_accum_dtype: "fp32"` at stage 1 stays refused by both.
 
 `activation_checkpointing` is accepted as memory-only: its keys (`partition_activations`,
 `cpu_checkpointing`, `contiguous_memory_optimization`, `number_checkpoints`,

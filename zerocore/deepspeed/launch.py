@@ -12,6 +12,7 @@ import torch
 from ..config import load_config
 from .comm import init_distributed
 from .config_checks import check_deepspeed_rules
+from .semantics import prepare_config
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -117,8 +118,10 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         raise ValueError("zerocore.deepspeed.initialize: mesh_param (sequence/data parallel mesh) is not supported; "
                          "pass mesh_param=None")
     config = _resolve_config(args, config, config_params)
-    check_deepspeed_rules(_raw_dict(config))
-    cfg = load_config(config)
+    raw = _raw_dict(config)
+    check_deepspeed_rules(raw)
+    changed, semantics = prepare_config(raw)  # what DeepSpeed ignores here is dropped, with a warning
+    cfg = load_config(changed if changed is not None else config)
     if optimizer is not None:
         # with an optimizer section too, the passed optimizer is used (zerocore.initialize warns), as in DeepSpeed
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -147,10 +150,12 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                               [q for q in model.parameters() if q.requires_grad], lr=p.lr, betas=tuple(p.betas),
                               eps=p.eps, weight_decay=p.weight_decay, adam_w_mode=cfg.optimizer.decoupled)
         cfg.given_sections = cfg.given_sections - {"optimizer"}  # the section's own optimizer: nothing to warn
+    semantics.check_client_optimizer(optimizer, cfg)
     if optimizer is not None:
         model_parameters = None  # the optimizer's param_groups say what is trained, as in DeepSpeed
     _take_over(model)
     engine = zc_initialize(model, cfg, model_parameters=model_parameters, optimizer=optimizer,
                            lr_scheduler=lr_scheduler, training_data=training_data, collate_fn=collate_fn)
+    semantics.attach(engine)
     returned = engine.optimizer.optimizer if plain else engine.optimizer
     return engine, returned, engine.training_dataloader, engine.lr_scheduler

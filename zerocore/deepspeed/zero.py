@@ -37,6 +37,10 @@ class Init:
             raise ValueError(f"zerocore.deepspeed.zero.Init: remote_device={remote_device!r} is not supported at "
                              "build time; set zero_optimization.offload_param in the config (applied at initialize)")
         cfg = config_dict_or_path if config_dict_or_path is not None else config
+        if cfg is not None:
+            from .semantics import loadable
+
+            cfg = loadable(cfg)
         self._enabled = bool(enabled) and module is None
         self.dtype = dtype if dtype is not None else _init_dtype(cfg)
         self._ctx = _zc_init(cfg, dtype=self.dtype) if self._enabled else contextlib.nullcontext()

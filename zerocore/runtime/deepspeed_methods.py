@@ -7,7 +7,9 @@ They read the engine's state; the training loop itself (``backward``, ``step``) 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import stat
 
 import torch
 
@@ -25,6 +27,9 @@ class DeepSpeedMethods:
     _in_no_sync = False
     global_samples = 0  # samples of the global batches stepped so far (skipped steps included, as DeepSpeed)
     training_dataloader = None
+    # zerocore.deepspeed.initialize's mark: where its engines follow DeepSpeed rather than zerocore
+    # (zerocore/deepspeed/semantics.py); None for zerocore.initialize's
+    deepspeed_semantics = None
 
     # -- accumulation ---------------------------------------------------------------------
     def is_gradient_accumulation_boundary(self) -> bool:
@@ -220,8 +225,21 @@ class DeepSpeedMethods:
             raise ValueError("zerocore: load_checkpoint(custom_load_fn=...) is not supported")
         check_resident(self, "load_checkpoint()")
         wait_pending(self)
+        if self.deepspeed_semantics is not None:
+            self.deepspeed_semantics.before_load(self, load_dir, tag, load_optimizer_states, load_module_only)
         return provided.call("load_checkpoint", self, load_dir, tag, load_optimizer_states, load_module_only,
                              load_lr_scheduler_states=load_lr_scheduler_states, in_place=in_place)
+
+    def _change_recovery_script_permissions(self, dst) -> None:
+        """DeepSpeed's: adds the user's execute bit to ``dst`` (the ``zero_to_fp32.py`` a save leaves
+        in its folder; zerocore's save sets it already, ``zerocore/checkpoint/recovery.py``). A file
+        that is missing or whose mode cannot change is logged (``deepspeed.utils.logger.info``, the
+        "DeepSpeed" logger), not raised, as DeepSpeed does (file shares without modes)."""
+        try:
+            os.chmod(dst, os.stat(dst).st_mode | stat.S_IEXEC)
+        except (FileNotFoundError, PermissionError) as e:
+            logging.getLogger("DeepSpeed").info(f"Warning: Could not change permissions for {dst} due to error: {e}. "
+                                                "Continuing without changing permissions.")
 
     def _get_optimizer_ckpt_name(self, checkpoints_path, tag, expp_rank=None) -> str:
         """The file of a checkpoint tag that holds this rank's optimizer state (DeepSpeed's method;

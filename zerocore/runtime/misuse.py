@@ -182,17 +182,28 @@ class RequiresGradWatch:
     """Which parameters train is fixed at ``initialize`` (the flat groups, the optimizer shards and
     the reducer's bookkeeping are built from it). ``p.requires_grad_(...)`` flipped afterwards
     would leave a "frozen" parameter moving with Adam's momentum, or a newly trainable one never
-    trained, silently: ``check`` names the first such parameter at the next ``step()``."""
+    trained, silently: ``check`` names the first such parameter at the next ``step()``.
+
+    ``trainable_off_gets_zero_grad`` (set by ``zerocore.deepspeed.initialize``, DeepSpeed's
+    behaviour): a trainable parameter whose requires_grad became False is not refused; it gets no
+    gradient, i.e. a zero one (Adam still moves it by its momentum and weight decay), with one
+    warning naming it. A frozen parameter made trainable is refused either way."""
+
+    trainable_off_gets_zero_grad = False
 
     def __init__(self, trainable, frozen):
         self.trainable = [p for _, p in trainable]
         self.frozen = [p for _, p in frozen]
         self.names = {id(p): names[0] for names, p in trainable + frozen}
+        self._warned: set[int] = set()
 
     def check(self) -> None:
         # C-level filters: no Python call nor line per parameter, every step
         off = list(filterfalse(_REQUIRES_GRAD, self.trainable))
         on = list(filter(_REQUIRES_GRAD, self.frozen))
+        if off and self.trainable_off_gets_zero_grad:
+            self._warn_zero_grad(off)
+            off = []
         if off or on:
             p, was = (off[0], "trainable") if off else (on[0], "frozen")
             more = len(off) + len(on) - 1
@@ -201,6 +212,18 @@ class RequiresGradWatch:
                 f"is now {p.requires_grad}{f' (and {more} more)' if more else ''}; which parameters train is fixed "
                 "when the engine is built. Set requires_grad before zerocore.initialize (engine.destroy() and "
                 "initialize again to change it); nothing was updated")
+
+    def _warn_zero_grad(self, off) -> None:
+        new = [p for p in off if id(p) not in self._warned]
+        if new:
+            self._warned.update(id(p) for p in new)
+            names = ", ".join(f"'{self.names[id(p)]}'" for p in new)
+            warnings.warn(f"zerocore.deepspeed: parameter{'s' if len(new) > 1 else ''} {names} "
+                          f"{'were' if len(new) > 1 else 'was'} trainable at initialize and "
+                          f"{'have' if len(new) > 1 else 'has'} requires_grad False now: "
+                          "trained with a zero gradient (Adam's momentum and weight decay still move "
+                          f"{'them' if len(new) > 1 else 'it'}), as DeepSpeed does; warned once per parameter",
+                          UserWarning, stacklevel=4)
 
 
 def own_module_zero_grad(engine) -> None:

@@ -16,7 +16,7 @@ import math
 import torch
 
 from .._weak import GONE, back_ref
-from ..sharding import AdamHyper
+from ..sharding import ALIGN_ELEMS, AdamHyper
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
@@ -102,6 +102,69 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
             view = engine._zc_shard_view = ShardAdamView(engine)
         return view
+
+    def _stage12(self, name: str):
+        engine = self._engine
+        if engine is None:
+            raise RuntimeError(GONE)
+        if engine.zero_optimization_stage() not in (1, 2):
+            raise AttributeError(f"'ZeroOptimizer' has {name} at ZeRO stages 1 and 2 only (DeepSpeed's stage 1-2 "
+                                 "optimizer's partitions)")
+        return engine
+
+    @property
+    def nccl_start_alignment_factor(self) -> int:
+        """DeepSpeed's stage 1-2 attribute: each rank's partition of a flat 16-bit group starts at a
+        multiple of this many elements. zerocore pads every flat group to ``world * ALIGN_ELEMS``
+        (32) elements and splits it equally, so its partitions start at multiples of 32 (DeepSpeed's
+        at multiples of 2, 4 bytes of fp16)."""
+        self._stage12("nccl_start_alignment_factor")
+        return ALIGN_ELEMS
+
+    @property
+    def parallel_partitioned_bit16_groups(self) -> list[list[torch.Tensor]]:
+        """DeepSpeed's stage 1-2 attribute: for each flat group of the training-dtype parameters (a
+        zerocore bucket; DeepSpeed has one per param group), every rank's partition of it, views of
+        the flat buffer each rank holds whole (writing them writes the parameters)."""
+        engine = self._stage12("parallel_partitioned_bit16_groups")
+        world = engine.comm.world
+        return [[g.param_flat[a:b] for a, b in (g.layout.range_of(r, world) for r in range(world))]
+                for g in engine.groups]
+
+    def _stage3_subgroups(self, name: str):
+        """(engine group index, hyper group, fp32 master piece) of DeepSpeed's stage-3 sub-groups:
+        each piece of this rank's fp32 master holding one hyper group of one engine group (a stage-3
+        unit), the tensors ``optimizer.optimizer`` (the state view) steps. Only at stage 3 without a
+        client optimizer (DeepSpeed's stage 1-2 optimizer has no such attributes): AttributeError
+        otherwise."""
+        engine = self._engine
+        if engine is None:
+            raise RuntimeError(GONE)
+        if engine.zero_optimization_stage() != 3 or engine.client_optimizer is not None:
+            raise AttributeError(f"'ZeroOptimizer' has {name} at ZeRO stage 3 without a client optimizer only "
+                                 "(DeepSpeed's stage-3 optimizer's sub-groups)")
+        return self.optimizer.subgroups
+
+    @property
+    def fp32_partitioned_groups_flat(self) -> list[torch.Tensor]:
+        """DeepSpeed's stage-3 attribute: this rank's flat fp32 master partition of each sub-group,
+        the keys of ``optimizer.optimizer.state`` (views of the engine's own master: writing them
+        writes the master)."""
+        return [m for _, _, m in self._stage3_subgroups("fp32_partitioned_groups_flat")]
+
+    @property
+    def fp16_groups(self) -> list[list[torch.nn.Parameter]]:
+        """DeepSpeed's stage-3 attribute: the model's parameters of each sub-group (whole
+        parameters, whichever rank holds their values), matching ``fp32_partitioned_groups_flat``.
+        A sub-group is the parameters of one hyper group in one stage-3 unit; a unit of several
+        hyper groups where this rank holds none of one has no sub-group for it here."""
+        engine = self._engine
+        subgroups = self._stage3_subgroups("fp16_groups")
+        out = []
+        for k, h, _ in subgroups:
+            mine = {id(p) for p in self.param_groups[h]["params"]}
+            out.append([p for p in engine.groups[k].params if id(p) in mine])
+        return out
 
     @property
     def overflow(self) -> bool:

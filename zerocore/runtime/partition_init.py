@@ -28,7 +28,6 @@ import torch
 from torch import nn
 
 from ..comm import Comm, default_comm
-from ..sharding.records import padded_size
 from .ds_param_attrs import mark_init
 
 
@@ -37,7 +36,7 @@ class InitShard:
     """What a parameter partitioned at construction keeps (as ``param._zc_init``)."""
 
     shape: torch.Size
-    chunk: torch.Tensor  # this rank's piece of the flattened, padded parameter
+    chunk: torch.Tensor  # this rank's piece of the flattened parameter (chunk_numel elements, zero-padded)
     world: int
     version: int  # the parameter's version counter when partitioned (in-place edits move it)
     owner: str  # the module class that registered it (for error messages)
@@ -58,10 +57,16 @@ def cut_chunk(flat: torch.Tensor, chunk: torch.Tensor, rank: int) -> None:
         chunk[:hi - lo] = flat[lo:hi]
 
 
+def chunk_numel(numel: int, world: int) -> int:
+    """The elements of each rank's chunk: DeepSpeed's partition size, ``ceil(numel / world)`` (at
+    least 1); the last ranks' chunks are zero-padded past the parameter's end."""
+    return max(1, -(-numel // world))
+
+
 def partition_param(p: nn.Parameter, comm: Comm, owner: str) -> None:
     full = p.data
     comm.broadcast(full)
-    chunk = torch.empty(padded_size(full.numel(), comm.world) // comm.world, dtype=full.dtype, device=full.device)
+    chunk = torch.empty(chunk_numel(full.numel(), comm.world), dtype=full.dtype, device=full.device)
     cut_chunk(full.reshape(-1), chunk, comm.rank)
     p.data = torch.empty(0, dtype=full.dtype, device=full.device)
     p._zc_init = InitShard(full.shape, chunk, comm.world, p._version, owner)
@@ -147,11 +152,23 @@ class _Patcher:
         owner = type(module).__name__
         seen = {id(p) for p, _ in self.pending}
         for p in module._parameters.values():
-            if p is None or hasattr(p, "_zc_init") or not p.is_floating_point() or id(p) in seen:
+            # (on the meta device: built by torch.nn.utils.skip_init, partitioned after its to_empty())
+            if p is None or hasattr(p, "_zc_init") or not p.is_floating_point() or p.is_meta or id(p) in seen:
                 continue
             seen.add(id(p))
             self.pending.append((p, owner))
         if self.running == 0:  # the outermost module is built
+            self.flush()
+
+    def after_to_empty(self, meta: list[tuple[nn.Module, str]]) -> None:
+        """``to_empty()`` gave storage to parameters built on the meta device (``skip_init`` builds a
+        module there, then calls it; ``meta``: (module, name) of each such parameter): they are
+        partitioned as any new parameter."""
+        for sub, name in meta:
+            p = sub._parameters.get(name)
+            if p is not None and not p.is_meta and not hasattr(p, "_zc_init") and p.is_floating_point():
+                self.pending.append((p, type(sub).__name__))
+        if self.running == 0:
             self.flush()
 
     def flush(self) -> None:
@@ -179,6 +196,19 @@ class _Patcher:
             patcher._wrap(cls)
 
         nn.Module.__init_subclass__ = __init_subclass__
+        self._old_to_empty = nn.Module.__dict__["to_empty"]
+        to_empty = self._old_to_empty
+
+        @functools.wraps(to_empty)
+        def _to_empty(module, *args, **kwargs):
+            meta = [(sub, n) for sub in module.modules() for n, p in sub._parameters.items()
+                    if p is not None and p.is_meta]
+            out = to_empty(module, *args, **kwargs)
+            if meta:
+                patcher.after_to_empty(meta)
+            return out
+
+        nn.Module.to_empty = _to_empty
         return self
 
     def __exit__(self, exc_type, *exc):
@@ -186,6 +216,7 @@ class _Patcher:
             self.flush()
         else:  # a failed build: no collective here (the ranks may not all have got this far)
             self.pending.clear()
+        nn.Module.to_empty = self._old_to_empty
         for cls, orig in self.saved.items():
             cls.__init__ = orig
         if self._old_init_subclass is None:

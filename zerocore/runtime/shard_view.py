@@ -27,7 +27,10 @@ class ShardAdamView:
         groups = [{"params": []} for _ in engine.optimizer.param_groups]
         self._state: dict[torch.Tensor, dict] = {}
         self._steps: list[torch.Tensor] = []
-        for shard in engine.shards:
+        # (engine group index, hyper group, master piece) of each piece, in order: DeepSpeed's stage-3
+        # sub-groups (ZeroOptimizer.fp16_groups / fp32_partitioned_groups_flat)
+        self.subgroups: list[tuple[int, int, torch.Tensor]] = []
+        for k, shard in enumerate(engine.shards):
             pieces = shard.pieces or [(0, shard.master.numel(), 0)]
             for lo, hi, tile in shard.state_tiles(1 << 62):
                 for a, b, h in pieces:
@@ -38,6 +41,7 @@ class ShardAdamView:
                     step = torch.zeros((), dtype=torch.float32)
                     self._steps.append(step)
                     groups[h]["params"].append(master)
+                    self.subgroups.append((k, h, master))
                     self._state[master] = {"step": step, "exp_avg": tile["exp_avg"][x - lo:y - lo],
                                            "exp_avg_sq": tile["exp_avg_sq"][x - lo:y - lo]}
         self._groups = groups

@@ -47,7 +47,8 @@ PIN_MEMORY = "cpu_offload_use_pin_memory"
 ACCEPTED: dict[str, dict[str, tuple]] = {
     "zero_optimization": {
         "ignore_unused_parameters": ((True,), "zerocore always trains models with unused parameters (their "
-                                              "gradient is zero)"),
+                                              "gradient is zero); zerocore.deepspeed.initialize accepts false "
+                                              "too, as DeepSpeed does"),
         "elastic_checkpoint": (ANY, "deprecated by DeepSpeed and without effect there; zerocore's checkpoints load at "
                                     "any world size"),
         "legacy_stage1": ((False,), "zerocore has one stage-1 implementation"),
@@ -93,7 +94,9 @@ ACCEPTED: dict[str, dict[str, tuple]] = {
         "fp16_master_weights_and_grads": ((False,), "zerocore keeps an fp32 master"),
     },
     "checkpoint": {
-        "load_universal": (ANY, "zerocore's checkpoints load at any world size and stage without conversion"),
+        "load_universal": (ANY, "zerocore's checkpoints load at any world size and stage without conversion "
+                                "(zerocore.deepspeed.initialize's engines load another world size's optimizer "
+                                "state only with true, as DeepSpeed)"),
         "use_node_local_storage": (ANY, "a DeepSpeed storage knob (zerocore: every rank writes its own file)"),
         "parallel_write": (ANY, "a DeepSpeed pipeline-parallel storage knob"),
         "writer": (ANY, "DeepSpeed's checkpoint-engine writer settings (zerocore writes with its own aio engine)"),
@@ -115,7 +118,8 @@ TOP_LEVEL: dict[str, tuple] = {
     "activation_checkpointing": (ANY, "settings of deepspeed.checkpointing (zerocore.deepspeed.checkpointing): "
                                       "partitioning or offloading checkpointed activations saves memory and "
                                       "changes no value; zerocore recomputes them with torch.utils.checkpoint"),
-    "zero_force_ds_cpu_optimizer": (ANY, "a DeepSpeed check on client optimizers under offload"),
+    "zero_force_ds_cpu_optimizer": (ANY, "a DeepSpeed check on client optimizers under offload (applied by "
+                                         "zerocore.deepspeed.initialize)"),
     "optimizer_legacy_fusion": (ANY, "a DeepSpeed performance knob"),
     "disable_python_gc": (ANY, "a DeepSpeed performance knob"),
     "disable_allgather": ((False,), "zerocore refreshes parameters with all-gather"),

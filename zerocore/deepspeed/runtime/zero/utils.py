@@ -1,7 +1,7 @@
-"""``deepspeed.runtime.zero.utils.ZeRORuntimeException``, for ``except`` clauses written against
-DeepSpeed. zerocore raises its own errors (each naming the problem); the cases DeepSpeed raises this
-one for are accepted by zerocore: a torch optimizer with optimizer offload (zerocore steps it on the
-host itself), an optimizer state saved at another data-parallel world size (zerocore reshards it)."""
+"""``deepspeed.runtime.zero.utils.ZeRORuntimeException``, raised by the face where DeepSpeed raises
+it (zerocore/deepspeed/semantics.py): a client optimizer with optimizer offload while
+``zero_force_ds_cpu_optimizer`` is true, and ZeRO optimizer states saved at another data-parallel
+world size (unless ``checkpoint.load_universal``). ``zerocore.initialize``'s engines accept both."""
 
 
 class ZeRORuntimeException(Exception):

@@ -1,0 +1,148 @@
+"""Where engines of ``zerocore.deepspeed.initialize`` follow DeepSpeed and ``zerocore.initialize``'s
+keep zerocore's own behaviour (zerocore/deepspeed/semantics.py; DeepSpeed's unit tests
+TestZeroUnbalancedGradients, TestNoOptim, TestZeroOffloadOptim, TestStage2IgnoreUnusedParameters,
+TestZeROElasticCheckpoint::test_elastic_checkpoint_change_dp check the same on DeepSpeed)."""
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+
+import zerocore
+import zerocore.deepspeed as deepspeed
+from zerocore.config import ConfigError
+from zerocore.deepspeed.runtime.zero.utils import ZeRORuntimeException
+
+from checkpoint_helpers import result, spawn
+
+
+class Net(torch.nn.Module):
+    def __init__(self, unused: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 2)
+        if unused:
+            self.c = torch.nn.Linear(4, 4)  # never in forward
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+def _cfg(stage=1, **zero):
+    return {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}},
+            "zero_optimization": {"stage": stage, **zero}}
+
+
+def _train(engine, steps=2):
+    for i in range(steps):
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(i))
+        engine.backward(engine(x).square().mean())
+        engine.step()
+
+
+def test_the_face_marks_its_engines():
+    engine, *_ = deepspeed.initialize(model=Net(), config=_cfg())
+    assert engine.deepspeed_semantics is not None
+    assert zerocore.initialize(Net(), _cfg()).deepspeed_semantics is None
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_requires_grad_turned_off_trains_with_a_zero_gradient(stage):
+    engine, *_ = deepspeed.initialize(model=Net(), config=_cfg(stage))
+    with zerocore.gathered(list(engine.module.parameters())):
+        before = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    engine.module.a.weight.requires_grad_(False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _train(engine, 3)
+    named = [w for w in caught if "a.weight" in str(w.message) and "zero gradient" in str(w.message)]
+    assert len(named) == 1, [str(w.message) for w in caught]  # once, naming it
+    with zerocore.gathered(list(engine.module.parameters())):
+        after = dict(engine.module.named_parameters())
+        # a zero gradient from the first step: Adam's moments stay zero, so the update is zero
+        assert torch.equal(after["a.weight"], before["a.weight"])
+        assert not torch.equal(after["a.bias"], before["a.bias"])
+    engine.module.a.weight.requires_grad_(True)
+    _train(engine, 1)
+
+
+def test_zerocore_initialize_still_refuses_requires_grad_turned_off():
+    engine = zerocore.initialize(Net(), _cfg())
+    engine.module.a.weight.requires_grad_(False)
+    x = torch.randn(2, 4)
+    engine.backward(engine(x).sum())
+    with pytest.raises(RuntimeError, match="'a.weight' was trainable"):
+        engine.step()
+
+
+def test_offload_param_below_stage_3_is_ignored_with_a_warning():
+    cfg = _cfg(1, offload_param={"device": "cpu"})
+    with pytest.warns(UserWarning, match=r"zero_optimization\.offload_param ignored"):
+        engine, *_ = deepspeed.initialize(model=Net(), config=cfg)
+    assert engine.zero_offload_param() is False
+    _train(engine)
+    with deepspeed.zero.Init(config_dict_or_path=cfg, enabled=False):  # reads the same config, quietly
+        Net()
+    with pytest.raises(ConfigError, match="offload_param"):
+        zerocore.initialize(Net(), cfg)
+
+
+def test_force_ds_cpu_optimizer_refuses_a_client_optimizer_with_offload():
+    cfg = _cfg(1, offload_optimizer={"device": "cpu"})
+    del cfg["optimizer"]
+    m = Net()
+    with pytest.raises(ZeRORuntimeException, match="zero_force_ds_cpu_optimizer"):
+        deepspeed.initialize(model=m, optimizer=torch.optim.Adam(m.parameters()), config=cfg)
+    m = Net()
+    engine, *_ = deepspeed.initialize(model=m, optimizer=torch.optim.Adam(m.parameters()),
+                                      config={**cfg, "zero_force_ds_cpu_optimizer": False})
+    _train(engine)
+    m = Net()
+    deepspeed.initialize(model=m, optimizer=deepspeed.ops.adam.DeepSpeedCPUAdam(m.parameters()), config=cfg)
+    m = Net()
+    zerocore.initialize(m, cfg, optimizer=torch.optim.Adam(m.parameters()))  # zerocore's own: accepted
+
+
+def test_ignore_unused_parameters_false_asserts_with_optimizer_offload_at_stages_1_2():
+    cfg = _cfg(2, offload_optimizer={"device": "cpu"}, ignore_unused_parameters=False)
+    engine, *_ = deepspeed.initialize(model=Net(unused=True), config=cfg)
+    x = torch.randn(2, 4)
+    engine.backward(engine(x).sum())
+    with pytest.raises(AssertionError, match="ignore_unused_parameters") as e:
+        engine.step()
+    assert "'c.weight'" in str(e.value)
+    engine, *_ = deepspeed.initialize(model=Net(), config=cfg)  # every parameter used: trains
+    _train(engine)
+    for stage in (1, 3):  # without offload (or at stage 3): accepted and without effect, as DeepSpeed
+        engine, *_ = deepspeed.initialize(model=Net(unused=True), config=_cfg(stage, ignore_unused_parameters=False))
+        _train(engine)
+    with pytest.raises(ConfigError, match="ignore_unused_parameters"):
+        zerocore.initialize(Net(unused=True), cfg)
+
+
+def save_two_ranks(root, rank, world):
+    engine, *_ = deepspeed.initialize(model=Net(), config=_cfg(2))
+    _train(engine)
+    engine.save_checkpoint(root)
+    return {"saved": True}
+
+
+@pytest.mark.slow
+def test_optimizer_state_of_another_world_size_is_refused_unless_universal(tmp_path):
+    root = str(tmp_path / "ck")
+    result(spawn([("save", save_two_ranks, (root,))], 2, tmp_path, timeout=120), "save")
+    engine, *_ = deepspeed.initialize(model=Net(), config=_cfg(2))
+    with pytest.raises(ZeRORuntimeException, match="DP world size of 2 but the current world size is 1"):
+        engine.load_checkpoint(root)
+    path, _ = engine.load_checkpoint(root, load_optimizer_states=False)
+    assert path is not None
+    engine.load_checkpoint(root, load_module_only=True)
+    engine, *_ = deepspeed.initialize(model=Net(), config={**_cfg(2), "checkpoint": {"load_universal": True}})
+    engine.load_checkpoint(root)
+    _train(engine, 1)
+    zerocore.initialize(Net(), _cfg(2)).load_checkpoint(root)  # zerocore's own: resharded
+    assert os.path.isfile(os.path.join(root, "latest"))
