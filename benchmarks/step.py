@@ -65,8 +65,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from zerocore.offload.host_threads import cores_of_this_rank
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import gather_objects, machine_info, summary, spawn_ranks  # noqa: E402
 
@@ -85,12 +83,20 @@ def build(variant: str, args, vocab: int, ctx: "sv.Ctx"):
     return sv.REGISTRY[variant].build(model, ctx)
 
 
+def _rank_cores() -> int:
+    try:
+        from zerocore.offload.host_threads import cores_of_this_rank
+    except ImportError:  # a zerocore from before it (compare_trees.py runs this script against older trees)
+        return os.cpu_count() or 1
+    return cores_of_this_rank()
+
+
 def worker(rank: int, world: int, init: str, args, out: str) -> None:
     cuda = args.device == "cuda"
     # CPU: the ranks share this machine's cores, one thread each. CUDA: a rank's share of the cores
     # (what a rank started by DeepSpeed's launcher has; DeepSpeed's CPU Adam runs with it), not
     # torchrun's OMP_NUM_THREADS=1; zerocore's host step takes its own count (offload/host_threads.py)
-    torch.set_num_threads(cores_of_this_rank() if cuda else 1)
+    torch.set_num_threads(_rank_cores() if cuda else 1)
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
