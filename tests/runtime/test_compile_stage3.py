@@ -44,15 +44,8 @@ def config(offload: bool) -> dict:
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}}
 
 
-def train(offload: bool, compiled: bool, backend: str = "inductor"):
-    """Losses, final full parameters and Dynamo's counts (first step, each later step)."""
-    torch._dynamo.reset()
-    model = make_model()
-    engine = zerocore.initialize(model, config(offload))
-    if compiled:
-        engine.compile(backend=backend)
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
+def counted_steps(engine, x, y):
+    """STEPS steps on one batch: the losses and Dynamo's counts of each step."""
     counts = DynamoCounts()
     losses, per_step = [], []
     try:
@@ -65,6 +58,19 @@ def train(offload: bool, compiled: bool, backend: str = "inductor"):
             per_step.append(counts.read())
     finally:
         counts.close()
+    return losses, per_step
+
+
+def train(offload: bool, compiled: bool, backend: str = "inductor"):
+    """Losses, final full parameters and Dynamo's counts (first step, each later step)."""
+    torch._dynamo.reset()
+    model = make_model()
+    engine = zerocore.initialize(model, config(offload))
+    if compiled:
+        engine.compile(backend=backend)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
+    losses, per_step = counted_steps(engine, x, y)
     params = [t.clone() for t in engine.full_state_dict().values()]
     blocks = [m for m in model if isinstance(m, Block)]
     engine.destroy()
@@ -152,17 +158,7 @@ def test_stage3_compiled_unit_reading_another_units_parameter():
         units = engine.gatherer.compile_units() if compiled else []
         g = torch.Generator().manual_seed(1)
         x, y = torch.randn(4, 37, generator=g), torch.randn(4, 11, generator=g)
-        counts, losses, per_step = DynamoCounts(), [], []
-        try:
-            for _ in range(STEPS):
-                counts.clear()
-                loss = (engine(x) - y).square().mean()
-                engine.backward(loss)
-                engine.step()
-                losses.append(loss.item())
-                per_step.append(counts.read())
-        finally:
-            counts.close()
+        losses, per_step = counted_steps(engine, x, y)
         runs.append((losses, [t.clone() for t in engine.full_state_dict().values()], per_step, units))
         engine.destroy()
     (want_losses, want_params, _, _), (losses, params, per_step, units) = runs

@@ -6,38 +6,17 @@ host step's wait on its gradients' copies). Skipped without a GPU or zerocore's 
 """
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-import torch.distributed as dist
 
 import zerocore
 from zerocore.debug import host_waits
-from zerocore.ops import cuda as zcuda
 
 from dist_helpers import DTYPES, Case, loss_fn, make_batch, make_model
 from test_host_waits_engine import CASES, READS_OVERFLOW, SCENARIOS, STEPS, WARMUP, config
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device"),
-    pytest.mark.skipif(torch.cuda.is_available() and not zcuda.available(),
-                       reason="zerocore built without CUDA kernels"),
-]
-
-
-@pytest.fixture(scope="module")
-def nccl_world_of_one():
-    if not dist.is_nccl_available():
-        pytest.skip("this torch has no NCCL")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+# the GPU marks and the one-rank NCCL group of the engine's other GPU tests
+from test_cuda_engine import nccl_world_of_one, pytestmark  # noqa: E402,F401
 
 
 @pytest.mark.parametrize("name, stage", CASES, ids=[f"{n}-stage{s}" for n, s in CASES])
