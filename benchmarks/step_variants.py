@@ -262,10 +262,12 @@ def decay_groups(model) -> list[dict]:
 
 
 def _zerocore(stage: int, check: bool = True, offload: bool = False, nvme: str | None = None,
-              groups: bool = False, sgd: bool = False):
+              groups: bool = False, sgd: bool = False, nan_check: bool = True):
     """``nvme``: None, "opt" (optimizer state on NVMe) or "param" (and the parameter shards).
     ``groups``: two hyper-parameter groups and a WarmupLR schedule; ``sgd``: a client
-    torch.optim.SGD with momentum instead of the config's AdamW."""
+    torch.optim.SGD with momentum instead of the config's AdamW. ``nan_check`` False:
+    ``bf16.check_grad_overflow: false`` (no host read of the Inf/NaN flag per step: torch AMP's and
+    FSDP2's behaviour; the default, true, is DeepSpeed's and skips such a step)."""
     def build(model, ctx):
         import zerocore
 
@@ -281,7 +283,7 @@ def _zerocore(stage: int, check: bool = True, offload: bool = False, nvme: str |
             z.update(_nvme_keys(a, f"zerocore_stage{stage}_nvme_{nvme}", nvme == "param", a.buffer_count))
             cfg["aio"] = aio_section(a)
         if ctx.cuda:
-            cfg["bf16"] = {"enabled": True}
+            cfg["bf16"] = {"enabled": True, "check_grad_overflow": nan_check}
         kw = {}
         if groups:
             cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_num_steps": 1000, "warmup_max_lr": LR}}
@@ -297,6 +299,8 @@ def _zerocore(stage: int, check: bool = True, offload: bool = False, nvme: str |
 for _s in range(4):
     variant(f"zerocore_stage{_s}")(_zerocore(_s))
 variant("zerocore_stage3_nocheck")(_zerocore(3, check=False))
+for _s in (2, 3):  # bf16 without the per-step Inf/NaN read (cuda: the CPU runs fp32, which has none)
+    variant(f"zerocore_stage{_s}_no_nan_check", devices=("cuda",))(_zerocore(_s, nan_check=False))
 for _s in (1, 2, 3):
     variant(f"zerocore_stage{_s}_groups")(_zerocore(_s, groups=True))
 variant("zerocore_stage2_sgd")(_zerocore(2, sgd=True))

@@ -13,7 +13,8 @@
 #   offload  benchmarks/offload_states.py on the same GPT: device memory freed, round trip vs the pinned copy rate
 #   cpuoffload  step.py on the same GPT with CPU offload at stages 2 and 3 beside the same stages without it
 #            (T_device) and DeepSpeed's (when installed): T_host and each step against max(T_device, T_host)
-#   llama    step.py on the Hugging Face Llama of issue 35 (256M, 16 layers, 4 x 512 tokens): torch AMP, stages 2, 3
+#   llama    step.py on the Hugging Face Llama of issue 35 (256M, 16 layers, 4 x 512 tokens): torch AMP, stages 2, 3,
+#            and both without bf16's per-step Inf/NaN read (bf16.check_grad_overflow: false)
 #   compile  benchmarks/compile_stage3.py --device cuda: engine.compile() against eager at stages 2 and 3
 # Environment: PY (default python3), ZC_ARCH (default 9.0), T_BUILD/T_TESTS/T_STEP/T_OFFLOAD (seconds).
 set -uo pipefail
@@ -63,7 +64,8 @@ for s in "${steps[@]}"; do
     llama)
       run llama "${T_LLAMA:-150}" "$PY" benchmarks/step.py --device cuda --ranks 1 --model hf-llama --dim 1024 \
         --layers 16 --ctx 512 --batch 4 --steps 5 --rounds 3 --warmup 2 \
-        --variants torch_amp zerocore_stage2 zerocore_stage3 --out "$W/step_llama.json" ;;
+        --variants torch_amp zerocore_stage2 zerocore_stage3 zerocore_stage2_no_nan_check \
+        zerocore_stage3_no_nan_check --out "$W/step_llama.json" ;;
     compile)
       run compile "${T_COMPILE:-240}" "$PY" benchmarks/compile_stage3.py --device cuda --dim 512 --layers 8 --ctx 256 \
         --batch 8 --out "$W/compile_stage3.json" ;;
