@@ -103,3 +103,17 @@ def test_the_higher_floors_are_handed_in():
     from zerocore.runtime import provided
 
     assert set(provided._PROVIDED) == set(provided.NAMES)
+
+
+def test_import_zerocore_does_not_import_torch_dynamo():
+    """``torch._dynamo`` costs seconds to import and, imported on the caller's stack, leaves a frame
+    cycle (runtime/off_stack.py): ``import zerocore`` must not pull it in (the first engine imports it
+    on a thread of its own; ``engine.compile()`` needs it anyway). A decorator marking a hook for
+    Dynamo at module level once did (sharding/access.py)."""
+    import subprocess
+    import sys
+
+    code = "import sys, zerocore, zerocore.deepspeed, zerocore.debug; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"

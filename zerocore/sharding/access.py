@@ -60,9 +60,10 @@ def _with_access_hook(cls: type) -> type:
     return new
 
 
-@eager_only
 def _tell(module: nn.Module, p: nn.Parameter) -> None:
-    """The gatherer hears of a read of an empty parameter (run eagerly under ``torch.compile``)."""
+    """The gatherer hears of a read of an empty parameter (run eagerly under ``torch.compile``: marked
+    by ``_with_traceable_access_hook``, not at import, which would import ``torch._dynamo`` with
+    ``import zerocore``: seconds for every user, and on the caller's stack, see runtime/off_stack.py)."""
     g = module.__dict__.get("_zc_gatherer")
     if g is not None:
         g.on_access(p)
@@ -77,6 +78,7 @@ def _with_traceable_access_hook(cls: type) -> type:
     only where such a read is."""
     if cls in _TRACEABLE:
         return _TRACEABLE[cls]
+    eager_only(_tell)  # idempotent: marks the code object
     base_getattr = cls.__getattr__
 
     def __getattr__(self, name):
