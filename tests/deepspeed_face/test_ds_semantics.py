@@ -115,6 +115,8 @@ def test_ignore_unused_parameters_false_asserts_with_optimizer_offload_at_stages
     with pytest.raises(AssertionError, match="ignore_unused_parameters") as e:
         engine.step()
     assert "'c.weight'" in str(e.value)
+    del e  # its traceback's frames hold the engine: the collector alone would free it (and its pools)
+    engine.destroy()
     engine, *_ = deepspeed.initialize(model=Net(), config=cfg)  # every parameter used: trains
     _train(engine)
     for stage in (1, 3):  # without offload (or at stage 3): accepted and without effect, as DeepSpeed
@@ -122,6 +124,26 @@ def test_ignore_unused_parameters_false_asserts_with_optimizer_offload_at_stages
         _train(engine)
     with pytest.raises(ConfigError, match="ignore_unused_parameters"):
         zerocore.initialize(Net(unused=True), cfg)
+
+
+def test_face_engines_are_freed_by_reference_counting():
+    """The face's checks hold their engine weakly: dropped, an engine is freed without the collector, and
+    the hooks its unused-parameter check put on the model go with it."""
+    import gc
+    import weakref
+
+    cfg = _cfg(2, offload_optimizer={"device": "cpu"}, ignore_unused_parameters=False)
+    model = Net()
+    gc.disable()
+    try:
+        engine, *_ = deepspeed.initialize(model=model, config=cfg)
+        _train(engine)
+        ref = weakref.ref(engine)
+        del engine, _
+        assert ref() is None
+        assert all(not getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters())
+    finally:
+        gc.enable()
 
 
 def save_two_ranks(root, rank, world):

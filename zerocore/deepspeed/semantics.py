@@ -27,6 +27,7 @@ import warnings
 
 import torch
 
+from .._weak import remove_when_freed, weak_call
 from .runtime.zero.utils import ZeRORuntimeException
 
 _OFFLOADING = ("cpu", "nvme")
@@ -156,11 +157,14 @@ class _UnusedParameterAssert:
 
     def __init__(self, inner, engine):
         self.inner = inner
-        self._boundary = engine.is_gradient_accumulation_boundary
+        # the engine holds this check: both ways back to it are weak, or the engine would sit in a cycle (and,
+        # through the hooks on the model's parameters, live as long as the model): zerocore/_weak.py
+        self._boundary = weak_call(engine.is_gradient_accumulation_boundary, quiet=True, default=False)
         self._seen: set[int] = set()
         self._params = [(inner.names[id(p)], p) for p in inner.trainable]
-        for _, p in self._params:
-            p.register_post_accumulate_grad_hook(self._saw)
+        saw = weak_call(self._saw, quiet=True)
+        self._handles = [p.register_post_accumulate_grad_hook(saw) for _, p in self._params]
+        remove_when_freed(engine, self._handles)
 
     def _saw(self, p: torch.Tensor) -> None:
         self._seen.add(id(p))
@@ -169,7 +173,7 @@ class _UnusedParameterAssert:
         return getattr(self.inner, name)
 
     def __setattr__(self, name, value):
-        if name in ("inner", "_boundary", "_seen", "_params"):
+        if name in ("inner", "_boundary", "_seen", "_params", "_handles"):
             object.__setattr__(self, name, value)
         else:
             setattr(self.inner, name, value)
