@@ -21,6 +21,7 @@ import torch
 from .. import ops
 from .._weak import back_ref
 from ..sharding.group import ShardedGroup
+from .device_norms import LandedNorm
 from .host_memory import host_zeros
 from .stepper import Ready
 
@@ -42,9 +43,8 @@ class HostSteppedShard:
         self._copy_stream = None
         self._copy_event = None  # the last copy back to the device (CUDA)
         self.sumsq, self.nonfinite = 0.0, False
-        self._host_norm_pending = False  # a device gradient copy in flight: the host part of the norm waits
-        self._device_norm_h = None  # ratio < 1 on CUDA: the device part's (sum of squares, flag), landed
-        self._device_norm_pending = False
+        self._host_norm_pending = False  # landed, not yet summed: the copies may be in flight (CUDA)
+        self._device_norm = None  # ratio < 1: the device part's (sum of squares, flag) (device_norms.LandedNorm)
         self.enqueue = None  # (group index, host step, ready) -> None: set by OffloadPlan at stage 3
         self.run_now = None  # the same, run on the worker and waited for: OffloadPlan, stages 1/2 on a GPU
         self.param_swap = None  # set by OffloadPlan when this group's parameter shard rests on NVMe
@@ -53,37 +53,26 @@ class HostSteppedShard:
     # -- gradients arrive ------------------------------------------------------------------
     def land(self, grad: torch.Tensor) -> None:
         """The reduced owned gradient is final for this step: the host part goes to host memory (a
-        side-stream copy tracked by an event on CUDA) and its contribution to the global norm and
-        overflow flag is accumulated (the device part's on the device)."""
+        side-stream copy tracked by an event on CUDA); with ``ratio`` < 1 the device part's (sum of
+        squares, Inf/NaN) is computed on the device and brought over behind an event of its own
+        (``LandedNorm``, as the device-resident groups' are). ``landed_sumsq`` adds the two."""
         self.ready.wait()  # the worker may still be reading last step's landed gradient
         h = self.split
-        device_part = h < grad.numel()  # ratio < 1: its norm part is computed on the device
-        s, bad = (ops.sum_squares(grad[h:], sync=False) if device_part else (0.0, False))
+        self._device_norm = LandedNorm(grad[h:], self.pin) if h < grad.numel() else None
         if grad.device.type == "cuda":
             stream = self._stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 self.grad_h.copy_(grad[:h], non_blocking=True)
-                if device_part:  # the device part's (sum, flag) come to the host behind the same event
-                    if self._device_norm_h is None:
-                        self._device_norm_h = host_zeros(2, torch.float64, self.pin)
-                    self._device_norm_h.copy_(torch.stack([s, bad.to(torch.float64)]), non_blocking=True)
-                    s.record_stream(stream)  # read here: not reused on the compute stream before that
-                    bad.record_stream(stream)
                 ev = torch.cuda.Event()
                 ev.record(stream)
             grad.record_stream(stream)
             self._landed.append(ev)
-            self._device_norm_pending = device_part
-            self.sumsq, self.nonfinite = 0.0, False  # both parts are added when the copies have landed
-            self._host_norm_pending = True
-            return
-        # a CPU device: the copy is done when copy_ returns (non_blocking changes nothing on the CPU; said
-        # so that zerocore.debug.host_waits meets the same code a CUDA device runs: a copy not waited for)
-        self.grad_h.copy_(grad[:h], non_blocking=True)
-        hs, hbad = ops.sum_squares(self.grad_h)
-        self.sumsq, self.nonfinite = hs + s, bool(hbad or bad)
-        self._host_norm_pending = False
+        else:
+            # a CPU device: the copy is done when copy_ returns (non_blocking changes nothing on the CPU; said
+            # so that zerocore.debug.host_waits meets the same code a CUDA device runs: a copy not waited for)
+            self.grad_h.copy_(grad[:h], non_blocking=True)
+        self._host_norm_pending = True
 
     def landed_sumsq(self) -> tuple[float, bool]:
         """This group's (sum of squares, any Inf/NaN) of the owned reduced gradient."""
@@ -92,7 +81,7 @@ class HostSteppedShard:
                 ev.synchronize()  # the host waits on the copies this step needs, not on the device
             self._landed.clear()
             hs, hbad = ops.sum_squares(self.grad_h)
-            s, bad = self._device_norm_h.tolist() if self._device_norm_pending else (self.sumsq, self.nonfinite)
+            s, bad = self._device_norm.get() if self._device_norm is not None else (0.0, False)
             self.sumsq, self.nonfinite = hs + s, bool(hbad or bad)
             self._host_norm_pending = False
         return self.sumsq, self.nonfinite
