@@ -1,6 +1,7 @@
 #include "aio/io_error.h"
 
 #include <cstring>
+#include <stdexcept>
 #include <utility>
 
 namespace zc::aio {

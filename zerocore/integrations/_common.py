@@ -122,7 +122,7 @@ def backward_at(engine, loss: torch.Tensor, boundary: bool, *, divided: bool) ->
 
     Trainers end an epoch's last window early when the epoch's micro-batches per rank are not a
     multiple of the accumulation steps, and update there; the engine's own counter would end that
-    window elsewhere and shift every later one by the remainder (issue 34). So the trainer's
+    window elsewhere and shift every later one by the remainder. So the trainer's
     boundary overrides the counter, as Accelerate's DeepSpeed wrapper does. ``divided``: the
     trainer already divided the loss for accumulation (its own rule for a short window); else the
     engine divides by ``gradient_accumulation_steps``, as Accelerate does on DDP, a short window too."""
