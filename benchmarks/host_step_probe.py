@@ -10,13 +10,13 @@ tests run it there)."""
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 
 import torch
 
 from zerocore import ops
 from zerocore.offload.host_shard import HostOptimizerShard
+from zerocore.runtime.off_stack import run_on_thread
 
 
 def host_shards(engine) -> list[HostOptimizerShard]:
@@ -41,28 +41,21 @@ def host_step_seconds(engine, reps: int = 3) -> dict | None:
         copies.append((s.master_h.clone(), s.grad_h, s.exp_avg_h.clone(), s.exp_avg_sq_h.clone(), out, s.tile, h))
     stepper = engine.offload.stepper  # None: stages 1/2 step inline, with the training thread's count
     threads = stepper.threads if stepper is not None else torch.get_num_threads()
-    times: list[float] = []
-    failure: list[BaseException] = []
 
-    def run() -> None:
+    def run() -> list[float]:
         torch.set_num_threads(threads)  # per calling thread, as the worker sets it once (offload/stepper.py)
-        try:
-            for r in range(reps):
-                t0 = time.perf_counter()
-                for master, grad, m, v, out, tile, h in copies:
-                    for a in range(0, h, tile):
-                        b = min(h, a + tile)
-                        ops.adam_step(master[a:b], grad[a:b], m[a:b], v[a:b], lr=1e-4, betas=(0.9, 0.999), eps=1e-8,
-                                      weight_decay=0.01, step=r + 2, adamw_mode=True, grad_scale=1.0,
-                                      param_out=None if out is None else out[a:b])
-                times.append(time.perf_counter() - t0)
-        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
-            failure.append(e)
+        times = []
+        for r in range(reps):
+            t0 = time.perf_counter()
+            for master, grad, m, v, out, tile, h in copies:
+                for a in range(0, h, tile):
+                    b = min(h, a + tile)
+                    ops.adam_step(master[a:b], grad[a:b], m[a:b], v[a:b], lr=1e-4, betas=(0.9, 0.999), eps=1e-8,
+                                  weight_decay=0.01, step=r + 2, adamw_mode=True, grad_scale=1.0,
+                                  param_out=None if out is None else out[a:b])
+            times.append(time.perf_counter() - t0)
+        return times
 
-    t = threading.Thread(target=run, name="host-step-probe")
-    t.start()
-    t.join()
-    if failure:
-        raise failure[0]
+    times = run_on_thread(run, "host-step-probe")
     return {"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3, "threads": threads,
             "elements": sum(c[-1] for c in copies), "reps": reps}

@@ -43,8 +43,7 @@ class Ready:
         self._done.wait()
         if self.error is not None:
             raise RuntimeError("zerocore offload: the host optimizer step failed on the worker thread") from self.error
-        if self.cuda_event is not None:
-            torch.cuda.current_stream().wait_event(self.cuda_event)
+        self._stream_waits()
 
     def wait_own(self) -> None:
         """``wait`` for a step the caller handed over and waits for at once (stages 1/2 on the worker):
@@ -54,7 +53,10 @@ class Ready:
         error, self.error = self.error, None
         if error is not None:
             raise error
-        if self.cuda_event is not None:
+        self._stream_waits()
+
+    def _stream_waits(self) -> None:
+        if self.cuda_event is not None:  # the device's copy back: the stream waits for it, not the host
             torch.cuda.current_stream().wait_event(self.cuda_event)
 
 

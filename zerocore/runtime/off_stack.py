@@ -20,19 +20,25 @@ _MODULES = ("torch._dynamo",)
 def import_off_stack() -> None:
     """Imports torch's lazily imported modules (``_MODULES``) on a helper thread, once per process."""
     missing = [m for m in _MODULES if m not in sys.modules]
-    if not missing:
-        return
+    if missing:
+        run_on_thread(lambda: [importlib.import_module(name) for name in missing], "zerocore-imports")
+
+
+def run_on_thread(fn, name: str):
+    """``fn()`` on a new thread, waited for: its result returned, its exception raised on the caller's
+    thread. What ``fn`` leaves on its own stack (frames, OpenMP thread settings) stays with that thread."""
+    result: list = []
     errors: list[BaseException] = []
 
     def run() -> None:
-        for name in missing:
-            try:
-                importlib.import_module(name)
-            except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
-                errors.append(e)
+        try:
+            result.append(fn())
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            errors.append(e)
 
-    t = threading.Thread(target=run, name="zerocore-imports")
+    t = threading.Thread(target=run, name=name)
     t.start()
     t.join()
     if errors:
         raise errors[0]
+    return result[0]
