@@ -265,9 +265,8 @@ class DeepSpeedMethods:
         kwargs = dict(compile_kwargs or {})
         if backend is not None:
             kwargs["backend"] = backend
-        if self.gatherer is not None and self.gatherer.compile_units(**kwargs):
-            pass  # stage 3: the units compiled, the glue eager
-        else:  # stages 0-2 (or a stage-3 model with no unit below the root): the whole module
+        units = self.gatherer.compile_units(**kwargs) if self.gatherer is not None else []  # stage 3, glue eager
+        if not units:  # stages 0-2 (or a stage-3 model with no unit below the root): the whole module
             self.module.compile(**kwargs)
         self._is_compiled = True
 
