@@ -15,6 +15,7 @@ import ctypes
 import errno
 import json
 import os
+import stat
 import warnings
 
 # defined below the checkpoint package, whose modules take it from here: the engine's step()
@@ -63,14 +64,21 @@ def exchange(a: str, b: str) -> bool:
     raise OSError(err, os.strerror(err), a)
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """``path`` holds either its old content or ``data``, whatever happens."""
+def write_atomic(path: str, data: bytes, *, executable: bool = False) -> None:
+    """``path`` holds either its old content or ``data``, whatever happens. ``executable``: the user's
+    execute bit is added before the file appears (where the file system keeps no modes, it is left
+    readable)."""
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if executable:
+            try:
+                os.chmod(tmp, os.stat(tmp).st_mode | stat.S_IEXEC)
+            except OSError:  # a share without modes
+                pass
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -16,10 +16,9 @@ to write it warns: the checkpoint itself is complete by then.
 from __future__ import annotations
 
 import os
-import stat
 import warnings
 
-from .layout import fsync_dir
+from .layout import write_atomic
 
 NAME = "zero_to_fp32.py"
 
@@ -62,22 +61,8 @@ def write_recovery_script(save_dir: str) -> str | None:
     """Rank 0, after a tag is published: ``save_dir/zero_to_fp32.py`` (replaced atomically when there).
     Returns its path, None (with a warning) when it could not be written."""
     dst = os.path.join(save_dir, NAME)
-    tmp = f"{dst}.tmp.{os.getpid()}"
-    try:
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(SCRIPT)
-                f.flush()
-                os.fsync(f.fileno())
-            try:
-                os.chmod(tmp, os.stat(tmp).st_mode | stat.S_IEXEC)
-            except OSError:  # a share without modes: readable, run with `python zero_to_fp32.py`
-                pass
-            os.replace(tmp, dst)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        fsync_dir(save_dir)
+    try:  # a share without modes keeps it readable: run it with `python zero_to_fp32.py`
+        write_atomic(dst, SCRIPT.encode("utf-8"), executable=True)
     except OSError as e:
         warnings.warn(f"zerocore checkpoint: the checkpoint is saved, but its recovery script {dst} could not be "
                       f"written ({e}); `zerocore consolidate` reads the checkpoint too", RuntimeWarning, stacklevel=4)
