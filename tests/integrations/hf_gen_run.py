@@ -210,6 +210,12 @@ def main():
     if rank == 0:
         with open(out, "w") as f:
             json.dump(result, f)
+    if o["backend"] != "zerocore":
+        # torch's own teardown for the DDP reference run: a rank leaving while its peer's gloo threads still
+        # talk to it aborted it at exit ("terminate called without an active exception", once in CI);
+        # zerocore's engines tear their groups down at exit themselves (zerocore/comm/lifetime.py)
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
