@@ -55,3 +55,29 @@ def test_pack_order_does_not_matter():
 def test_pack_errors(tensors, offsets, exc, words):
     with pytest.raises(exc, match=words):
         ops.pack(tensors, offsets, torch.zeros(10))
+
+
+def test_unpack_destinations_sharing_memory_are_refused_on_the_fast_path_too():
+    """unpack's fast path (no per-tensor Python checks) still refuses destinations that overlap each
+    other, naming both, and writes nothing."""
+    base = torch.zeros(10)
+    flat = torch.arange(20.0)
+    for dests in ([base[:4], base[2:6]], [base[2:6], base[:4]], [base, base[9:]]):
+        with pytest.raises(ValueError, match=r"'tensors\[0\]' and 'tensors\[1\]' share memory"):
+            ops.unpack(flat, dests, [0, 10])
+        assert torch.equal(base, torch.zeros(10))
+    apart = [base[:4], base[4:8]]  # adjacent is fine
+    ops.unpack(flat, apart, [0, 10])
+    assert base[:8].tolist() == [0, 1, 2, 3, 10, 11, 12, 13]
+
+
+def test_unpack_takes_the_fast_path_for_a_usual_bucket(monkeypatch):
+    """A bucket of ascending, in-bounds, separate tensors is checked without the per-tensor checks
+    (they cost more than a GPU's copy of a 200-tensor bucket)."""
+    from zerocore.ops import _checks
+
+    calls = []
+    monkeypatch.setattr(_checks, "check_tensor", lambda *a, **k: calls.append(a))
+    tensors = [torch.zeros(n) for n in (3, 1, 5)]
+    checked, offs = _checks.pack_args("unpack", tensors, [0, 3, 4], torch.ones(9), cuda=False)
+    assert calls == [] and offs == [0, 3, 4] and all(a is b for a, b in zip(checked, tensors))

@@ -122,8 +122,14 @@ def pack(tensors: Sequence[torch.Tensor], offsets: Sequence[int], flat: torch.Te
 def unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
     """zerocore.ops.unpack on the GPU: one launch for the whole bucket."""
     mod = lib()
-    tensors, offs = pack_args("unpack", tensors, offsets, flat, cuda=True)
-    mod.cuda_unpack(flat, tensors, offs, stream_handle(flat.device))
+    checked, offs = pack_args("unpack", tensors, offsets, flat, cuda=True)
+    try:
+        mod.cuda_unpack(flat, checked, offs, stream_handle(flat.device))
+        return
+    except (TypeError, ValueError) as exc:
+        refused = exc
+    pack_args("unpack", checked, offs, flat, cuda=True, fast=False)  # as pack: the full checks name it
+    raise refused
 
 
 def cast(src: torch.Tensor, dst: torch.Tensor | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
