@@ -266,7 +266,9 @@ def step_tests(args) -> dict:
 
 # ---- 4. benchmarks -------------------------------------------------------------------------------
 def timed(variants: dict, rounds: int, warmup: int = 3) -> dict:
-    """Median / min / max milliseconds per variant, CUDA events around each call, interleaved."""
+    """Median / min / max milliseconds per variant, CUDA events around each call, interleaved.
+    ``host_ms``: the median time the call took to return on the host; where it is near the event
+    time, the GPU waited for the host (a host-bound call), not for memory."""
     import torch
 
     names = list(variants)
@@ -277,12 +279,15 @@ def timed(variants: dict, rounds: int, warmup: int = 3) -> dict:
     if gpu:
         torch.cuda.synchronize()
     times = {n: [] for n in names}
+    host = {n: [] for n in names}
     for r in range(rounds):
         for n in names[r % len(names):] + names[:r % len(names)]:
             if gpu:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
+                t0 = time.perf_counter()
                 variants[n]()
+                host[n].append((time.perf_counter() - t0) * 1e3)
                 end.record()
                 end.synchronize()
                 times[n].append(start.elapsed_time(end))
@@ -290,7 +295,8 @@ def timed(variants: dict, rounds: int, warmup: int = 3) -> dict:
                 t0 = time.perf_counter()
                 variants[n]()
                 times[n].append((time.perf_counter() - t0) * 1e3)
-    return {n: {"median_ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t), "n": len(t)}
+    return {n: {"median_ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t), "n": len(t),
+                **({"host_ms": statistics.median(host[n])} if host[n] else {})}
             for n, t in times.items()}
 
 

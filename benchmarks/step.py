@@ -193,6 +193,11 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", nargs="+", default=None, choices=VARIANTS,
                     help="default: every variant that runs on the device and whose package is installed")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="cuda: after each variant's timed steps, profile --profile-steps more with torch.profiler "
+                         "(DIR/profile_<variant>.txt, DIR/trace_<variant>.json.gz; per-step device busy time, "
+                         "launches, blocking calls in the JSON and a table)")
+    ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--preset", choices=sorted(sv.PRESETS), default=None,
                     help="a named list of variants instead of --variants (offload: CPU offload, nvme: NVMe offload, "
                          "face: zerocore.deepspeed with groups and a schedule, a client SGD)")
@@ -288,6 +293,24 @@ def nvme_report(res: dict, args, med: dict) -> dict:
         print(f"{v:<36}{row['read_bytes'] / 1e6:>9.1f}{row['write_bytes'] / 1e6:>9.1f}{f('io_pass_s'):>11}"
               f"{f('blocked_s'):>11}{f('disk_s'):>9}{f('io_vs_disk', 1):>8}{row['io_pass_share_of_step']:>8.2f}")
     return out
+
+
+def profile_table(res: dict, args, rows: dict) -> None:
+    """The --profile figures (step_profile.py) per variant, into the rows and a table."""
+    prof = {v: res["memory"].get(v, {}).get("profile") for v in args.variants}
+    prof = {v: p for v, p in prof.items() if p}
+    if not prof:
+        return
+    print(f"\n{'profiled (' + str(args.profile_steps) + ' steps, per step)':<36}{'wall ms':>9}{'busy ms':>9}"
+          f"{'idle':>7}{'launches':>9}  blocking calls / memcpys")
+    for v, p in prof.items():
+        rows[v]["profile"] = p
+        if "error" in p:
+            print(f"{v:<36}{p['error']}")
+            continue
+        extra = ", ".join(f"{k} {n:g}" for k, n in {**p["blocking_calls"], **p["memcpy"]}.items()) or "-"
+        print(f"{v:<36}{p['wall_ms']:>9.1f}{p['device_busy_ms']:>9.1f}{p['device_idle_share']:>7.2f}"
+              f"{p['launches']:>9.0f}  {extra}")
 
 
 def offload_bounds(res: dict, args, med: dict, rows: dict) -> dict:
@@ -390,6 +413,7 @@ def main(argv=None) -> dict:
         ratios[f"{a}/{b}"] = r
         print(f"{a + ' / ' + b:<52}{r['overall']:>8.3f}x{r['round_min']:>14.3f}x{r['round_median']:>7.3f}x"
               f"{r['round_max']:>7.3f}x")
+    profile_table(res, args, rows)
     bounds = offload_bounds(res, args, med, rows)
     if "zerocore_stage3" in args.variants and "zerocore_stage3_nocheck" in args.variants:
         d = med["zerocore_stage3"] - med["zerocore_stage3_nocheck"]

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 import host_step_probe
+import step_profile
 
 from _common import gather_objects
 
@@ -112,6 +113,13 @@ def _run_one(v, build, batches, args, mem, world):
                 t_host = {"error": _reason("host step probe failed", e)}
             if t_host is not None:
                 memory["host_step"] = t_host
+    if why is None and getattr(args, "profile", None):  # after the timing: what one step spends where
+        try:
+            memory["profile"] = step_profile.profile_steps(
+                step, batches, args.profile_steps, args.profile, v if dist.get_rank() == 0 else
+                f"{v}_rank{dist.get_rank()}", sync=mem.sync)
+        except Exception as e:  # noqa: BLE001 - a profiler's failure loses the profile, not the variant
+            memory["profile"] = {"error": _reason("profile failed", e)}
     if step is not None:
         closed = _close(step, failed=why is not None)
         if closed is not None:

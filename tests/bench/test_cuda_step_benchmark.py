@@ -295,3 +295,37 @@ def test_closed_step_holds_nothing(group, name):
     stepper.close()
     gc.collect()
     assert alive() is None
+
+
+def test_runner_profiles_each_variant_after_its_timed_steps(group, tmp_path):
+    """--profile: after the timing, a few more steps under torch.profiler (the CPU activity here),
+    the table and the gzipped Chrome trace written per variant, the per-step figures in the JSON."""
+    import gzip
+
+    mem, log = FakeMemory(), []
+    batches = [torch.zeros(2, 9, dtype=torch.long)]
+    args = argparse.Namespace(warmup=1, steps=1, rounds=1, profile=str(tmp_path / "prof"), profile_steps=2)
+    res = step_cuda.run_variants(["clean"], lambda v: StandIn(mem, log), batches, args, mem, 0, 1)
+    p = res["memory"]["clean"]["profile"]
+    assert p["steps"] == 2 and p["wall_ms"] > 0 and p["device_busy_ms"] == 0 and p["launches"] == 0
+    assert "by self host time" in (tmp_path / "prof" / "profile_clean.txt").read_text()
+    assert json.loads(gzip.open(tmp_path / "prof" / "trace_clean.json.gz").read())["traceEvents"]
+
+
+def test_profile_summary_counts_per_step():
+    """Device busy time is the union of the device intervals (streams overlap); launches and the
+    host-blocking runtime calls are counted per step; asynchronous memcpys do not block."""
+    import step_profile
+
+    def ev(name, start=0, end=0, device=False):
+        return types.SimpleNamespace(name=name, device_type="DeviceType.CUDA" if device else "DeviceType.CPU",
+                                     time_range=types.SimpleNamespace(start=start, end=end))
+
+    events = [ev("gemm", 0, 1000, True), ev("nccl", 500, 1500, True), ev("Memcpy DtoH (Device -> Pinned)", 3000,
+                                                                          3500, True),
+              ev("cudaLaunchKernel"), ev("cudaLaunchKernel"), ev("cudaStreamSynchronize"), ev("cudaMemcpyAsync"),
+              ev("cudaMemcpy"), ev("aten::mm")]
+    s = step_profile.summarize(events, n=2, wall_s=0.004)
+    assert s["wall_ms"] == 2.0 and s["device_busy_ms"] == 1.0 and s["device_idle_share"] == 0.5
+    assert s["launches"] == 1 and s["blocking_calls"] == {"cudaMemcpy": 0.5, "cudaStreamSynchronize": 0.5}
+    assert s["memcpy"] == {"Memcpy DtoH (Device -> Pinned)": 0.5}
