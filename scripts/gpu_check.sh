@@ -16,6 +16,11 @@
 #   llama    step.py on the Hugging Face Llama of issue 35 (256M, 16 layers, 4 x 512 tokens): torch AMP, stages 2, 3,
 #            and both without bf16's per-step Inf/NaN read (bf16.check_grad_overflow: false)
 #   compile  benchmarks/compile_stage3.py --device cuda: engine.compile() against eager at stages 2 and 3
+#   dsjit    (in the background) DeepSpeed's CPU Adam and fused Adam JIT-built, so that cpuoffload's DeepSpeed rows
+#            time steps, not nvcc; cpuoffload waits for it
+#   kernels  benchmarks/gpu_proof.py --steps bench: Adam, cast, pack/unpack, sum of squares beside torch and copy
+# Python packages the image lacks (DeepSpeed and its pydantic, hjson) travel as wheels in .whl/ (carry it):
+# installed into /tmp/site first.
 # Environment: PY (default python3), ZC_ARCH (default 9.0), T_BUILD/T_TESTS/T_STEP/T_OFFLOAD (seconds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +30,13 @@ W="$OUT/work"
 mkdir -p "$W"
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(build env tests step offload)
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" || echo "gpu_check: the wheels in .whl did not install" >&2
+fi
+# one arch for zerocore's build and DeepSpeed's JIT ops (its cache key includes the flags)
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TORCH_CUDA_ARCH_LIST="${ZC_ARCH:-9.0}"
+DSJIT_PID=
 summary="$OUT/summary.txt"
 note() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$summary"; }
 pack() { cp "$summary" "$W/" 2>/dev/null; tar czf "$OUT/results.tgz.tmp" -C "$W" . && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"; }
@@ -58,14 +69,23 @@ for s in "${steps[@]}"; do
     offload)
       run offload "${T_OFFLOAD:-120}" "$PY" benchmarks/offload_states.py --device cuda "${GPT[@]}" --stages 0 1 2 3 \
         --rounds 3 --out "$W/offload_states.json" ;;
+    dsjit)
+      ( timeout 300 "$PY" -c "from deepspeed.ops.op_builder import CPUAdamBuilder, FusedAdamBuilder
+CPUAdamBuilder().load(); FusedAdamBuilder().load(); print('DeepSpeed ops built')" >"$W/dsjit.log" 2>&1
+        note "dsjit: rc=$? (background)" ) &
+      DSJIT_PID=$! ;;
+    kernels)
+      run kernels "${T_KERNELS:-120}" "$PY" benchmarks/gpu_proof.py --steps bench --rounds "${KERNEL_ROUNDS:-10}" \
+        --out-dir "$W" ;;
     cpuoffload)
+      [ -n "$DSJIT_PID" ] && wait "$DSJIT_PID"
       run cpuoffload "${T_CPUOFFLOAD:-300}" "$PY" benchmarks/step.py --device cuda --ranks 1 "${GPT[@]}" --steps 4 \
         --rounds 2 --warmup 2 --preset offload --out "$W/step_offload.json" ;;
     llama)
       run llama "${T_LLAMA:-150}" "$PY" benchmarks/step.py --device cuda --ranks 1 --model hf-llama --dim 1024 \
         --layers 16 --ctx 512 --batch 4 --steps 5 --rounds 3 --warmup 2 \
         --variants torch_amp zerocore_stage2 zerocore_stage3 zerocore_stage2_no_nan_check \
-        zerocore_stage3_no_nan_check --out "$W/step_llama.json" ;;
+        zerocore_stage3_no_nan_check --profile "$W/profile" --profile-steps 3 --out "$W/step_llama.json" ;;
     compile)
       run compile "${T_COMPILE:-240}" "$PY" benchmarks/compile_stage3.py --device cuda --dim 512 --layers 8 --ctx 256 \
         --batch 8 --out "$W/compile_stage3.json" ;;
