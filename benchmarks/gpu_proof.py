@@ -17,7 +17,7 @@ target was missed:
 3. tests   `pytest -m gpu` on each test file in its own process (a test that crashes its process
            is named from the output, deselected and the file re-run), with a fresh random
            ZC_TEST_SEED (recorded): every kernel against
-           its CPU oracle (odd sizes, >64 tensors per call, tensors over 2^31 elements), FusedAdam,
+           its CPU oracle (odd sizes, >512 tensors per call, tensors over 2^31 elements), FusedAdam,
            pinned pool and async copies, and a small GPT trained through zerocore.initialize with
            stages 0/1/2(/3) on one GPU over NCCL against the CPU torch.optim.AdamW reference.
 4. bench   the device's copy bandwidth; fused Adam fp32 (28 bytes/param) as one tensor and as ~200

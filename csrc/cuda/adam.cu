@@ -2,14 +2,30 @@
 // gradient fp32 / bf16 / fp16 multiplied by a scale as it is read, optional bf16 / fp16
 // copy of the updated parameter written in the same pass.
 //
-// Launch layout: the kernel arguments carry a table of up to kAdamMaxTensors tensors
-// (five addresses, numel and the index of the tensor's first chunk each: 3.3 KB, under the
-// 4 KB kernel-parameter limit every CUDA version accepts). Block b finds its tensor by a
-// binary search over the first-chunk indices and updates elements
-// [chunk * kAdamChunkElems, +kAdamChunkElems) of it, so one launch covers every chunk of up
-// to 64 tensors however large they are (64-bit element offsets), and any number of tensors
-// takes ceil(n / 64) launches. Blocks whose pointers are all 16-byte aligned (fp32 arrays;
-// 8-byte for 16-bit ones) use vector loads and stores of 4 elements.
+// Launch layout: the kernel arguments carry a table of the launch's tensors (five addresses,
+// numel and the index of the tensor's first chunk: 52 bytes each). Block b finds its tensor
+// by a binary search over the first-chunk indices and updates elements
+// [chunk * kAdamChunkElems, +kAdamChunkElems) of it (64-bit element offsets), so one launch
+// covers every chunk of its tensors however large they are.
+//
+// Table size: the whole parameter list of a usual call should be one launch. Launches run one
+// after the other and each ends with a partly filled last wave, so 200 tensors in 4 launches of
+// 64 cost far more than one launch of 200. CUDA >= 12.1 accepts 32,764 bytes of kernel
+// parameters (Volta and newer, with a driver >= 12.1): a table of kAdamTableLarge = 512 tensors.
+// It stays in the parameters (not device memory) because that needs no allocation, no
+// host-to-device copy and no lifetime tracking of a staging buffer, and the launch is queued at
+// once. A launch of at most kAdamTableSmall tensors, or any launch when built with an older CUDA
+// or run on an older driver, uses the 64-entry table under the old 4 KB limit (a small call
+// does not ship 26 KB of parameters). __grid_constant__: blocks read the table where it lies
+// instead of each thread copying it to local memory.
+//
+// Chunks of kAdamChunkElems = 4096 elements (4 vector steps per thread; was 16384) keep a
+// block short (~20 us at full bandwidth on an H100 / H200), so the drain at the end of a
+// launch, when fewer and fewer blocks are left to keep memory busy, costs ~4x less. Blocks
+// whose pointers are all 16-byte aligned (fp32 arrays; 8-byte for 16-bit ones) use vector
+// loads and stores of 4 elements, the others go one by one. (Peeling a scalar head to align
+// views at odd offsets cost 2-16 registers in ptxas's allocation, i.e. fewer blocks per SM
+// for every call; not done.)
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -25,22 +41,30 @@ namespace zc {
 namespace cuda {
 namespace {
 
+template <int N>
 struct AdamTable {
-  float* p[kAdamMaxTensors];
-  const void* g[kAdamMaxTensors];
-  float* m[kAdamMaxTensors];
-  float* v[kAdamMaxTensors];
-  void* out[kAdamMaxTensors];
-  int64_t numel[kAdamMaxTensors];
-  int32_t chunk_start[kAdamMaxTensors];
+  float* p[N];
+  const void* g[N];
+  float* m[N];
+  float* v[N];
+  void* out[N];
+  int64_t numel[N];
+  int32_t chunk_start[N];
   int32_t count;
 };
-static_assert(sizeof(AdamTable) + sizeof(AdamScalars) + sizeof(float*) <= 4000,
-              "Adam kernel arguments must stay under the 4 KB parameter limit");
+static_assert(sizeof(AdamTable<kAdamTableSmall>) + sizeof(AdamScalars) + sizeof(float*) <= 4000,
+              "the small Adam table must stay under the 4 KB parameter limit of every CUDA version");
+#if CUDART_VERSION >= 12010
+#define ZC_ADAM_LARGE_TABLE 1
+static_assert(sizeof(AdamTable<kAdamTableLarge>) + sizeof(AdamScalars) + sizeof(float*) <= 32764,
+              "the large Adam table must stay under the 32,764-byte parameter limit of CUDA >= 12.1");
+#else
+#define ZC_ADAM_LARGE_TABLE 0
+#endif
 
-template <class GT, class OT, bool L2>
-__global__ void __launch_bounds__(kAdamThreads) adam_kernel(const AdamTable tab, const AdamScalars s,
-                                                            const float* device_grad_scale) {
+template <class GT, class OT, bool L2, int N>
+__global__ void __launch_bounds__(kAdamThreads) adam_kernel(const __grid_constant__ AdamTable<N> tab,
+                                                            const AdamScalars s, const float* device_grad_scale) {
   const int32_t chunk = static_cast<int32_t>(blockIdx.x);
   int lo = 0, hi = tab.count - 1;
   while (lo < hi) {
@@ -93,18 +117,44 @@ __global__ void __launch_bounds__(kAdamThreads) adam_kernel(const AdamTable tab,
   }
 }
 
-template <class GT, class OT>
-void launch_typed(const AdamTable& tab, const AdamScalars& s, const float* dgs, int64_t chunks, cudaStream_t st) {
+template <class GT, class OT, int N>
+void launch_typed(const AdamTable<N>& tab, const AdamScalars& s, const float* dgs, int64_t chunks, cudaStream_t st) {
   const dim3 grid(static_cast<unsigned>(chunks));
-  if (s.l2_wd != 0.0f) adam_kernel<GT, OT, true><<<grid, kAdamThreads, 0, st>>>(tab, s, dgs);
-  else adam_kernel<GT, OT, false><<<grid, kAdamThreads, 0, st>>>(tab, s, dgs);
+  if (s.l2_wd != 0.0f) adam_kernel<GT, OT, true, N><<<grid, kAdamThreads, 0, st>>>(tab, s, dgs);
+  else adam_kernel<GT, OT, false, N><<<grid, kAdamThreads, 0, st>>>(tab, s, dgs);
 }
 
-template <class GT>
-void launch_by_out(const AdamTable& tab, const AdamTensor& t, const float* dgs, int64_t chunks, cudaStream_t st) {
+template <class GT, int N>
+void launch_by_out(const AdamTable<N>& tab, const AdamTensor& t, const float* dgs, int64_t chunks, cudaStream_t st) {
   if (t.param_out == nullptr) return launch_typed<GT, no_out_t>(tab, t.s, dgs, chunks, st);
   if (t.out_dtype == DType::BF16) return launch_typed<GT, bf16_t>(tab, t.s, dgs, chunks, st);
   return launch_typed<GT, f16_t>(tab, t.s, dgs, chunks, st);
+}
+
+// One planned launch with a table of N entries (l.tensors.size() <= N).
+template <int N>
+void launch_table(const AdamTensor* tensors, const AdamLaunch& l, const float* dgs, cudaStream_t stream) {
+  AdamTable<N> tab;
+  std::memset(&tab, 0, sizeof(tab));
+  int32_t chunk = 0;
+  for (size_t k = 0; k < l.tensors.size(); ++k) {
+    const AdamTensor& t = tensors[l.tensors[k]];
+    tab.p[k] = t.param;
+    tab.g[k] = t.grad;
+    tab.m[k] = t.exp_avg;
+    tab.v[k] = t.exp_avg_sq;
+    tab.out[k] = t.param_out;
+    tab.numel[k] = t.numel;
+    tab.chunk_start[k] = chunk;
+    chunk += static_cast<int32_t>(ceil_div(t.numel, kAdamChunkElems));
+  }
+  tab.count = static_cast<int32_t>(l.tensors.size());
+  const AdamTensor& first = tensors[l.tensors[0]];
+  switch (first.grad_dtype) {
+    case DType::F32: launch_by_out<float>(tab, first, dgs, l.chunks, stream); break;
+    case DType::BF16: launch_by_out<bf16_t>(tab, first, dgs, l.chunks, stream); break;
+    case DType::F16: launch_by_out<f16_t>(tab, first, dgs, l.chunks, stream); break;
+  }
 }
 
 // Tensors that may share a launch: same gradient dtype, same output dtype (or none) and
@@ -129,7 +179,22 @@ void check_tensor(const AdamTensor& t, int64_t i) {
 
 }  // namespace
 
-std::vector<AdamLaunch> plan_adam(const AdamTensor* tensors, int64_t n) {
+int adam_table_capacity() {
+#if ZC_ADAM_LARGE_TABLE
+  // Parameters over 4 KB need the driver of CUDA >= 12.1 too (an older one refuses the launch).
+  static const int capacity = [] {
+    int driver = 0;
+    return cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12010 ? kAdamTableLarge : kAdamTableSmall;
+  }();
+  return capacity;
+#else
+  return kAdamTableSmall;
+#endif
+}
+
+std::vector<AdamLaunch> plan_adam(const AdamTensor* tensors, int64_t n, int max_tensors) {
+  if (max_tensors != kAdamTableSmall && max_tensors != kAdamTableLarge)
+    throw std::invalid_argument("plan_adam: max_tensors must be kAdamTableSmall or kAdamTableLarge");
   std::vector<AdamLaunch> launches;
   std::vector<int64_t> open;  // index into launches of the open launch of each key seen
   const int64_t max_chunks = std::numeric_limits<int32_t>::max();
@@ -143,7 +208,7 @@ std::vector<AdamLaunch> plan_adam(const AdamTensor* tensors, int64_t n) {
       if (same_launch_key(tensors[launches[open[k]].tensors[0]], t)) slot = static_cast<int64_t>(k);
     if (slot >= 0) {
       AdamLaunch& l = launches[open[slot]];
-      if (static_cast<int>(l.tensors.size()) == kAdamMaxTensors || l.chunks + chunks > max_chunks) {
+      if (static_cast<int>(l.tensors.size()) == max_tensors || l.chunks + chunks > max_chunks) {
         launches.push_back({});
         open[slot] = static_cast<int64_t>(launches.size()) - 1;
       }
@@ -161,31 +226,18 @@ std::vector<AdamLaunch> plan_adam(const AdamTensor* tensors, int64_t n) {
 
 void adam_step_multi(const AdamTensor* tensors, int64_t n, const float* device_grad_scale, int device,
                      cudaStream_t stream) {
-  const std::vector<AdamLaunch> launches = plan_adam(tensors, n);
+  const std::vector<AdamLaunch> launches = plan_adam(tensors, n, adam_table_capacity());
   if (launches.empty()) return;
   DeviceGuard guard(device);
   for (const AdamLaunch& l : launches) {
-    AdamTable tab;
-    std::memset(&tab, 0, sizeof(tab));
-    int32_t chunk = 0;
-    for (size_t k = 0; k < l.tensors.size(); ++k) {
-      const AdamTensor& t = tensors[l.tensors[k]];
-      tab.p[k] = t.param;
-      tab.g[k] = t.grad;
-      tab.m[k] = t.exp_avg;
-      tab.v[k] = t.exp_avg_sq;
-      tab.out[k] = t.param_out;
-      tab.numel[k] = t.numel;
-      tab.chunk_start[k] = chunk;
-      chunk += static_cast<int32_t>(ceil_div(t.numel, kAdamChunkElems));
+#if ZC_ADAM_LARGE_TABLE
+    if (l.tensors.size() > static_cast<size_t>(kAdamTableSmall)) {
+      launch_table<kAdamTableLarge>(tensors, l, device_grad_scale, stream);
+      ZC_LAUNCH_CHECK("adam_kernel");
+      continue;
     }
-    tab.count = static_cast<int32_t>(l.tensors.size());
-    const AdamTensor& first = tensors[l.tensors[0]];
-    switch (first.grad_dtype) {
-      case DType::F32: launch_by_out<float>(tab, first, device_grad_scale, l.chunks, stream); break;
-      case DType::BF16: launch_by_out<bf16_t>(tab, first, device_grad_scale, l.chunks, stream); break;
-      case DType::F16: launch_by_out<f16_t>(tab, first, device_grad_scale, l.chunks, stream); break;
-    }
+#endif
+    launch_table<kAdamTableSmall>(tensors, l, device_grad_scale, stream);
     ZC_LAUNCH_CHECK("adam_kernel");
   }
 }

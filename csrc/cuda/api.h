@@ -38,21 +38,28 @@ int runtime_version_compiled();
 std::vector<int> kernel_versions(int device);
 
 // ---- Multi-tensor Adam / AdamW --------------------------------------------------------
-// One launch carries a table of up to kAdamMaxTensors tensors (addresses, sizes and the
-// index of each tensor's first chunk) in its kernel arguments, under the 4 KB parameter
-// limit; one block per chunk of kAdamChunkElems elements, any number of chunks per tensor.
-// Tensors with different gradient / output dtypes or different scalars (e.g. step counts)
-// go to different launches; any number of tensors takes several launches.
-constexpr int kAdamMaxTensors = 64;
-constexpr int64_t kAdamChunkElems = 16384;
+// One launch carries a table of its tensors (addresses, sizes and the index of each tensor's
+// first chunk) in its kernel arguments; one block per chunk of kAdamChunkElems elements, any
+// number of chunks per tensor. The table holds kAdamTableLarge tensors where the kernels were
+// compiled with CUDA >= 12.1 and the driver is >= 12.1 (32 KB of kernel parameters), else
+// kAdamTableSmall (the 4 KB limit of older ones): adam_table_capacity() says which. Tensors
+// with different gradient / output dtypes or different scalars (e.g. step counts) go to
+// different launches; more tensors than the table holds take several launches.
+constexpr int kAdamTableSmall = 64;
+constexpr int kAdamTableLarge = 512;
+constexpr int64_t kAdamChunkElems = 4096;
 constexpr int kAdamThreads = 256;
+// kAdamTableLarge or kAdamTableSmall (see above); never throws.
+int adam_table_capacity();
 
 struct AdamLaunch {
   std::vector<int64_t> tensors;  // indices into the caller's array, in order
   int64_t chunks = 0;            // blocks of this launch
 };
-// How adam_step_multi will split `n` tensors into launches (host only; for tests).
-std::vector<AdamLaunch> plan_adam(const AdamTensor* tensors, int64_t n);
+// How adam_step_multi will split `n` tensors into launches of at most `max_tensors` each
+// (kAdamTableSmall or kAdamTableLarge; adam_step_multi passes adam_table_capacity()). Host
+// only; for tests.
+std::vector<AdamLaunch> plan_adam(const AdamTensor* tensors, int64_t n, int max_tensors);
 
 // Steps the tensors in place, like zc::adam_step_multi (same AdamScalars, same operation
 // order, bit-identical results). `device_grad_scale`: nullptr, or a device float that

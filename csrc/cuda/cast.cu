@@ -20,33 +20,86 @@ namespace {
 
 constexpr int kCastThreads = 256;
 
-template <class ST, class DT>
+// W-element steps by array size (W = 8 or 4).
+template <class T> __device__ __forceinline__ void loadv(const T* x, int64_t i, float (&r)[8]) { load8(x, i, r); }
+template <class T> __device__ __forceinline__ void loadv(const T* x, int64_t i, float (&r)[4]) { load4(x, i, r); }
+template <class T> __device__ __forceinline__ void storev(T* x, int64_t i, const float (&r)[8]) { store8(x, i, r); }
+template <class T> __device__ __forceinline__ void storev(T* x, int64_t i, const float (&r)[4]) { store4(x, i, r); }
+
+// Elements [0, head) and [head + vectors * W, n) one by one; the vectors in between W (8 or 4;
+// 1: none) at a time. W = 8 moves 16-byte accesses on both sides (two fp32 loads -> one 16-bit
+// store, or back); each thread has two vectors in flight per step (the loads of both issued
+// before either store) so that enough bytes are in flight per SM to keep HBM busy, over a grid
+// of exactly the resident blocks. (W is a template argument and the loops are not unrolled by
+// the compiler: a 64-bit division by a runtime value is a slow subroutine with spills.)
+template <class ST, class DT, int W>
 __global__ void __launch_bounds__(kCastThreads) cast_kernel(const ST* __restrict__ src, DT* __restrict__ dst,
-                                                            int64_t n, bool vec) {
+                                                            int64_t n, int64_t head) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kCastThreads;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kCastThreads + threadIdx.x;
-  int64_t scalar_from = 0;
-  if (vec) {
-    const int64_t nv = n >> 2;
-    for (int64_t i = first; i < nv; i += stride) {
-      float r[4];
-      load4(src, i, r);
-      store4(dst, i, r);
+  const int64_t vectors = W > 1 ? (n - head) / W : 0;
+  if constexpr (W > 1) {
+    const ST* s = src + head;
+    DT* d = dst + head;
+#pragma unroll 1
+    for (int64_t i = first; i < vectors; i += 2 * stride) {
+      const bool two = i + stride < vectors;
+      float a[W], b[W];
+      loadv(s, i, a);
+      if (two) loadv(s, i + stride, b);
+      storev(d, i, a);
+      if (two) storev(d, i + stride, b);
     }
-    scalar_from = nv << 2;
   }
-  for (int64_t i = scalar_from + first; i < n; i += stride) store_f(dst + i, load_f(src + i));
+  const int64_t vec_end = head + vectors * W;
+  const int64_t loose = W > 1 ? head + (n - vec_end) : n;
+#pragma unroll 1
+  for (int64_t j = first; j < loose; j += stride) {
+    const int64_t i = W == 1 || j < head ? j : vec_end + (j - head);
+    store_f(dst + i, load_f(src + i));
+  }
+}
+
+// The widest step both pointers allow after a head of fewer than `width` elements: width 8
+// needs both 16-byte aligned (for 16-bit <-> fp32 that means the same offset modulo 8 elements
+// on the 16-bit side and 4 on the fp32 side, as views of aligned buffers at the same element
+// offset have); width 4 needs 4-element alignment on both sides.
+template <class ST, class DT>
+void pick_width(const ST* s, DT* d, int64_t n, int& width, int64_t& head) {
+  for (int w : {8, 4}) {
+    const uintptr_t sa = w == 8 ? 16 : 4 * sizeof(ST), da = w == 8 ? 16 : 4 * sizeof(DT);
+    for (int64_t k = 0; k < w && k + w <= n; ++k)
+      if (aligned(s + k, sa) && aligned(d + k, da)) {
+        width = w;
+        head = k;
+        return;
+      }
+  }
+  width = 1;
+  head = 0;
+}
+
+template <class ST, class DT, int W>
+void launch_w(const ST* s, DT* d, int64_t n, int64_t head, cudaStream_t stream) {
+  const int64_t work = W > 1 ? ceil_div((n - head) / W, 2) : n;
+  int per_sm = 0;
+  ZC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, cast_kernel<ST, DT, W>, kCastThreads, 0));
+  const int64_t resident = int64_t(sm_count()) * std::max(per_sm, 1);
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(ceil_div(work, kCastThreads), resident));
+  cast_kernel<ST, DT, W><<<static_cast<unsigned>(blocks), kCastThreads, 0, stream>>>(s, d, n, head);
+  ZC_LAUNCH_CHECK("cast_kernel");
 }
 
 template <class ST, class DT>
 void launch(const void* src, void* dst, int64_t n, cudaStream_t stream) {
   const ST* s = static_cast<const ST*>(src);
   DT* d = static_cast<DT*>(dst);
-  const bool vec = aligned(s, 4 * sizeof(ST)) && aligned(d, 4 * sizeof(DT));
-  const int64_t work = vec ? ceil_div(n, 4) : n;
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(ceil_div(work, kCastThreads), int64_t(sm_count()) * 16));
-  cast_kernel<ST, DT><<<static_cast<unsigned>(blocks), kCastThreads, 0, stream>>>(s, d, n, vec);
-  ZC_LAUNCH_CHECK("cast_kernel");
+  int width = 1;
+  int64_t head = 0;
+  pick_width(s, d, n, width, head);
+  if (width == 8) return launch_w<ST, DT, 8>(s, d, n, head, stream);
+  if (width == 4) return launch_w<ST, DT, 4>(s, d, n, head, stream);
+  launch_w<ST, DT, 1>(s, d, n, 0, stream);
 }
 
 template <class ST>

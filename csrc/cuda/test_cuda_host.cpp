@@ -142,31 +142,54 @@ void test_plan_adam() {
     ts.push_back(t);
   }
   ts.push_back({dummy, dummy, dummy, dummy, nullptr, int64_t(3) << 31, zc::DType::F16, zc::DType::F32, s1});
-  const auto plan = zc::cuda::plan_adam(ts.data(), static_cast<int64_t>(ts.size()));
-  std::vector<int> seen(ts.size(), 0);
-  bool ok_size = true, ok_key = true, ok_chunks = true, ok_order = true;
-  for (const auto& l : plan) {
-    ok_size &= !l.tensors.empty() && l.tensors.size() <= static_cast<size_t>(zc::cuda::kAdamMaxTensors);
-    int64_t chunks = 0;
-    for (size_t k = 0; k < l.tensors.size(); ++k) {
-      const auto& a = ts[l.tensors[0]];
-      const auto& b = ts[l.tensors[k]];
-      ok_key &= a.grad_dtype == b.grad_dtype && (a.param_out == nullptr) == (b.param_out == nullptr) &&
-                std::memcmp(&a.s, &b.s, sizeof(a.s)) == 0;
-      ok_order &= k == 0 || l.tensors[k] > l.tensors[k - 1];
-      chunks += (b.numel + zc::cuda::kAdamChunkElems - 1) / zc::cuda::kAdamChunkElems;
-      ++seen[l.tensors[k]];
+  for (int cap : {zc::cuda::kAdamTableSmall, zc::cuda::kAdamTableLarge}) {
+    const auto plan = zc::cuda::plan_adam(ts.data(), static_cast<int64_t>(ts.size()), cap);
+    std::vector<int> seen(ts.size(), 0);
+    bool ok_size = true, ok_key = true, ok_chunks = true, ok_order = true;
+    for (const auto& l : plan) {
+      ok_size &= !l.tensors.empty() && l.tensors.size() <= static_cast<size_t>(cap);
+      int64_t chunks = 0;
+      for (size_t k = 0; k < l.tensors.size(); ++k) {
+        const auto& a = ts[l.tensors[0]];
+        const auto& b = ts[l.tensors[k]];
+        ok_key &= a.grad_dtype == b.grad_dtype && (a.param_out == nullptr) == (b.param_out == nullptr) &&
+                  std::memcmp(&a.s, &b.s, sizeof(a.s)) == 0;
+        ok_order &= k == 0 || l.tensors[k] > l.tensors[k - 1];
+        chunks += (b.numel + zc::cuda::kAdamChunkElems - 1) / zc::cuda::kAdamChunkElems;
+        ++seen[l.tensors[k]];
+      }
+      ok_chunks &= chunks == l.chunks && l.chunks <= 0x7fffffff;
     }
-    ok_chunks &= chunks == l.chunks && l.chunks <= 0x7fffffff;
+    bool ok_cover = true;
+    for (size_t i = 0; i < ts.size(); ++i) ok_cover &= seen[i] == (ts[i].numel > 0 ? 1 : 0);
+    CHECK(ok_size && ok_key && ok_chunks && ok_order && ok_cover,
+          "plan_adam(cap %d): size %d key %d chunks %d order %d cover %d", cap, ok_size, ok_key, ok_chunks, ok_order,
+          ok_cover);
   }
-  bool ok_cover = true;
-  for (size_t i = 0; i < ts.size(); ++i) ok_cover &= seen[i] == (ts[i].numel > 0 ? 1 : 0);
-  CHECK(ok_size && ok_key && ok_chunks && ok_order && ok_cover, "plan_adam: size %d key %d chunks %d order %d cover %d",
-        ok_size, ok_key, ok_chunks, ok_order, ok_cover);
-  CHECK(plan.size() >= 300 / 64, "plan_adam: %zu launches", plan.size());
+  // One key: the usual call. 200 tensors are one launch with the large table, 4 with the small
+  // one; 600 are two launches (512 + 88) with the large table.
+  std::vector<zc::AdamTensor> same;
+  for (int i = 0; i < 600; ++i)
+    same.push_back({dummy, dummy, dummy, dummy, nullptr, 1 + 997 * i, zc::DType::F32, zc::DType::F32, s1});
+  const auto big200 = zc::cuda::plan_adam(same.data(), 200, zc::cuda::kAdamTableLarge);
+  CHECK(big200.size() == 1 && big200[0].tensors.size() == 200, "plan_adam: 200 tensors in %zu launches (large table)",
+        big200.size());
+  CHECK(zc::cuda::plan_adam(same.data(), 200, zc::cuda::kAdamTableSmall).size() == 4,
+        "plan_adam: 200 tensors with the small table are not 4 launches");
+  const auto big600 = zc::cuda::plan_adam(same.data(), 600, zc::cuda::kAdamTableLarge);
+  CHECK(big600.size() == 2 && big600[0].tensors.size() == 512 && big600[1].tensors.size() == 88 &&
+            big600[1].tensors[0] == 512,
+        "plan_adam: 600 tensors in %zu launches (large table)", big600.size());
+  const int cap = zc::cuda::adam_table_capacity();
+  CHECK(cap == zc::cuda::kAdamTableSmall || cap == zc::cuda::kAdamTableLarge, "adam_table_capacity %d", cap);
+#if CUDART_VERSION >= 12010
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12010)
+    CHECK(cap == zc::cuda::kAdamTableLarge, "driver %d but adam_table_capacity %d", driver, cap);
+#endif
   zc::AdamTensor bad{dummy, dummy, dummy, dummy, dummy, 10, zc::DType::F32, zc::DType::F32, s1};
   bool threw = false;
-  try { zc::cuda::plan_adam(&bad, 1); } catch (const std::invalid_argument&) { threw = true; }
+  try { zc::cuda::plan_adam(&bad, 1, zc::cuda::kAdamTableSmall); } catch (const std::invalid_argument&) { threw = true; }
   CHECK(threw, "plan_adam accepts an fp32 param_out");
 }
 
@@ -242,61 +265,69 @@ void d2h(void* h, const void* d, size_t n) { cudaMemcpy(h, d, n, kMemcpyDefault)
 
 void test_device_adam() {
   std::mt19937 rng(21);
-  // 150 tensors (three launches' worth), odd sizes, some misaligned by one element.
+  // 150 tensors (one launch with the large table, three with the small one), odd sizes, some
+  // misaligned by one element; and 600 fp32 ones (more than the large table holds).
+  struct Case { zc::DType gdt; bool with_out; int nt; };
+  std::vector<Case> cases;
   for (zc::DType gdt : {zc::DType::F32, zc::DType::BF16, zc::DType::F16})
-    for (bool with_out : {false, true}) {
-      const int nt = 150;
-      std::vector<AdamData> host;
-      std::vector<int64_t> sizes;
-      std::uniform_int_distribution<int64_t> size(1, 40000);
-      for (int i = 0; i < nt; ++i) {
-        sizes.push_back(i == 3 ? 3 * zc::cuda::kAdamChunkElems + 5 : size(rng));
-        host.push_back(random_adam(sizes.back(), gdt, rng));
-      }
-      const zc::AdamScalars s = zc::adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.1, 3, gdt != zc::DType::F16, 0.5);
-      std::vector<std::unique_ptr<Dev>> mem;
-      std::vector<zc::AdamTensor> dts, cts;
-      std::vector<AdamData> cpu = host;
-      for (int i = 0; i < nt; ++i) {
-        const int64_t n = sizes[i];
-        const size_t shift = (i % 4 == 1) ? 4 : 0;  // misaligned fp32 arrays: the scalar path
-        const int gsz = zc::dtype_size(gdt);
-        mem.emplace_back(new Dev(static_cast<size_t>(n) * (12 + gsz + 2) + 64));
-        Dev& d = *mem.back();
-        float* p = d.as<float>(shift);
-        float* m = p + n;
-        float* v = m + n;
-        uint8_t* g = reinterpret_cast<uint8_t*>(v + n);
-        uint8_t* o = g + n * gsz;
-        h2d(p, host[i].p.data(), n * 4);
-        h2d(m, host[i].m.data(), n * 4);
-        h2d(v, host[i].v.data(), n * 4);
-        h2d(g, host[i].g.data(), n * gsz);
-        dts.push_back({p, g, m, v, with_out ? o : nullptr, n, gdt, zc::DType::BF16, s});
-        cpu[i].out.assign(static_cast<size_t>(n) * 2, 0);
-        cts.push_back({cpu[i].p.data(), cpu[i].g.data(), cpu[i].m.data(), cpu[i].v.data(),
-                       with_out ? cpu[i].out.data() : nullptr, n, gdt, zc::DType::BF16, s});
-      }
-      zc::cuda::adam_step_multi(dts.data(), nt, nullptr, 0, nullptr);
-      zc::adam_step_multi(cts.data(), nt, 2);
-      cudaDeviceSynchronize();
-      int64_t bad = 0;
-      for (int i = 0; i < nt; ++i) {
-        const int64_t n = sizes[i];
-        std::vector<float> p(n), m(n), v(n);
-        std::vector<uint8_t> o(static_cast<size_t>(n) * 2);
-        d2h(p.data(), dts[i].param, n * 4);
-        d2h(m.data(), dts[i].exp_avg, n * 4);
-        d2h(v.data(), dts[i].exp_avg_sq, n * 4);
-        if (with_out) d2h(o.data(), dts[i].param_out, n * 2);
-        bad += std::memcmp(p.data(), cpu[i].p.data(), n * 4) != 0;
-        bad += std::memcmp(m.data(), cpu[i].m.data(), n * 4) != 0;
-        bad += std::memcmp(v.data(), cpu[i].v.data(), n * 4) != 0;
-        if (with_out) bad += std::memcmp(o.data(), cpu[i].out.data(), n * 2) != 0;
-      }
-      CHECK(bad == 0, "device adam: %lld arrays differ from the CPU kernel (gdt %d, out %d)",
-            static_cast<long long>(bad), static_cast<int>(gdt), with_out);
+    for (bool with_out : {false, true}) cases.push_back({gdt, with_out, 150});
+  cases.push_back({zc::DType::F32, false, 600});
+  std::printf("adam table capacity: %d tensors per launch\n", zc::cuda::adam_table_capacity());
+  for (const Case& c : cases) {
+    const zc::DType gdt = c.gdt;
+    const bool with_out = c.with_out;
+    const int nt = c.nt;
+    std::vector<AdamData> host;
+    std::vector<int64_t> sizes;
+    std::uniform_int_distribution<int64_t> size(1, 40000);
+    for (int i = 0; i < nt; ++i) {
+      sizes.push_back(i == 3 ? 3 * zc::cuda::kAdamChunkElems + 5 : size(rng));
+      host.push_back(random_adam(sizes.back(), gdt, rng));
     }
+    const zc::AdamScalars s = zc::adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.1, 3, gdt != zc::DType::F16, 0.5);
+    std::vector<std::unique_ptr<Dev>> mem;
+    std::vector<zc::AdamTensor> dts, cts;
+    std::vector<AdamData> cpu = host;
+    for (int i = 0; i < nt; ++i) {
+      const int64_t n = sizes[i];
+      const size_t shift = (i % 4 == 1) ? 4 : 0;  // misaligned fp32 arrays: the scalar path
+      const int gsz = zc::dtype_size(gdt);
+      mem.emplace_back(new Dev(static_cast<size_t>(n) * (12 + gsz + 2) + 64));
+      Dev& d = *mem.back();
+      float* p = d.as<float>(shift);
+      float* m = p + n;
+      float* v = m + n;
+      uint8_t* g = reinterpret_cast<uint8_t*>(v + n);
+      uint8_t* o = g + n * gsz;
+      h2d(p, host[i].p.data(), n * 4);
+      h2d(m, host[i].m.data(), n * 4);
+      h2d(v, host[i].v.data(), n * 4);
+      h2d(g, host[i].g.data(), n * gsz);
+      dts.push_back({p, g, m, v, with_out ? o : nullptr, n, gdt, zc::DType::BF16, s});
+      cpu[i].out.assign(static_cast<size_t>(n) * 2, 0);
+      cts.push_back({cpu[i].p.data(), cpu[i].g.data(), cpu[i].m.data(), cpu[i].v.data(),
+                     with_out ? cpu[i].out.data() : nullptr, n, gdt, zc::DType::BF16, s});
+    }
+    zc::cuda::adam_step_multi(dts.data(), nt, nullptr, 0, nullptr);
+    zc::adam_step_multi(cts.data(), nt, 2);
+    cudaDeviceSynchronize();
+    int64_t bad = 0;
+    for (int i = 0; i < nt; ++i) {
+      const int64_t n = sizes[i];
+      std::vector<float> p(n), m(n), v(n);
+      std::vector<uint8_t> o(static_cast<size_t>(n) * 2);
+      d2h(p.data(), dts[i].param, n * 4);
+      d2h(m.data(), dts[i].exp_avg, n * 4);
+      d2h(v.data(), dts[i].exp_avg_sq, n * 4);
+      if (with_out) d2h(o.data(), dts[i].param_out, n * 2);
+      bad += std::memcmp(p.data(), cpu[i].p.data(), n * 4) != 0;
+      bad += std::memcmp(m.data(), cpu[i].m.data(), n * 4) != 0;
+      bad += std::memcmp(v.data(), cpu[i].v.data(), n * 4) != 0;
+      if (with_out) bad += std::memcmp(o.data(), cpu[i].out.data(), n * 2) != 0;
+    }
+    CHECK(bad == 0, "device adam: %lld arrays differ from the CPU kernel (gdt %d, out %d, %d tensors)",
+          static_cast<long long>(bad), static_cast<int>(gdt), with_out, nt);
+  }
 }
 
 void test_device_cast_norm_pack() {

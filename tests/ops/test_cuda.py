@@ -34,7 +34,7 @@ def _why_skip() -> str | None:
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_why_skip() is not None, reason=str(_why_skip()))]
 
 DEV = torch.device("cuda", 0)
-SIZES = [1, 3, 4, 5, 17, 1000, 16383, 16384, 16385, 3 * 16384 + 7, 1_000_003]
+SIZES = [1, 3, 4, 5, 17, 1000, 4095, 4096, 4097, 16384, 16385, 3 * 4096 + 7, 1_000_003]  # around the 4096-element chunk
 HP = dict(lr=3e-3, betas=(0.9, 0.995), eps=1e-8, weight_decay=0.05)
 
 
@@ -91,7 +91,7 @@ def test_adam_equals_cpu_kernel(n, grad_dtype, out_dtype, adamw):
 
 
 def test_adam_many_tensors_several_launches_views_and_steps():
-    """300 tensors (more than one launch holds), odd sizes, empty ones, views at odd element offsets
+    """300 tensors (launches split by step count and dtypes), odd sizes, empty ones, views at odd offsets
     (scalar path), different step counts (separate launches), mixed grad dtypes and output dtypes.
     ``param_outs`` is all or nothing per call (a None entry is refused), so the tensors with an output
     go in one call and those without in another."""
@@ -124,6 +124,41 @@ def test_adam_many_tensors_several_launches_views_and_steps():
         _same_bits(vs[i], v, f"exp_avg_sq[{i}]")
         if o is not None:
             _same_bits(outs[i], o, f"param_out[{i}]")
+
+
+@pytest.mark.parametrize("count, grad_dtype, out_dtype", [(200, torch.float32, None), (700, torch.float32, None),
+                                                        (600, torch.bfloat16, torch.float16)])
+def test_adam_one_key_one_launch_and_past_the_table(count, grad_dtype, out_dtype):
+    """The usual call: every tensor with the same step and dtypes. 200 fit one launch's table
+    (512 with CUDA >= 12.1), 600 / 700 take two. Odd sizes around the 4096-element chunk, and
+    every array at its own offset of 0-3 elements, so some tensors take the vector path and
+    others (any array misaligned) the scalar one."""
+    rnd = random.Random(BASE_SEED + count)
+    gen = _gen("one key", count, str(grad_dtype))
+    gpu, cpu = [], []
+    for i in range(count):
+        n = rnd.choice([1, 3, 4, 5, 7, 33, 4095, 4096, 4097, 12289, 50_001])
+        p, g, m, v = _adam_state(n, gen, grad_dtype)
+        cpu.append((p.clone(), g.clone(), m.clone(), v.clone(),
+                    None if out_dtype is None else torch.empty(n, dtype=out_dtype)))
+
+        def place(t, shift=None):
+            shift = rnd.choice([0, 0, 0, 1, 2, 3]) if shift is None else shift
+            buf = torch.empty(n + shift, dtype=t.dtype, device=DEV)
+            buf[shift:].copy_(t)
+            return buf[shift:]
+        gpu.append((place(p), place(g), place(m), place(v),
+                    None if out_dtype is None else place(torch.empty(n, dtype=out_dtype))))
+    hp = dict(HP, adamw_mode=True, grad_scale=0.5)
+    ops.adam_step_multi([t[0] for t in gpu], [t[1] for t in gpu], [t[2] for t in gpu], [t[3] for t in gpu],
+                        steps=[7] * count, param_outs=None if out_dtype is None else [t[4] for t in gpu], **hp)
+    for i, ((p, g, m, v, o), (gp, _, gm, gv, go)) in enumerate(zip(cpu, gpu)):
+        ops.adam_step(p, g, m, v, step=7, param_out=o, **hp)
+        _same_bits(gp, p, f"param[{i}]")
+        _same_bits(gm, m, f"exp_avg[{i}]")
+        _same_bits(gv, v, f"exp_avg_sq[{i}]")
+        if o is not None:
+            _same_bits(go, o, f"param_out[{i}]")
 
 
 def test_adam_device_grad_scale_and_nonfinite_grads():
@@ -233,6 +268,42 @@ def test_cast_equals_cpu_both_ways(n, dtype):
     src = torch.empty(n + 1, dtype=torch.float32, device=DEV)
     src[1:].copy_(x)
     _same_bits(ops.cast(src[1:], dtype=dtype), want, "misaligned fp32 -> 16")
+
+
+_CAST_PAIRS = [(torch.float32, torch.bfloat16), (torch.float32, torch.float16), (torch.bfloat16, torch.float32),
+               (torch.float16, torch.float32), (torch.bfloat16, torch.float16), (torch.float16, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("src_dtype, dst_dtype", _CAST_PAIRS, ids=[f"{a}-{b}" for a, b in _CAST_PAIRS])
+def test_cast_odd_sizes_and_offsets(src_dtype, dst_dtype):
+    """Sizes that are not a multiple of 8 and views at element offsets of source and destination:
+    equal offsets (modulo the vector) take the 8-wide path after a scalar head, others the 4-wide
+    or scalar one. Nothing outside the destination view is written."""
+    gen = _gen("cast offsets", str(src_dtype), str(dst_dtype))
+    for n in [1, 7, 8, 9, 15, 17, 31, 4099, 100_003]:
+        x = _nasty(n, gen)
+        x = x if src_dtype == torch.float32 else ops.cast(x, dtype=src_dtype)
+        want = ops.cast(x, dtype=dst_dtype)
+        for so, do in [(0, 0), (1, 1), (3, 3), (5, 5), (1, 0), (0, 3), (4, 0), (2, 6), (4, 4)]:
+            src = torch.empty(n + so, dtype=src_dtype, device=DEV)
+            src[so:].copy_(x)
+            out = torch.full((n + do + 9,), 3.0, dtype=dst_dtype, device=DEV)  # 9 guard elements after
+            ops.cast(src[so:], out[do:do + n])
+            _same_bits(out[do:do + n], want, f"n={n} offsets {so}/{do}")
+            rest = torch.cat([out[:do], out[do + n:]]).cpu()
+            assert torch.equal(rest, torch.full_like(rest, 3.0)), f"n={n} offsets {so}/{do}: wrote outside"
+    # through UVA at an offset: pinned source, device destination and back
+    x = _nasty(10_007, gen)
+    x = x if src_dtype == torch.float32 else ops.cast(x, dtype=src_dtype)
+    pinned = torch.empty(10_010, dtype=src_dtype).pin_memory()
+    pinned[3:].copy_(x)
+    dev = torch.empty(10_010, dtype=dst_dtype, device=DEV)
+    ops.cast(pinned[3:], dev[3:])
+    _same_bits(dev[3:], ops.cast(x, dtype=dst_dtype), "pinned -> device at offset 3")
+    host = torch.empty(10_010, dtype=src_dtype).pin_memory()
+    ops.cast(dev[3:], host[3:])
+    torch.cuda.synchronize()
+    _same_bits(host[3:], ops.cast(ops.cast(x, dtype=dst_dtype), dtype=src_dtype), "device -> pinned at offset 3")
 
 
 def test_cast_fused_with_host_copy_and_pageable_refused():

@@ -27,7 +27,9 @@ def adam_step_multi(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor
 
     ``grad_scale``: a number, or a one-element float32 CUDA tensor (e.g. a clip coefficient
     computed on the GPU) that the kernel reads itself, so no host sync is needed. Tensors on
-    several devices are stepped device by device; each launch covers up to 64 tensors."""
+    several devices are stepped device by device. Tensors with the same step, dtypes and
+    hyper-parameters share a launch: up to 512 of them (64 where the kernels were built with
+    CUDA < 12.1 or the driver is older than 12.1)."""
     mod = lib()
     refused = False
     if type(params) is list and params and type(params[0]) in PLAIN and type(steps) in (list, tuple) \
