@@ -200,7 +200,7 @@ void pack_impl(const std::vector<at::Tensor>& tensors, const std::vector<int64_t
   const int64_t flat_bytes = flat.numel() * esize;
   const std::vector<zcc::PackPiece> pieces = zcc::plan_pack(segs.data(), static_cast<int64_t>(segs.size()), flat_bytes, pack);
   if (pieces.empty() || flat_bytes == 0) return;
-  if (static_cast<int64_t>(pieces.size()) <= zcc::kPackInlinePieces) {  // the usual bucket: table by value
+  if (static_cast<int64_t>(pieces.size()) <= zcc::pack_inline_capacity()) {  // the usual bucket: table by value
     zcc::pack_pieces_inline(pieces.data(), static_cast<int64_t>(pieces.size()), flat.data_ptr(), flat_bytes, pack,
                             device, as_stream(stream));
     return;

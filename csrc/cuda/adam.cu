@@ -54,12 +54,9 @@ struct AdamTable {
 };
 static_assert(sizeof(AdamTable<kAdamTableSmall>) + sizeof(AdamScalars) + sizeof(float*) <= 4000,
               "the small Adam table must stay under the 4 KB parameter limit of every CUDA version");
-#if CUDART_VERSION >= 12010
-#define ZC_ADAM_LARGE_TABLE 1
-static_assert(sizeof(AdamTable<kAdamTableLarge>) + sizeof(AdamScalars) + sizeof(float*) <= 32764,
+#if ZC_LARGE_KERNEL_PARAMS
+static_assert(sizeof(AdamTable<kAdamTableLarge>) + sizeof(AdamScalars) + sizeof(float*) <= kLargeKernelParamBytes,
               "the large Adam table must stay under the 32,764-byte parameter limit of CUDA >= 12.1");
-#else
-#define ZC_ADAM_LARGE_TABLE 0
 #endif
 
 template <class GT, class OT, bool L2, int N>
@@ -179,18 +176,7 @@ void check_tensor(const AdamTensor& t, int64_t i) {
 
 }  // namespace
 
-int adam_table_capacity() {
-#if ZC_ADAM_LARGE_TABLE
-  // Parameters over 4 KB need the driver of CUDA >= 12.1 too (an older one refuses the launch).
-  static const int capacity = [] {
-    int driver = 0;
-    return cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12010 ? kAdamTableLarge : kAdamTableSmall;
-  }();
-  return capacity;
-#else
-  return kAdamTableSmall;
-#endif
-}
+int adam_table_capacity() { return large_kernel_params() ? kAdamTableLarge : kAdamTableSmall; }
 
 std::vector<AdamLaunch> plan_adam(const AdamTensor* tensors, int64_t n, int max_tensors) {
   if (max_tensors != kAdamTableSmall && max_tensors != kAdamTableLarge)
@@ -230,7 +216,7 @@ void adam_step_multi(const AdamTensor* tensors, int64_t n, const float* device_g
   if (launches.empty()) return;
   DeviceGuard guard(device);
   for (const AdamLaunch& l : launches) {
-#if ZC_ADAM_LARGE_TABLE
+#if ZC_LARGE_KERNEL_PARAMS
     if (l.tensors.size() > static_cast<size_t>(kAdamTableSmall)) {
       launch_table<kAdamTableLarge>(tensors, l, device_grad_scale, stream);
       ZC_LAUNCH_CHECK("adam_kernel");

@@ -83,10 +83,14 @@ std::vector<PackPiece> plan_pack(const Segment* segments, int64_t n, int64_t fla
 // memory (the binding stages it through pinned memory on the same stream).
 void pack_pieces(const PackPiece* device_pieces, int64_t num_pieces, void* flat, int64_t flat_bytes, bool pack,
                  int device, cudaStream_t stream);
-// Up to kPackInlinePieces pieces (e.g. 63 tensors with gaps, or any one tensor) travel in the
-// kernel's parameters by value: pack_pieces_inline takes plan_pack's result in host memory and
-// launches at once, with no device copy of the table.
-constexpr int kPackInlinePieces = 128;
+// Up to pack_inline_capacity() pieces travel in the kernel's parameters by value:
+// pack_pieces_inline takes plan_pack's result in host memory and launches at once, with no
+// device copy of the table. kPackInlineLarge (a 600-tensor bucket with its gaps) where large
+// kernel parameters work (CUDA >= 12.1, as adam_table_capacity), else kPackInlineSmall (63
+// tensors with gaps, the 4 KB limit of older ones).
+constexpr int kPackInlineSmall = 128;
+constexpr int kPackInlineLarge = 1280;
+int pack_inline_capacity();  // never throws
 void pack_pieces_inline(const PackPiece* host_pieces, int64_t num_pieces, void* flat, int64_t flat_bytes, bool pack,
                         int device, cudaStream_t stream);
 

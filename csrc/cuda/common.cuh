@@ -64,5 +64,26 @@ inline int sm_count() {
 
 inline bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; }
 
+// Kernel parameters of up to 32,764 bytes (CUDA >= 12.1 on Volta and newer; every arch nvcc 12+
+// builds for here): a launch's whole table travels by value, with no device copy of it. The
+// driver must be >= 12.1 too (an older one refuses such a launch), asked once.
+#if CUDART_VERSION >= 12010
+#define ZC_LARGE_KERNEL_PARAMS 1
+#else
+#define ZC_LARGE_KERNEL_PARAMS 0
+#endif
+constexpr size_t kLargeKernelParamBytes = 32764;
+inline bool large_kernel_params() {
+#if ZC_LARGE_KERNEL_PARAMS
+  static const bool ok = [] {
+    int driver = 0;
+    return cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12010;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
 }  // namespace cuda
 }  // namespace zc

@@ -105,20 +105,38 @@ __global__ void __launch_bounds__(kPackThreads) pack_kernel(const PackPiece* __r
   pack_tile<kPack>(pieces, count, flat, flat_bytes);
 }
 
-// A small piece table passed by value in the kernel's parameters (the usual bucket: no host
+// The piece table passed by value in the kernel's parameters (the usual bucket: no host
 // allocation, no host-to-device copy, no event). __grid_constant__: the blocks read the
-// parameter in place instead of each thread copying 3 KB to local memory.
+// parameter in place instead of each thread copying it to local memory. N: kPackInlineSmall
+// (under the 4 KB limit of every CUDA version) or kPackInlineLarge (32 KB, CUDA >= 12.1).
+template <int N>
 struct PackInline {
-  PackPiece pieces[kPackInlinePieces];
+  PackPiece pieces[N];
   int64_t count;
 };
-static_assert(sizeof(PackInline) + sizeof(char*) + sizeof(int64_t) <= 4000,
+static_assert(sizeof(PackInline<kPackInlineSmall>) + sizeof(char*) + sizeof(int64_t) <= 4000,
               "pack kernel arguments must stay under the 4 KB parameter limit");
+#if ZC_LARGE_KERNEL_PARAMS
+static_assert(sizeof(PackInline<kPackInlineLarge>) + sizeof(char*) + sizeof(int64_t) <= kLargeKernelParamBytes,
+              "the large pack table must stay under the 32,764-byte parameter limit of CUDA >= 12.1");
+#endif
 
-template <bool kPack>
-__global__ void __launch_bounds__(kPackThreads) pack_kernel_inline(const __grid_constant__ PackInline table,
+template <bool kPack, int N>
+__global__ void __launch_bounds__(kPackThreads) pack_kernel_inline(const __grid_constant__ PackInline<N> table,
                                                                     char* flat, int64_t flat_bytes) {
   pack_tile<kPack>(table.pieces, table.count, flat, flat_bytes);
+}
+
+template <int N>
+void launch_inline(const PackPiece* host_pieces, int64_t num_pieces, char* flat, int64_t flat_bytes, bool pack,
+                   int64_t tiles, cudaStream_t stream) {
+  PackInline<N> table;
+  std::copy(host_pieces, host_pieces + num_pieces, table.pieces);
+  table.count = num_pieces;
+  if (pack)
+    pack_kernel_inline<true, N><<<static_cast<unsigned>(tiles), kPackThreads, 0, stream>>>(table, flat, flat_bytes);
+  else
+    pack_kernel_inline<false, N><<<static_cast<unsigned>(tiles), kPackThreads, 0, stream>>>(table, flat, flat_bytes);
 }
 
 }  // namespace
@@ -173,24 +191,26 @@ void pack_pieces(const PackPiece* device_pieces, int64_t num_pieces, void* flat,
   ZC_LAUNCH_CHECK("pack_kernel");
 }
 
+int pack_inline_capacity() { return large_kernel_params() ? kPackInlineLarge : kPackInlineSmall; }
+
 void pack_pieces_inline(const PackPiece* host_pieces, int64_t num_pieces, void* flat, int64_t flat_bytes, bool pack,
                         int device, cudaStream_t stream) {
   if (flat_bytes <= 0 || num_pieces <= 0) return;
-  if (num_pieces > kPackInlinePieces)
+  if (num_pieces > pack_inline_capacity())
     throw std::invalid_argument("pack (CUDA): " + std::to_string(num_pieces) + " pieces do not fit the inline table of " +
-                                std::to_string(kPackInlinePieces));
+                                std::to_string(pack_inline_capacity()));
   const int64_t tiles = ceil_div(flat_bytes, kTileBytes);
   if (tiles > 0x7fffffff) throw std::invalid_argument("pack (CUDA): flat buffer too large for one launch");
-  PackInline table;
-  std::copy(host_pieces, host_pieces + num_pieces, table.pieces);
-  table.count = num_pieces;
   DeviceGuard guard(device);
-  if (pack)
-    pack_kernel_inline<true><<<static_cast<unsigned>(tiles), kPackThreads, 0, stream>>>(table, static_cast<char*>(flat),
-                                                                                         flat_bytes);
-  else
-    pack_kernel_inline<false><<<static_cast<unsigned>(tiles), kPackThreads, 0, stream>>>(table, static_cast<char*>(flat),
-                                                                                          flat_bytes);
+  char* f = static_cast<char*>(flat);
+#if ZC_LARGE_KERNEL_PARAMS
+  if (num_pieces > kPackInlineSmall) {  // a small bucket keeps the small table: fewer parameter bytes per launch
+    launch_inline<kPackInlineLarge>(host_pieces, num_pieces, f, flat_bytes, pack, tiles, stream);
+    ZC_LAUNCH_CHECK("pack_kernel_inline");
+    return;
+  }
+#endif
+  launch_inline<kPackInlineSmall>(host_pieces, num_pieces, f, flat_bytes, pack, tiles, stream);
   ZC_LAUNCH_CHECK("pack_kernel_inline");
 }
 

@@ -435,13 +435,14 @@ void test_device_cast_norm_pack() {
   }
   CHECK(ok, "device unpack with the inline table does not give the tensors back");
   bool refused = false;
-  std::vector<zc::cuda::PackPiece> many(zc::cuda::kPackInlinePieces + 1, zc::cuda::PackPiece{0, 0, nullptr});
+  std::printf("pack inline table: %d pieces\n", zc::cuda::pack_inline_capacity());
+  std::vector<zc::cuda::PackPiece> many(zc::cuda::pack_inline_capacity() + 1, zc::cuda::PackPiece{0, 0, nullptr});
   try {
     zc::cuda::pack_pieces_inline(many.data(), static_cast<int64_t>(many.size()), dflat.p, flat_bytes, true, 0, nullptr);
   } catch (const std::invalid_argument&) {
     refused = true;
   }
-  CHECK(refused, "an inline table over kPackInlinePieces is refused");
+  CHECK(refused, "an inline table over pack_inline_capacity() is refused");
 }
 
 void test_device_pool() {

@@ -199,10 +199,11 @@ def test_fused_adam_on_cuda_matches_torch_adamw_and_cpu():
 
 
 # ---- pack / unpack ------------------------------------------------------------------------------
+@pytest.mark.parametrize("count", [40, 300, 900])  # the piece table: small inline, large inline, in device memory
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.uint8, torch.int64])
-def test_pack_unpack_equal_cpu(dtype):
-    rnd = random.Random(f"{dtype}{BASE_SEED}")
-    sizes = [rnd.choice([1, 2, 3, 7, 64, 1000, 4097, 70000]) for _ in range(300)]
+def test_pack_unpack_equal_cpu(dtype, count):
+    rnd = random.Random(f"{dtype}{count}{BASE_SEED}")
+    sizes = [rnd.choice([1, 2, 3, 7, 64, 1000, 4097, 70000]) for _ in range(count)]
     offsets, cursor = [], rnd.randint(0, 9)
     for n in sizes:
         offsets.append(cursor)
@@ -212,7 +213,7 @@ def test_pack_unpack_equal_cpu(dtype):
     rnd.shuffle(order)  # tensors need not come in offset order
     sizes = [sizes[i] for i in order]
     offsets = [offsets[i] for i in order]
-    gen = _gen("pack", str(dtype))
+    gen = _gen("pack", str(dtype), count)
     cpu = [(torch.randn(n, generator=gen) * 100).to(dtype) for n in sizes]
     gpu = [t.to(DEV) for t in cpu]
     flat = torch.full((total,), 7, dtype=dtype, device=DEV)  # poisoned: gaps must become 0
