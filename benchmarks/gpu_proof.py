@@ -30,7 +30,8 @@ Under a per-command time limit, split it: `--steps build,native`, then `--steps 
 second call keeps the first one's steps in the report.
 
 Targets: fp32 Adam >= 90% of the copy bandwidth at 28 B/param; fp32 not slower than
-torch fused AdamW (median within 2%); one-pass mixed precision >= 1.3x the usual way.
+torch fused AdamW (median within 2%); one-pass mixed precision >= 1.3x the usual way; the fp32->bf16
+cast >= 0.95x torch's copy_; pack and unpack of 200 tensors at least as fast as torch._foreach_copy_.
 Timing protocol: CUDA events around each call, variants interleaved (rotated order each round),
 median of --rounds after warm-up; arrays far larger than L2, so every step streams from HBM.
 """
@@ -507,6 +508,17 @@ def targets(bench: dict) -> list[dict]:
         else:
             out.append({"target": f"mixed precision {c['layout']}: one pass >= 1.3x the usual way",
                         "value": round(c["speedup_vs_usual"], 3), "met": c["speedup_vs_usual"] >= 1.3})
+    k = bench.get("kernels") or {}
+    # issue 35's kernel targets: time of torch's op over zerocore's (>= the bound: at least that fast)
+    for case, ours, theirs, bound in (("cast_fp32_to_bf16", "zerocore_cast", "torch_copy_", 0.95),
+                                      ("pack_unpack_200_bf16_tensors", "zerocore_unpack", "torch_foreach_copy_unpack",
+                                       1.0),
+                                      ("pack_unpack_200_bf16_tensors", "zerocore_pack", "torch_zero_foreach_copy",
+                                       1.0)):
+        if ours in k.get(case, {}):
+            ratio = k[case][theirs]["median_ms"] / k[case][ours]["median_ms"]
+            out.append({"target": f"{ours.replace('zerocore_', '')}: >= {bound}x {theirs.replace('_unpack', '')}'s "
+                                  "speed", "value": round(ratio, 3), "met": ratio >= bound})
     return out
 
 

@@ -106,7 +106,10 @@ def worker(rank: int, world: int, init: str, args, out: str) -> None:
     gen = torch.Generator().manual_seed(rank)
     batches = [torch.randint(0, vocab, (args.batch, args.ctx + 1), generator=gen).to(device) for _ in range(4)]
     n_params = sum(p.numel() for p in sv.build_model(args.model, args, vocab).parameters())
-    if cuda:  # one variant at a time: large models do not fit twice
+    if cuda and args.interleave:  # every variant at once, rounds interleaved (short, host-bound steps)
+        res = step_cuda.run_interleaved(args.variants, lambda v: build(v, args, vocab, ctx), batches, args,
+                                        step_cuda.CudaMemory(device), rank, world)
+    elif cuda:  # one variant at a time: large models do not fit twice
         res = step_cuda.run_variants(args.variants, lambda v: build(v, args, vocab, ctx), batches, args,
                                      step_cuda.CudaMemory(device), rank, world)
     else:
@@ -193,6 +196,10 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", nargs="+", default=None, choices=VARIANTS,
                     help="default: every variant that runs on the device and whose package is installed")
+    ap.add_argument("--interleave", action="store_true",
+                    help="cuda: build every variant first and interleave the rounds in a fresh order each (as on the "
+                         "CPU), for short host-bound steps whose time drifts with the host; memory per run, not per "
+                         "variant")
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="cuda: after each variant's timed steps, profile --profile-steps more with torch.profiler "
                          "(DIR/profile_<variant>.txt, DIR/trace_<variant>.json.gz; per-step device busy time, "
@@ -360,7 +367,8 @@ def main(argv=None) -> dict:
     cuda = args.device == "cuda"
     print(f"{res['n_params'] / 1e6:.1f}M-param {args.model} (dim {args.dim}, {args.layers} layers, ctx {args.ctx}), "
           f"{args.ranks} ranks x {args.batch} sequences, " +
-          ("bf16, NCCL, one variant at a time" if cuda else "fp32, gloo, 1 thread/rank") +
+          (f"bf16, NCCL, {'variants interleaved' if args.interleave else 'one variant at a time'}" if cuda
+           else "fp32, gloo, 1 thread/rank") +
           f"; {args.rounds} {'' if cuda else 'interleaved '}rounds x {args.steps} steps")
     for v, why in args.skipped.items():
         print(f"  skipped {v}: {why}")
@@ -384,6 +392,9 @@ def main(argv=None) -> dict:
         fmt = lambda x: f"{x:>9.2f}" if x is not None else f"{'-':>9}"  # noqa: E731
         print(f"{v:<24}{s['median_ms']:>10.1f}{s['min_ms']:>8.1f}{s['p25_ms']:>8.1f}{s['p75_ms']:>8.1f}"
               f"{s['max_ms']:>8.1f}{s['tokens_per_s']:>11.0f}" + "".join(fmt(s[k]) for k in MEMORY_KEYS[1:]))
+    run = res["memory"].get("run")
+    if run:  # --interleave: the figures are the run's (every variant alive at once)
+        print("run (every variant at once): " + ", ".join(f"{k.replace('_GiB', '')} {x:.2f} GiB" for k, x in run.items()))
     for v, mem in res["memory"].items():  # again after the table, where it is read: memory not given back
         for line in step_cuda.leak_warnings(v, mem):
             print(line)

@@ -12,6 +12,11 @@ when a reference cycle holds the variant until Python's collector happens to run
 ``gc.collect()`` and ``empty_cache()`` (``left_after_gc_GiB``: a leak). More than 1 MiB left
 either way: a warning on stderr. The next variant starts after that collection.
 
+``run_interleaved`` (step.py ``--interleave``): every variant built first, then rounds in a fresh
+order each, as the CPU runner does: for short, host-bound steps whose time drifts with the host
+(a Hugging Face Llama's 50 ms step varied 47-138 ms on an H100's VM run one variant at a time).
+Memory figures are then per run, not per variant.
+
 A variant that fails to build, in its warm-up or in a timed step (out of memory, say) is
 skipped with its error (type and message) and the run goes on. The ranks exchange their errors
 after each of the three phases, so that all of them skip it together. (A rank that fails while
@@ -129,6 +134,69 @@ def _run_one(v, build, batches, args, mem, world):
     _collect(mem)
     memory["left_after_gc_GiB"] = (mem.allocated() - base) / GIB
     return why, flat, losses, memory
+
+
+def run_interleaved(variants, build, batches, args, mem, rank: int, world: int) -> dict:
+    """As ``run_variants``, with every variant alive at once and ``args.rounds`` rounds of
+    ``args.steps`` steps each, variants in a fresh order per round (the same on every rank).
+    ``memory`` holds the run's (``run``: baseline, peak, left after the teardown) and each variant's
+    T_host / profile; a variant that fails is skipped, the others go on."""
+    import random
+
+    out = {"times": {}, "losses": {}, "memory": {}, "not_built": {}}
+    _collect(mem)
+    base = mem.allocated()
+    steps = {}
+    for v in variants:
+        why, step = None, None
+        try:
+            step = build(v)
+            _warm_up(step, batches, args.warmup, mem)
+        except Exception as e:  # noqa: BLE001 - a configuration a library refuses, or out of memory: say why, go on
+            why = _reason("failed to build or warm up", e)
+        why = _agree(why, world)
+        if why is None:
+            steps[v] = step
+        else:
+            out["not_built"][v] = why
+            if step is not None:
+                _close(step, failed=True)
+        del step
+    mem.reset_peak()
+    for v in steps:
+        out["times"][v], out["losses"][v] = [], []
+    for r in range(args.rounds):
+        order = list(steps)
+        random.Random(r).shuffle(order)
+        for v in order:
+            dist.barrier()
+            times, losses, _, _ = _timed(steps[v], batches, args.steps, mem)
+            out["times"][v].append(times)
+            out["losses"][v] += losses
+    peak = mem.peak()
+    for v, step in steps.items():
+        memory = out["memory"].setdefault(v, {})
+        engine = getattr(step, "engine", None)
+        if engine is not None and hasattr(engine, "offload"):
+            try:
+                memory["host_step"] = host_step_probe.host_step_seconds(engine)
+            except Exception as e:  # noqa: BLE001
+                memory["host_step"] = {"error": _reason("host step probe failed", e)}
+        if getattr(args, "profile", None):
+            try:
+                memory["profile"] = step_profile.profile_steps(
+                    step, batches, args.profile_steps, args.profile, v if rank == 0 else f"{v}_rank{rank}",
+                    sync=mem.sync)
+            except Exception as e:  # noqa: BLE001
+                memory["profile"] = {"error": _reason("profile failed", e)}
+    for v in list(steps):  # in the same order on every rank: a teardown may be collective
+        _close(steps.pop(v), failed=False)
+    left_del = mem.allocated()
+    _collect(mem)
+    out["memory"]["run"] = {"baseline_GiB": base / GIB, "peak_GiB": (peak - base) / GIB,
+                            "left_after_del_GiB": (left_del - base) / GIB,
+                            "left_after_gc_GiB": (mem.allocated() - base) / GIB}
+    return out
 
 
 def _warm_up(step, batches, n: int, mem) -> None:

@@ -329,3 +329,21 @@ def test_profile_summary_counts_per_step():
     assert s["wall_ms"] == 2.0 and s["device_busy_ms"] == 1.0 and s["device_idle_share"] == 0.5
     assert s["launches"] == 1 and s["blocking_calls"] == {"cudaMemcpy": 0.5, "cudaStreamSynchronize": 0.5}
     assert s["memcpy"] == {"Memcpy DtoH (Device -> Pinned)": 0.5}
+
+
+def test_interleaved_runner_times_every_variant_each_round_and_frees_them_all(group):
+    """--interleave: every variant alive at once, one block of steps per variant per round, a failed
+    build skipped with its reason, everything given back at the end (the run's memory figures)."""
+    mem, log, leaked = FakeMemory(), [], []
+    batches = [torch.zeros(2, 9, dtype=torch.long)]
+    build = _standins(mem, log, leaked)
+    args = argparse.Namespace(warmup=1, steps=2, rounds=3)
+    names = ["clean", "refused", "oom", "after"]
+    res = step_cuda.run_interleaved(names, lambda v: build[v](), batches, args, mem, 0, 1)
+    assert set(res["not_built"]) == {"refused", "oom"} and "stage 9 does not exist" in res["not_built"]["refused"]
+    assert set(res["times"]) == {"clean", "after"}
+    assert [len(r) for r in res["times"]["clean"]] == [2, 2, 2] and len(res["losses"]["after"]) == 6
+    run = res["memory"]["run"]
+    assert run["peak_GiB"] == 250 * MIB / step_cuda.GIB  # both variants' weights + one step's activations
+    assert run["left_after_del_GiB"] == run["left_after_gc_GiB"] == 0.0
+    assert log.count(("close", False)) == 2 and ("close", True) in log
