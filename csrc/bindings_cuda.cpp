@@ -165,6 +165,29 @@ void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at
 }
 
 // ---- pack / unpack ---------------------------------------------------------------------
+// The segments' pieces (plan_pack: bounds, overlaps) copied in one launch: the table by value
+// when it fits the kernel parameters, else staged to device memory.
+void launch_pieces(const std::vector<zc::Segment>& segs, const at::Tensor& flat, bool pack, int device,
+                   uint64_t stream) {
+  const int64_t flat_bytes = flat.numel() * flat.element_size();
+  const std::vector<zcc::PackPiece> pieces = zcc::plan_pack(segs.data(), static_cast<int64_t>(segs.size()), flat_bytes, pack);
+  if (pieces.empty() || flat_bytes == 0) return;
+  if (static_cast<int64_t>(pieces.size()) <= zcc::pack_inline_capacity()) {  // the usual bucket: table by value
+    zcc::pack_pieces_inline(pieces.data(), static_cast<int64_t>(pieces.size()), flat.data_ptr(), flat_bytes, pack,
+                            device, as_stream(stream));
+    return;
+  }
+  // A larger piece table travels through pinned memory on the current stream; torch's pinned
+  // allocator keeps the host block until that copy is done, its caching allocator keeps the
+  // device block until the kernel (same stream) is done.
+  const int64_t table_bytes = static_cast<int64_t>(pieces.size() * sizeof(zcc::PackPiece));
+  at::Tensor host = at::empty({table_bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  std::memcpy(host.data_ptr(), pieces.data(), static_cast<size_t>(table_bytes));
+  at::Tensor table = host.to(flat.device(), /*non_blocking=*/true);
+  zcc::pack_pieces(static_cast<const zcc::PackPiece*>(table.data_ptr()), static_cast<int64_t>(pieces.size()),
+                   flat.data_ptr(), flat_bytes, pack, device, as_stream(stream));
+}
+
 void pack_impl(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& offsets, const at::Tensor& flat,
                bool pack, uint64_t stream) {
   const std::string op = pack ? "pack (CUDA)" : "unpack (CUDA)";
@@ -197,23 +220,40 @@ void pack_impl(const std::vector<at::Tensor>& tensors, const std::vector<int64_t
     segs.push_back({t.data_ptr(), offsets[i] * esize, t.numel() * esize});
   }
   if (!pack) spans.check_disjoint(op.c_str());
-  const int64_t flat_bytes = flat.numel() * esize;
-  const std::vector<zcc::PackPiece> pieces = zcc::plan_pack(segs.data(), static_cast<int64_t>(segs.size()), flat_bytes, pack);
-  if (pieces.empty() || flat_bytes == 0) return;
-  if (static_cast<int64_t>(pieces.size()) <= zcc::pack_inline_capacity()) {  // the usual bucket: table by value
-    zcc::pack_pieces_inline(pieces.data(), static_cast<int64_t>(pieces.size()), flat.data_ptr(), flat_bytes, pack,
-                            device, as_stream(stream));
-    return;
+  launch_pieces(segs, flat, pack, device, stream);
+}
+
+// Stages 2/3's hot path: a group's `.grad`s into its reduction bucket in one launch (gaps zeroed),
+// then dropped, as zerocore._C's CPU pack_grads (csrc/params/param_bindings.h) with the same
+// rules: false, touching nothing, unless every present gradient has the bucket's dtype and device,
+// is contiguous with memory behind it, fits at its (ascending) offset and shares no memory with
+// the bucket; the caller then packs through the checked op, which names what is wrong. (A copy_
+// per gradient costs ~15 us of host time each on a GPU: 35 of them in a Llama's last group.)
+bool pack_grads(const std::vector<at::Tensor>& params, const std::vector<int64_t>& offsets, at::Tensor& flat,
+                uint64_t stream) {
+  ZC_CHECK_VALUE(params.size() == offsets.size(), "pack_grads (CUDA): ", params.size(), " parameters but ",
+                    offsets.size(), " offsets");
+  if (!flat.defined() || !flat.is_cuda() || !flat.is_contiguous() || !zc_bind::holds_memory(flat)) return false;
+  const int device = flat.get_device();
+  const int64_t total = flat.numel(), esize = flat.element_size();
+  std::vector<zc::Segment> segs;
+  segs.reserve(params.size());
+  int64_t end = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& g = params[i].grad();
+    if (!g.defined()) continue;
+    const int64_t o = offsets[i], n = g.numel();
+    if (o < end || o + n > total || g.scalar_type() != flat.scalar_type() || !fine_cuda(g, device, false) ||
+        !apart(flat, g))
+      return false;
+    segs.push_back({g.data_ptr(), o * esize, n * esize});
+    end = o + n;
   }
-  // A larger piece table travels through pinned memory on the current stream; torch's pinned
-  // allocator keeps the host block until that copy is done, its caching allocator keeps the
-  // device block until the kernel (same stream) is done.
-  const int64_t table_bytes = static_cast<int64_t>(pieces.size() * sizeof(zcc::PackPiece));
-  at::Tensor host = at::empty({table_bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-  std::memcpy(host.data_ptr(), pieces.data(), static_cast<size_t>(table_bytes));
-  at::Tensor table = host.to(flat.device(), /*non_blocking=*/true);
-  zcc::pack_pieces(static_cast<const zcc::PackPiece*>(table.data_ptr()), static_cast<int64_t>(pieces.size()),
-                   flat.data_ptr(), flat_bytes, pack, device, as_stream(stream));
+  launch_pieces(segs, flat, /*pack=*/true, device, stream);
+  for (const auto& p : params) {
+    if (p.grad().defined()) p.mutable_grad() = at::Tensor();  // the caching allocator reuses it after the launch
+  }
+  return true;
 }
 
 void pack(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& offsets, const at::Tensor& flat,
@@ -345,6 +385,9 @@ void register_cuda(pybind11::module_& m) {
         py::arg("grad_scale_tensor"), py::arg("stream"), "multi-tensor Adam/AdamW step on CUDA tensors");
   m.def("cuda_pack", &pack, py::arg("tensors"), py::arg("offsets"), py::arg("flat"), py::arg("stream"),
         "pack CUDA tensors into a flat CUDA buffer in one launch (gaps zeroed)");
+  m.def("cuda_pack_grads", &pack_grads, py::arg("params"), py::arg("offsets"), py::arg("flat"), py::arg("stream"),
+        "params' .grad into a CUDA bucket at offsets in one launch (gaps zeroed), then dropped; false (nothing "
+        "touched) where a gradient does not fit the fast path");
   m.def("cuda_unpack", &unpack, py::arg("flat"), py::arg("tensors"), py::arg("offsets"), py::arg("stream"),
         "unpack a flat CUDA buffer into CUDA tensors in one launch");
   m.def("cuda_cast", &cast, py::arg("src"), py::arg("dst"), py::arg("stream"),

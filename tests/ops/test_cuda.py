@@ -229,6 +229,33 @@ def test_pack_unpack_equal_cpu(dtype, count):
         assert torch.equal(a.cpu(), b)
 
 
+def test_pack_grads_in_one_launch_equals_the_checked_pack_and_refuses_like_the_cpu_one():
+    """The reducer's hot path on a GPU (ops.params.pack_grads_on): present gradients at their offsets,
+    gaps and absent ones zeroed, every .grad dropped; a gradient of another dtype: False, nothing touched."""
+    from zerocore.ops.params import pack_grads_on
+
+    pack_grads = pack_grads_on(torch.device(DEV))
+    gen = _gen("pack_grads")
+    params = [torch.nn.Parameter(torch.zeros(n, device=DEV, dtype=torch.bfloat16)) for n in (3, 100, 1, 4097, 2)]
+    grads = [torch.randn(p.numel(), generator=gen).bfloat16() for p in params]
+    for p, g in zip(params, grads):
+        p.grad = g.to(DEV)
+    params[2].grad = None  # no gradient this step: its slot is zeroed
+    offsets = [0, 5, 200, 300, 4400]
+    flat = torch.full((5000,), 7.0, device=DEV, dtype=torch.bfloat16)
+    assert pack_grads(params, offsets, flat) is True
+    want = torch.zeros(5000, dtype=torch.bfloat16)
+    for i, (g, o) in enumerate(zip(grads, offsets)):
+        if i != 2:
+            want[o:o + g.numel()] = g
+    assert torch.equal(flat.cpu(), want) and all(p.grad is None for p in params)
+    params[0].grad = torch.ones(3, device=DEV)  # float32 into a bf16 bucket: the checked pack's case
+    params[1].grad = torch.ones(100, device=DEV, dtype=torch.bfloat16)
+    flat.fill_(7.0)
+    assert pack_grads(params, offsets, flat) is False
+    assert params[0].grad is not None and params[1].grad is not None and bool((flat == 7).all())
+
+
 def test_pack_misaligned_views_and_errors():
     base = torch.arange(1000, dtype=torch.float16, device=DEV)
     views = [base[1:8], base[3:700], base[701:702]]  # 2-byte aligned sources

@@ -107,3 +107,9 @@ def test_native_access_getattr_reads_as_nn_module_and_tells_the_gatherer_of_empt
     with pytest.raises(AttributeError, match="no_such"):
         lin.no_such
     assert not hasattr(lin, "no_such")
+
+
+def test_pack_grads_on_a_cpu_device_is_the_native_cpu_one():
+    from zerocore.ops.params import pack_grads_on
+
+    assert pack_grads_on(torch.device("cpu")) is OPS.pack_grads

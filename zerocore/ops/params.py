@@ -4,6 +4,8 @@ equivalents for an extension built before these functions existed.
 - ``set_data(params, values)``: ``params[i].data = values[i]`` for every i;
 - ``pack_grads(params, offsets, flat)``: every ``params[i].grad`` into ``flat`` at ``offsets[i]``
   (gaps zeroed), then dropped; False (nothing done) when a gradient needs the checked ``pack``;
+  ``pack_grads_on(device)`` gives the one for a device (on a GPU with zerocore's CUDA kernels: one
+  launch for the whole group, not a copy per gradient);
 - ``call_before_node(t, fn)``: ``fn()`` runs when the autograd node that made ``t`` is about to run
   (what ``t.register_hook`` gives); False for a tensor no node made (the caller hooks it itself);
 - ``make_access_getattr(fallback)``: stage 3's parameter-access ``__getattr__`` (``sharding/access.py``),
@@ -51,3 +53,17 @@ def param_ops() -> types.SimpleNamespace:
             call_before_node=getattr(mod, "call_before_node", _call_before_node),
             make_access_getattr=getattr(mod, "make_access_getattr", None))
     return _ops
+
+
+def pack_grads_on(device):
+    """``pack_grads`` for buckets on ``device``: the CUDA binding's (one launch for the group, on the
+    device's current stream) where the CUDA kernels are built, else the native CPU one's."""
+    from .cuda import _lib as cuda
+
+    if getattr(device, "type", None) != "cuda" or not cuda.available():
+        return param_ops().pack_grads
+    native, stream_of = cuda.lib().cuda_pack_grads, cuda.stream_handle
+
+    def pack_grads(params, offsets, flat) -> bool:
+        return native(params, offsets, flat, stream_of(flat.device))
+    return pack_grads

@@ -34,7 +34,7 @@ import weakref
 import torch
 from .. import ops
 from .._weak import GONE, EngineGone, remove_when_freed
-from ..ops.params import param_ops
+from ..ops.params import pack_grads_on
 from ..profiling import label
 from ..comm import DONE, Comm, Handle
 from ..comm.divergence import Op, Phase
@@ -114,7 +114,7 @@ class GradReducer:
         self._had_grad: list[bool] = []  # stages 2/3: which owned slices held earlier micro-batches
         self._added: list[int] = []  # stages 2/3: groups this backward added into their slices
         self.window_lost: str | None = None  # why the accumulated gradients of this window are unusable
-        self._pack_grads = param_ops().pack_grads
+        self._pack_grads = pack_grads_on(device)
         # The hooks live on the user's parameters and reach this reducer through a weak reference
         # (a strong one would close a cycle through C++-held hooks that the collector cannot see);
         # they are removed with the reducer if it is freed without remove_hooks().
