@@ -48,7 +48,11 @@ class DynamoCounts:
 
         self.reasons: list[str] = []
         self._cf = cf
-        self._orig = cf.get_and_maybe_log_recompilation_reasons
+        # a private Dynamo function: in torch 2.11-2.13; a torch without it counts no recompilation
+        # reasons ("recompiles_counted": False in the results), the other counters still work
+        self._orig = getattr(cf, "get_and_maybe_log_recompilation_reasons", None)
+        if self._orig is None:
+            return
 
         def counted(*args, **kwargs):
             reasons = self._orig(*args, **kwargs)
@@ -58,7 +62,8 @@ class DynamoCounts:
         cf.get_and_maybe_log_recompilation_reasons = counted
 
     def close(self) -> None:
-        self._cf.get_and_maybe_log_recompilation_reasons = self._orig
+        if self._orig is not None:
+            self._cf.get_and_maybe_log_recompilation_reasons = self._orig
 
     def clear(self) -> None:
         from torch._dynamo.utils import counters
@@ -70,7 +75,7 @@ class DynamoCounts:
         return {"graph_breaks": sum(counters["graph_break"].values()),
                 "unique_graphs": counters["stats"]["unique_graphs"],
                 "frames_compiled": counters["frames"]["total"],
-                "recompiles": len(self.reasons),
+                "recompiles": len(self.reasons), "recompiles_counted": self._orig is not None,
                 "recompile_reasons": list(self.reasons)}
 
 

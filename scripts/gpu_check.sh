@@ -14,7 +14,7 @@
 #   cpuoffload  step.py on the same GPT with CPU offload at stages 2 and 3 beside the same stages without it
 #            (T_device) and DeepSpeed's (when installed): T_host and each step against max(T_device, T_host)
 #   llama    step.py on the Hugging Face Llama of issue 35 (256M, 16 layers, 4 x 512 tokens): torch AMP, stages 2, 3,
-#            and both without bf16's per-step Inf/NaN read (bf16.check_grad_overflow: false)
+#            and both without bf16's per-step Inf/NaN read (bf16.check_grad_overflow: false); interleaved, profiled
 #   compile  benchmarks/compile_stage3.py --device cuda: engine.compile() against eager at stages 2 and 3
 #   dsjit    (in the background) DeepSpeed's CPU Adam and fused Adam JIT-built, so that cpuoffload's DeepSpeed rows
 #            time steps, not nvcc; cpuoffload waits for it
@@ -60,8 +60,9 @@ for s in "${steps[@]}"; do
     env)
       run env 60 "$PY" -m zerocore env ;;
     tests)
+      # GPU_TEST_FILES: the files (in this order) instead of all of tests/
       run tests "${T_TESTS:-220}" "$PY" scripts/gpu_tests.py --out "$W/gpu_tests.json" --timeout 120 --reruns 1 \
-        --budget "${B_TESTS:-190}" ;;
+        --budget "${B_TESTS:-190}" ${GPU_TEST_FILES:-} ;;
     step)
       run step "${T_STEP:-150}" "$PY" benchmarks/step.py --device cuda --ranks 1 "${GPT[@]}" --steps 5 --rounds 2 \
         --warmup 2 --variants torch_amp zerocore_stage0 zerocore_stage1 zerocore_stage2 zerocore_stage3 \
@@ -81,14 +82,14 @@ CPUAdamBuilder().load(); FusedAdamBuilder().load(); print('DeepSpeed ops built')
       [ -n "$DSJIT_PID" ] && wait "$DSJIT_PID"
       run cpuoffload "${T_CPUOFFLOAD:-300}" "$PY" benchmarks/step.py --device cuda --ranks 1 "${GPT[@]}" --steps 4 \
         --rounds 2 --warmup 2 --preset offload --out "$W/step_offload.json" ;;
-    llama)
+    llama)  # a short, host-bound step: variants alive at once, rounds interleaved
       run llama "${T_LLAMA:-150}" "$PY" benchmarks/step.py --device cuda --ranks 1 --model hf-llama --dim 1024 \
-        --layers 16 --ctx 512 --batch 4 --steps 5 --rounds 3 --warmup 2 \
+        --layers 16 --ctx 512 --batch 4 --steps 5 --rounds "${LLAMA_ROUNDS:-8}" --warmup 3 --interleave \
         --variants torch_amp zerocore_stage2 zerocore_stage3 zerocore_stage2_no_nan_check \
-        zerocore_stage3_no_nan_check --profile "$W/profile" --profile-steps 3 --out "$W/step_llama.json" ;;
+        zerocore_stage3_no_nan_check --profile "$W/profile" --profile-steps 2 --out "$W/step_llama.json" ;;
     compile)
-      run compile "${T_COMPILE:-240}" "$PY" benchmarks/compile_stage3.py --device cuda --dim 512 --layers 8 --ctx 256 \
-        --batch 8 --out "$W/compile_stage3.json" ;;
+      run compile "${T_COMPILE:-240}" "$PY" benchmarks/compile_stage3.py --device cuda --vocab 8192 --dim 512 \
+        --layers 8 --ctx 256 --batch 8 --rounds 3 --steps 8 --out "$W/compile_stage3.json" ;;
     *) note "unknown step $s" ;;
   esac
 done
