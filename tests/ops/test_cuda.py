@@ -231,7 +231,7 @@ def test_pack_unpack_equal_cpu(dtype, count):
 
 def test_pack_grads_in_one_launch_equals_the_checked_pack_and_refuses_like_the_cpu_one():
     """The reducer's hot path on a GPU (ops.params.pack_grads_on): present gradients at their offsets,
-    gaps and absent ones zeroed, every .grad dropped; a gradient of another dtype: False, nothing touched."""
+    gaps and absent ones zeroed, every .grad dropped; a gradient that does not fit: False, nothing touched."""
     from zerocore.ops.params import pack_grads_on
 
     pack_grads = pack_grads_on(torch.device(DEV))
@@ -249,10 +249,10 @@ def test_pack_grads_in_one_launch_equals_the_checked_pack_and_refuses_like_the_c
         if i != 2:
             want[o:o + g.numel()] = g
     assert torch.equal(flat.cpu(), want) and all(p.grad is None for p in params)
-    params[0].grad = torch.ones(3, device=DEV)  # float32 into a bf16 bucket: the checked pack's case
+    params[0].grad = torch.ones(3, device=DEV, dtype=torch.bfloat16)
     params[1].grad = torch.ones(100, device=DEV, dtype=torch.bfloat16)
     flat.fill_(7.0)
-    assert pack_grads(params, offsets, flat) is False
+    assert pack_grads(params, [0, 5, 200, 300, 4999], flat) is False  # the last one would end past the bucket
     assert params[0].grad is not None and params[1].grad is not None and bool((flat == 7).all())
 
 
