@@ -19,6 +19,7 @@
 #   dsjit    (in the background) DeepSpeed's CPU Adam and fused Adam JIT-built, so that cpuoffload's DeepSpeed rows
 #            time steps, not nvcc; cpuoffload waits for it
 #   kernels  benchmarks/gpu_proof.py --steps bench: Adam, cast, pack/unpack, sum of squares beside torch and copy
+#   variants benchmarks/cuda_variants.py: the cast and Adam kernels' device time beside other launch layouts
 # Python packages the image lacks (DeepSpeed and its pydantic, hjson) travel as wheels in .whl/ (carry it):
 # installed into /tmp/site first.
 # Environment: PY (default python3), ZC_ARCH (default 9.0), T_BUILD/T_TESTS/T_STEP/T_OFFLOAD (seconds).
@@ -75,6 +76,8 @@ for s in "${steps[@]}"; do
 CPUAdamBuilder().load(); FusedAdamBuilder().load(); print('DeepSpeed ops built')" >"$W/dsjit.log" 2>&1
         note "dsjit: rc=$? (background)" ) &
       DSJIT_PID=$! ;;
+    variants)  # device time of the cast and Adam kernels beside other launch layouts (csrc/bench/cuda_variants.cu)
+      run variants "${T_VARIANTS:-120}" "$PY" benchmarks/cuda_variants.py --rounds 20 --out "$W/cuda_variants.json" ;;
     kernels)
       run kernels "${T_KERNELS:-120}" "$PY" benchmarks/gpu_proof.py --steps bench --rounds "${KERNEL_ROUNDS:-10}" \
         --out-dir "$W" ;;
