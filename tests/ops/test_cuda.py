@@ -249,11 +249,11 @@ def test_pack_grads_in_one_launch_equals_the_checked_pack_and_refuses_like_the_c
         if i != 2:
             want[o:o + g.numel()] = g
     assert torch.equal(flat.cpu(), want) and all(p.grad is None for p in params)
-    params[0].grad = torch.ones(3, device=DEV, dtype=torch.bfloat16)
-    params[1].grad = torch.ones(100, device=DEV, dtype=torch.bfloat16)
+    for p in (params[0], params[1], params[4]):
+        p.grad = torch.ones(p.numel(), device=DEV, dtype=torch.bfloat16)
     flat.fill_(7.0)
     assert pack_grads(params, [0, 5, 200, 300, 4999], flat) is False  # the last one would end past the bucket
-    assert params[0].grad is not None and params[1].grad is not None and bool((flat == 7).all())
+    assert all(params[i].grad is not None for i in (0, 1, 4)) and bool((flat == 7).all())
 
 
 def test_pack_misaligned_views_and_errors():
