@@ -19,9 +19,10 @@
 // does not ship 26 KB of parameters). __grid_constant__: blocks read the table where it lies
 // instead of each thread copying it to local memory.
 //
-// Chunks of kAdamChunkElems = 4096 elements (4 vector steps per thread; was 16384) keep a
-// block short (~20 us at full bandwidth on an H100 / H200), so the drain at the end of a
-// launch, when fewer and fewer blocks are left to keep memory busy, costs ~4x less. Blocks
+// Chunks of kAdamChunkElems = 4096 elements (4 vector steps per thread) keep a block short, so
+// the drain at the end of a launch, when fewer and fewer blocks are left to keep memory busy, is
+// short too (an H100, one 100M-element tensor: 95% of the copy rate, 87% with 16384-element
+// chunks; benchmarks/results/gpu_h100_2026-11-26_issue35). Blocks
 // whose pointers are all 16-byte aligned (fp32 arrays; 8-byte for 16-bit ones) use vector
 // loads and stores of 4 elements, the others go one by one. (Peeling a scalar head to align
 // views at odd offsets cost 2-16 registers in ptxas's allocation, i.e. fewer blocks per SM
