@@ -60,9 +60,11 @@ def pack_grads_on(device):
     device's current stream) where the CUDA kernels are built, else the native CPU one's."""
     from .cuda import _lib as cuda
 
-    if getattr(device, "type", None) != "cuda" or not cuda.available():
+    native = getattr(cuda.lib(), "cuda_pack_grads", None) if getattr(device, "type", None) == "cuda" and \
+        cuda.available() else None
+    if native is None:  # a CPU device, no CUDA kernels, or an extension built before this function
         return param_ops().pack_grads
-    native, stream_of = cuda.lib().cuda_pack_grads, cuda.stream_handle
+    stream_of = cuda.stream_handle
 
     def pack_grads(params, offsets, flat) -> bool:
         return native(params, offsets, flat, stream_of(flat.device))
