@@ -193,3 +193,18 @@ def test_extension_with_cuda_part_builds_loads_and_fails_cleanly_without_a_devic
     assert zcuda.available()
     info = zcuda.build_info()
     assert info["built"] and info["archs"] == ["sm_80", "sm_90"] and info["devices"] == 0 and info["device_error"]
+
+
+def test_cuda_buckets_pack_their_gradients_through_one_binding_call(recorder, monkeypatch):
+    """The reducer's packer for a CUDA device is the CUDA binding's pack_grads (one launch per group, on the
+    device's current stream); a CPU device keeps the CPU one."""
+    from zerocore.ops import params
+    from zerocore.ops.cuda import _lib
+
+    monkeypatch.setattr(_lib, "stream_handle", lambda device: 1234)
+    pack_grads = params.pack_grads_on(torch.device("cuda", 0))
+    ps, flat = [fake(3)], fake(8)
+    pack_grads(ps, [0], flat)
+    name, args = recorder.calls[-1]
+    assert name == "cuda_pack_grads" and args[0] is ps and args[1] == [0] and args[2] is flat and args[3] == 1234
+    assert params.pack_grads_on(torch.device("cpu")) is params.param_ops().pack_grads
