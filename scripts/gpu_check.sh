@@ -5,7 +5,7 @@
 # Every file goes to $OUT/work/; after each step $OUT/results.tgz is made anew from it (the device tool
 # brings back at most 8 files), and $OUT/summary.txt says what each step did.
 # Steps:
-#   build    TORCH_CUDA_ARCH_LIST=9.0 pip install --no-build-isolation --no-deps -e . ; zerocore env
+#   build    TORCH_CUDA_ARCH_LIST=9.0 python setup.py build_ext --inplace (the checkout's zerocore/ gets _C*.so)
 #   env      zerocore env (what was built, with which compiler)
 #   tests    the GPU tests, one file per process, a crash named (scripts/gpu_tests.py)
 #   step     benchmarks/step.py --device cuda: torch AMP and zerocore stages 0-3 on the 337M GPT, memory net of
@@ -21,8 +21,14 @@
 #   kernels  benchmarks/gpu_proof.py --steps bench: Adam, cast, pack/unpack, sum of squares beside torch and copy
 #   variants benchmarks/cuda_variants.py: the cast and Adam kernels' device time beside other launch layouts
 # Python packages the image lacks (DeepSpeed and its pydantic, hjson) travel as wheels in .whl/ (carry it):
-# installed into /tmp/site first.
-# Environment: PY (default python3), ZC_ARCH (default 9.0), T_BUILD/T_TESTS/T_STEP/T_OFFLOAD (seconds).
+# installed into /tmp/site first. Made here with `echo /.whl/ >> .git/info/exclude` and, for each of
+# deepspeed==0.19.8 pydantic pydantic_core annotated-types typing-inspection hjson (the versions pydantic pins):
+#   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl NAME
+# (DeepSpeed's own wheel: `DS_BUILD_OPS=0 pip wheel --no-deps deepspeed==0.19.8`, a py3-none-any build.)
+# Environment: PY (default python3), ZC_ARCH (default 9.0); step limits in seconds T_BUILD, T_TESTS, T_STEP,
+# T_OFFLOAD, T_CPUOFFLOAD, T_LLAMA, T_COMPILE, T_KERNELS, T_VARIANTS; B_TESTS (the tests' budget), GPU_TEST_FILES,
+# LLAMA_ROUNDS, KERNEL_ROUNDS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a folder for the results}
