@@ -86,7 +86,7 @@ class PlannedNvmeShard:
         n = group.hi - group.lo
         self.group = group
         self.grad_h = torch.zeros(n, dtype=group.layout.dtype, device="cpu")
-        self.staging = torch.empty(n, dtype=group.layout.dtype, device="cpu")
+        self.staging = None  # made by tensors() where the shard it stands for makes one (_needs_staging)
         self.store = store
         self.tile = tile
         store.grow(max(1, min(n, nvme_padded(tile))))
@@ -102,7 +102,15 @@ class PlannedNvmeShard:
     def read_first_tiles(self, step: int) -> None:
         """Reads into the store's pool, which is held anyway: no bytes of its own."""
 
+    def _needs_staging(self) -> bool:
+        """NvmeOptimizerShard's staging buffer exists unless it steps fp32 parameters in host memory of
+        their own in place (its ``_direct``: a CPU device, no parameter swap)."""
+        return (self.group.layout.dtype != torch.float32 or self.param_swap is not None
+                or self.group.owned_params_raw().device.type != "cpu")
+
     def tensors(self) -> dict[str, torch.Tensor]:
+        if self.staging is None and self._needs_staging():
+            self.staging = torch.empty(self.group.hi - self.group.lo, dtype=self.group.layout.dtype, device="cpu")
         return {"host_grads": self.grad_h, "host_staging": self.staging, "host_swap": self.store.pool,
                 "host_params": None}
 
