@@ -135,7 +135,9 @@ def test_memory_between_steps_matches_16_psi_over_n(world2, world4, world):
         for role, per_param in (("params", 2), ("grads", 2), ("master", 4), ("exp_avg", 4), ("exp_avg_sq", 4)):
             assert abs(mem[role] - per_param * psi / world) <= 0.05 * per_param * psi / world, role
         # an independent count of every tensor alive (garbage collector)
-        assert mem["total"] <= r["gc_bytes"] <= mem["total"] * 1.01 + 64 * 1024
+        # (64 KB either way: the collector sees only storages some Python object holds, a C++-held one it
+        # misses; one run counted 14 KB less than the engine reports, and passed when run again)
+        assert mem["total"] - 64 * 1024 <= r["gc_bytes"] <= mem["total"] * 1.01 + 64 * 1024
 
 
 def test_memory_fp32_master_is_the_partition(world2):

@@ -207,7 +207,9 @@ def test_memory_held_matches_zero_formulas(world2, world4, world, stage):
             assert abs(mem[role] - 4 * psi / world) <= 0.05 * 4 * psi / world
         # an independent count: every tensor alive in the rank (via the garbage collector) that
         # was not there before the model was built = the engine's tensors + one small batch
-        assert mem["total"] <= r["gc_bytes"] <= mem["total"] * 1.01 + 64 * 1024
+        # (64 KB either way: the collector sees only storages some Python object holds, a C++-held one it
+        # misses; one run counted 14 KB less than the engine reports, and passed when run again)
+        assert mem["total"] - 64 * 1024 <= r["gc_bytes"] <= mem["total"] * 1.01 + 64 * 1024
 
 
 def test_memory_stage0_and_fp32(world2):
