@@ -108,41 +108,36 @@ def _scale_on(scale: torch.Tensor | None, device: torch.device) -> torch.Tensor 
     return scale.to(device, non_blocking=True)
 
 
-def _unchecked_ok(tensors, offsets, flat) -> bool:
-    """Whether a pack/unpack may go to the binding without Python's per-tensor checks: the binding
-    checks every tensor in C++ before launching (device, dtype, bounds, overlaps, shared memory) and
-    refuses with TypeError/ValueError, after which the full checks name the problem. Those checks
-    cost ~1-4 us a tensor in Python: more than the GPU's copy of a 200-tensor bucket."""
-    return (type(tensors) in (list, tuple) and type(offsets) in (list, tuple) and type(flat) in PLAIN
-            and flat.is_cuda and all(type(o) is int for o in offsets))
+def _copy_bucket(op: str, tensors, offsets, flat: torch.Tensor) -> None:
+    """pack or unpack (``op``) in one launch. Plain lists go to the binding without Python's
+    per-tensor checks (they cost ~1-4 us a tensor: more than the GPU's copy of a 200-tensor bucket):
+    it checks every tensor in C++ before launching (device, dtype, bounds, overlaps, shared memory)
+    and refuses with TypeError/ValueError, after which the full checks name the problem."""
+    mod = lib()
+    if not (type(tensors) in (list, tuple) and type(offsets) in (list, tuple) and type(flat) in PLAIN
+            and flat.is_cuda and all(type(o) is int for o in offsets)):
+        tensors, offsets = pack_args(op, tensors, offsets, flat, cuda=True)
+    try:
+        if op == "pack":
+            mod.cuda_pack(tensors, offsets, flat, stream_handle(flat.device))
+        else:
+            mod.cuda_unpack(flat, tensors, offsets, stream_handle(flat.device))
+        return
+    except (TypeError, ValueError) as exc:
+        refused = exc
+    pack_args(op, tensors, offsets, flat, cuda=True, fast=False)  # as zerocore.ops.pack: the full checks name it
+    raise refused
 
 
 def pack(tensors: Sequence[torch.Tensor], offsets: Sequence[int], flat: torch.Tensor) -> torch.Tensor:
     """zerocore.ops.pack on the GPU: one launch for the whole bucket, gaps zeroed."""
-    mod = lib()
-    if not _unchecked_ok(tensors, offsets, flat):
-        tensors, offsets = pack_args("pack", tensors, offsets, flat, cuda=True)
-    try:
-        mod.cuda_pack(tensors, offsets, flat, stream_handle(flat.device))
-        return flat
-    except (TypeError, ValueError) as exc:
-        refused = exc
-    pack_args("pack", tensors, offsets, flat, cuda=True, fast=False)  # as zerocore.ops.pack: the full checks name it
-    raise refused
+    _copy_bucket("pack", tensors, offsets, flat)
+    return flat
 
 
 def unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
     """zerocore.ops.unpack on the GPU: one launch for the whole bucket."""
-    mod = lib()
-    if not _unchecked_ok(tensors, offsets, flat):
-        tensors, offsets = pack_args("unpack", tensors, offsets, flat, cuda=True)
-    try:
-        mod.cuda_unpack(flat, tensors, offsets, stream_handle(flat.device))
-        return
-    except (TypeError, ValueError) as exc:
-        refused = exc
-    pack_args("unpack", tensors, offsets, flat, cuda=True, fast=False)  # as pack: the full checks name it
-    raise refused
+    _copy_bucket("unpack", tensors, offsets, flat)
 
 
 def cast(src: torch.Tensor, dst: torch.Tensor | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
