@@ -109,22 +109,8 @@ def _run_one(v, build, batches, args, mem, world):
         except Exception as e:  # noqa: BLE001
             why = _reason("failed in a timed step", e)
         why = _agree(why, world)
-    if why is None:  # T_host: a zerocore offload variant's host Adam alone (host_step_probe.py), after the timing
-        engine = getattr(step, "engine", None)
-        if engine is not None and hasattr(engine, "offload"):
-            try:
-                t_host = host_step_probe.host_step_seconds(engine)
-            except Exception as e:  # noqa: BLE001 - a probe's failure loses the figure, not the variant
-                t_host = {"error": _reason("host step probe failed", e)}
-            if t_host is not None:
-                memory["host_step"] = t_host
-    if why is None and getattr(args, "profile", None):  # after the timing: what one step spends where
-        try:
-            memory["profile"] = step_profile.profile_steps(
-                step, batches, args.profile_steps, args.profile, v if dist.get_rank() == 0 else
-                f"{v}_rank{dist.get_rank()}", sync=mem.sync)
-        except Exception as e:  # noqa: BLE001 - a profiler's failure loses the profile, not the variant
-            memory["profile"] = {"error": _reason("profile failed", e)}
+    if why is None:
+        _after_timing(v, step, batches, args, mem, memory)
     if step is not None:
         closed = _close(step, failed=why is not None)
         if closed is not None:
@@ -175,20 +161,7 @@ def run_interleaved(variants, build, batches, args, mem, rank: int, world: int) 
             out["losses"][v] += losses
     peak = mem.peak()
     for v, step in steps.items():
-        memory = out["memory"].setdefault(v, {})
-        engine = getattr(step, "engine", None)
-        if engine is not None and hasattr(engine, "offload"):
-            try:
-                memory["host_step"] = host_step_probe.host_step_seconds(engine)
-            except Exception as e:  # noqa: BLE001
-                memory["host_step"] = {"error": _reason("host step probe failed", e)}
-        if getattr(args, "profile", None):
-            try:
-                memory["profile"] = step_profile.profile_steps(
-                    step, batches, args.profile_steps, args.profile, v if rank == 0 else f"{v}_rank{rank}",
-                    sync=mem.sync)
-            except Exception as e:  # noqa: BLE001
-                memory["profile"] = {"error": _reason("profile failed", e)}
+        _after_timing(v, step, batches, args, mem, out["memory"].setdefault(v, {}))
     for v in list(steps):  # in the same order on every rank: a teardown may be collective
         _close(steps.pop(v), failed=False)
     left_del = mem.allocated()
@@ -197,6 +170,27 @@ def run_interleaved(variants, build, batches, args, mem, rank: int, world: int) 
                             "left_after_del_GiB": (left_del - base) / GIB,
                             "left_after_gc_GiB": (mem.allocated() - base) / GIB}
     return out
+
+
+def _after_timing(v: str, step, batches, args, mem, memory: dict) -> None:
+    """What a variant's timed steps are followed by, into ``memory``: a zerocore offload variant's T_host
+    (its host Adam alone, host_step_probe.py) and, with ``--profile``, a few profiled steps. A probe's or
+    the profiler's failure loses the figure, not the variant."""
+    engine = getattr(step, "engine", None)
+    if engine is not None and hasattr(engine, "offload"):
+        try:
+            t_host = host_step_probe.host_step_seconds(engine)
+        except Exception as e:  # noqa: BLE001
+            t_host = {"error": _reason("host step probe failed", e)}
+        if t_host is not None:
+            memory["host_step"] = t_host
+    if getattr(args, "profile", None):
+        rank = dist.get_rank()
+        try:
+            memory["profile"] = step_profile.profile_steps(
+                step, batches, args.profile_steps, args.profile, v if rank == 0 else f"{v}_rank{rank}", sync=mem.sync)
+        except Exception as e:  # noqa: BLE001
+            memory["profile"] = {"error": _reason("profile failed", e)}
 
 
 def _warm_up(step, batches, n: int, mem) -> None:
