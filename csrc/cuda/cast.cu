@@ -26,12 +26,15 @@ template <class T> __device__ __forceinline__ void loadv(const T* x, int64_t i, 
 template <class T> __device__ __forceinline__ void storev(T* x, int64_t i, const float (&r)[8]) { store8(x, i, r); }
 template <class T> __device__ __forceinline__ void storev(T* x, int64_t i, const float (&r)[4]) { store4(x, i, r); }
 
-// Elements [0, head) and [head + vectors * W, n) one by one; the vectors in between W (8 or 4;
-// 1: none) at a time. W = 8 moves 16-byte accesses on both sides (two fp32 loads -> one 16-bit
-// store, or back); each thread has two vectors in flight per step (the loads of both issued
-// before either store) so that enough bytes are in flight per SM to keep HBM busy, over a grid
-// of exactly the resident blocks. (W is a template argument and the loops are not unrolled by
-// the compiler: a 64-bit division by a runtime value is a slow subroutine with spills.)
+// Elements [0, head) and [head + vectors * W, n) one by one (by the grid's first threads); the
+// vectors in between W at a time, one vector per thread over a grid that covers them (a
+// grid-stride loop only past kMaxBlocks blocks' worth). W = 4 when one side is fp32 (a 16-byte
+// load or store there, 8 bytes on the 16-bit side), 8 between 16-bit types (16 bytes each side);
+// 1: none. Measured on an H100 (csrc/bench/cuda_variants.cu, 256M fp32 -> bf16): this layout,
+// plainly coalesced (consecutive threads, consecutive vectors), ran at 3,045 GB/s where the earlier
+// one (8-wide, two vectors in flight per thread over a grid of just the resident blocks, grid-stride)
+// ran at 2,831: ~1.0x torch's copy_ against 0.92x. (W is a template argument and the loop is not
+// unrolled: a 64-bit division by a runtime value is a slow subroutine with spills.)
 template <class ST, class DT, int W>
 __global__ void __launch_bounds__(kCastThreads) cast_kernel(const ST* __restrict__ src, DT* __restrict__ dst,
                                                             int64_t n, int64_t head) {
@@ -42,13 +45,10 @@ __global__ void __launch_bounds__(kCastThreads) cast_kernel(const ST* __restrict
     const ST* s = src + head;
     DT* d = dst + head;
 #pragma unroll 1
-    for (int64_t i = first; i < vectors; i += 2 * stride) {
-      const bool two = i + stride < vectors;
-      float a[W], b[W];
+    for (int64_t i = first; i < vectors; i += stride) {
+      float a[W];
       loadv(s, i, a);
-      if (two) loadv(s, i + stride, b);
       storev(d, i, a);
-      if (two) storev(d, i + stride, b);
     }
   }
   const int64_t vec_end = head + vectors * W;
@@ -60,14 +60,16 @@ __global__ void __launch_bounds__(kCastThreads) cast_kernel(const ST* __restrict
   }
 }
 
-// The widest step both pointers allow after a head of fewer than `width` elements: width 8
-// needs both 16-byte aligned (for 16-bit <-> fp32 that means the same offset modulo 8 elements
-// on the 16-bit side and 4 on the fp32 side, as views of aligned buffers at the same element
-// offset have); width 4 needs 4-element alignment on both sides.
+// The step width for this pair of types (see cast_kernel) and the head of fewer than `width`
+// elements after which both pointers are aligned for it (16-bit <-> fp32 at width 4: the fp32 side
+// 16-byte aligned, the 16-bit side 8-byte, as views of aligned buffers at the same element offset
+// are); a narrower step where no head allows it.
 template <class ST, class DT>
 void pick_width(const ST* s, DT* d, int64_t n, int& width, int64_t& head) {
+  constexpr bool has_f32 = sizeof(ST) == 4 || sizeof(DT) == 4;
   for (int w : {8, 4}) {
-    const uintptr_t sa = w == 8 ? 16 : 4 * sizeof(ST), da = w == 8 ? 16 : 4 * sizeof(DT);
+    if (has_f32 && w == 8) continue;
+    const uintptr_t sa = w * sizeof(ST), da = w * sizeof(DT);
     for (int64_t k = 0; k < w && k + w <= n; ++k)
       if (aligned(s + k, sa) && aligned(d + k, da)) {
         width = w;
@@ -79,13 +81,13 @@ void pick_width(const ST* s, DT* d, int64_t n, int& width, int64_t& head) {
   head = 0;
 }
 
+constexpr int64_t kMaxBlocks = int64_t(1) << 30;  // grid.x allows 2^31 - 1; past it the kernel strides
+
 template <class ST, class DT, int W>
 void launch_w(const ST* s, DT* d, int64_t n, int64_t head, cudaStream_t stream) {
-  const int64_t work = W > 1 ? ceil_div((n - head) / W, 2) : n;
-  int per_sm = 0;
-  ZC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, cast_kernel<ST, DT, W>, kCastThreads, 0));
-  const int64_t resident = int64_t(sm_count()) * std::max(per_sm, 1);
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(ceil_div(work, kCastThreads), resident));
+  const int64_t vectors = W > 1 ? (n - head) / W : 0;
+  const int64_t loose = W > 1 ? n - vectors * W : n;
+  const int64_t blocks = std::max<int64_t>(1, std::min(ceil_div(std::max(vectors, loose), kCastThreads), kMaxBlocks));
   cast_kernel<ST, DT, W><<<static_cast<unsigned>(blocks), kCastThreads, 0, stream>>>(s, d, n, head);
   ZC_LAUNCH_CHECK("cast_kernel");
 }

@@ -305,7 +305,8 @@ _CAST_PAIRS = [(torch.float32, torch.bfloat16), (torch.float32, torch.float16), 
 @pytest.mark.parametrize("src_dtype, dst_dtype", _CAST_PAIRS, ids=[f"{a}-{b}" for a, b in _CAST_PAIRS])
 def test_cast_odd_sizes_and_offsets(src_dtype, dst_dtype):
     """Sizes that are not a multiple of 8 and views at element offsets of source and destination:
-    equal offsets (modulo the vector) take the 8-wide path after a scalar head, others the 4-wide
+    equal offsets (modulo the vector) take the vector path (4-wide beside fp32, 8-wide between 16-bit types)
+    after a scalar head, others a narrower
     or scalar one. Nothing outside the destination view is written."""
     gen = _gen("cast offsets", str(src_dtype), str(dst_dtype))
     for n in [1, 7, 8, 9, 15, 17, 31, 4099, 100_003]:
