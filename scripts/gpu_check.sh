@@ -12,7 +12,8 @@
 #            each variant's baseline, left after del / after gc
 #   offload  benchmarks/offload_states.py on the same GPT: device memory freed, round trip vs the pinned copy rate
 #   cpuoffload  step.py on the same GPT with CPU offload at stages 2 and 3 beside the same stages without it
-#            (T_device) and DeepSpeed's (when installed): T_host and each step against max(T_device, T_host)
+#            (T_device) and DeepSpeed's (when installed): T_host and each step against max(T_device, T_host);
+#            2 steps of each profiled (where the step's time goes)
 #   llama    step.py on the Hugging Face Llama of issue 35 (256M, 16 layers, 4 x 512 tokens): torch AMP, stages 2, 3,
 #            and both without bf16's per-step Inf/NaN read (bf16.check_grad_overflow: false); interleaved, profiled
 #   compile  benchmarks/compile_stage3.py --device cuda: engine.compile() against eager at stages 2 and 3
@@ -90,7 +91,8 @@ CPUAdamBuilder().load(); FusedAdamBuilder().load(); print('DeepSpeed ops built')
     cpuoffload)
       [ -n "$DSJIT_PID" ] && wait "$DSJIT_PID"
       run cpuoffload "${T_CPUOFFLOAD:-300}" "$PY" benchmarks/step.py --device cuda --ranks 1 "${GPT[@]}" --steps 4 \
-        --rounds 2 --warmup 2 --preset offload --out "$W/step_offload.json" ;;
+        --rounds 2 --warmup 2 --preset offload --profile "$W/profile_offload" --profile-steps 2 \
+        --out "$W/step_offload.json" ;;
     llama)  # a short, host-bound step: variants alive at once, rounds interleaved
       run llama "${T_LLAMA:-150}" "$PY" benchmarks/step.py --device cuda --ranks 1 --model hf-llama --dim 1024 \
         --layers 16 --ctx 512 --batch 4 --steps 5 --rounds "${LLAMA_ROUNDS:-8}" --warmup 3 --interleave \
