@@ -80,7 +80,13 @@ __global__ void __launch_bounds__(kAdamThreads) adam_kernel(const __grid_constan
   OT* o = static_cast<OT*>(tab.out[lo]);
   if (o != nullptr) o += begin;
   float gs = s.grad_scale;
-  if (device_grad_scale != nullptr) gs = fmul(gs, *device_grad_scale);
+  if (device_grad_scale != nullptr) {
+    const float d = *device_grad_scale;
+    // a non-finite device coefficient skips the update: nothing is written (the engine's deferred
+    // Inf/NaN decision, zerocore/runtime/deferred_skip.py; a host scale is checked finite before)
+    if (!isfinite(d)) return;
+    gs = fmul(gs, d);
+  }
 
   int64_t scalar_from = 0;
   const bool vec = aligned_dev(p, 16) && aligned_dev(m, 16) && aligned_dev(v, 16) &&

@@ -176,6 +176,21 @@ def test_adam_device_grad_scale_and_nonfinite_grads():
     assert torch.isnan(gp.cpu()[::997]).all()
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_adam_nonfinite_device_grad_scale_skips_the_update(bad):
+    """The engine's deferred Inf/NaN decision (runtime/deferred_skip.py): a non-finite coefficient in
+    device memory makes the kernel write nothing (parameters, moments, 16-bit copies), as the CPU skips."""
+    gen = _gen("skip")
+    p, g, m, v = _adam_state(10_007, gen, torch.bfloat16)
+    gp, gg, gm, gv = (t.to(DEV) for t in (p, g, m, v))
+    out = torch.full((10_007,), 7.0, dtype=torch.bfloat16, device=DEV)
+    zcuda.adam_step_multi([gp], [gg], [gm], [gv], steps=[3], grad_scale=torch.tensor([bad], device=DEV),
+                          param_outs=[out], **HP)
+    for got, want, name in ((gp, p, "param"), (gm, m, "exp_avg"), (gv, v, "exp_avg_sq")):
+        _same_bits(got, want, name)
+    assert torch.equal(out.cpu(), torch.full((10_007,), 7.0, dtype=torch.bfloat16))
+
+
 def test_fused_adam_on_cuda_matches_torch_adamw_and_cpu():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(37, 53), torch.nn.GELU(), torch.nn.Linear(53, 11))

@@ -72,6 +72,21 @@ def test_grad_scale_is_applied_as_read():
     torch.testing.assert_close(p, p2, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_nonfinite_grad_scale_tensor_skips_and_a_nonfinite_number_is_refused(bad):
+    """A one-element coefficient tensor (the engine's clip coefficient, on the tensors' device) that is
+    not finite skips the update: nothing written, as the CUDA kernel skips (runtime/deferred_skip.py).
+    The same value as a number is a caller's mistake: refused, naming it."""
+    gen = torch.Generator().manual_seed(4)
+    p, g, m, v = _state(1001, gen, torch.bfloat16)
+    out = torch.full((1001,), 7.0, dtype=torch.bfloat16)
+    kept = [t.clone() for t in (p, m, v, out)]
+    ops.adam_step_multi([p], [g], [m], [v], steps=[2], lr=1e-3, grad_scale=torch.tensor([bad]), param_outs=[out])
+    assert all(torch.equal(a, b) for a, b in zip((p, m, v, out), kept))
+    with pytest.raises(ValueError, match="grad_scale"):
+        ops.adam_step_multi([p], [g], [m], [v], steps=[2], lr=1e-3, grad_scale=bad)
+
+
 def _args():
     return [torch.randn(10), torch.randn(10), torch.zeros(10), torch.zeros(10)]
 

@@ -191,7 +191,9 @@ def test_step_python_and_native_calls_do_not_grow_with_groups(stage, bucket, bf1
     groups, python, native = _step_counts(stage, bucket, bf16)
     assert groups == 100
     # before: ~29 Python and 2 native calls per group (2,920 and 200 for this model)
-    assert python <= 60, python
+    # per step, not per group: bf16's deferred Inf/NaN decision (runtime/deferred_skip.py: the flag's copy, the
+    # schedule's saved state) adds ~7 calls a step to that configuration
+    assert python <= (70 if bf16 else 60), python
     assert native <= 3, native  # the norm and one Adam call
 
 

@@ -1,6 +1,8 @@
 """The functional Adam/AdamW step on one flat fp32 shard: the op the engine calls."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import _loader
@@ -47,7 +49,12 @@ def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, b
                     grad_scale: float = 1.0, param_outs=None) -> None:
     """:func:`adam_step` over many tensors in one native call (one thread team, chunks spread
     over it). ``steps[i]`` is tensor i's step count including this update; the other
-    hyper-parameters are shared. Every tensor is checked first, naming its index."""
+    hyper-parameters are shared. Every tensor is checked first, naming its index.
+
+    ``grad_scale`` may be a one-element tensor on the tensors' device (the engine's clip coefficient,
+    computed there); a non-finite value in it skips the update (nothing is written), on the CPU as
+    in the CUDA kernel: the engine's deferred Inf/NaN decision (runtime/deferred_skip.py). A
+    non-finite number is refused, as ever."""
     params = check_list("adam_step_multi", "params", params)
     if params and _cuda.routes(params[0]):  # CUDA tensors: zerocore.ops.cuda
         from .cuda import kernels
@@ -57,6 +64,8 @@ def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, b
                                        grad_scale=grad_scale, param_outs=param_outs)
     if isinstance(grad_scale, torch.Tensor):  # a device coefficient (the engine's clip): the CPU kernel's argument
         grad_scale = _scalar_argument(grad_scale)
+        if not math.isfinite(grad_scale):
+            return  # the update is skipped, as the CUDA kernel skips it (the engine's deferred Inf/NaN decision)
     refused = False
     if params and type(params[0]) in PLAIN and type(steps) in (list, tuple) and type(grad_scale) in (float, int) \
             and steps_plain(steps):

@@ -26,6 +26,7 @@ from ..sharding.optimizer import MultiShardStep, owned_grads
 from .loss_scale import LossScaler
 from .memory import held_bytes, with_prediction
 from .grad_norm import clip_coef, device_norm, grad_sumsq, reduce_dtype, sum_across
+from .deferred_skip import PendingSkip, skip_coef
 from .model_setup import convert_rest, named_params, training_dtype
 from .gathered import register_engine
 from .partition_init import check_unchanged, initial_value
@@ -161,6 +162,11 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         self._backward_done = False
         self._dropped = False  # zero_grad() between backward() and step() (named by step())
         self._batches = self._step_batches()  # after the face and _torch_step: the batches use them
+        # bf16's Inf/NaN check decided on the device, read a step later (runtime/deferred_skip.py): where every
+        # update reads the device coefficient (zerocore's Adam, no offload); fp16's loss scale needs it at once
+        self._defers_skip = (self._checks_overflow and not config.fp16.enabled and self.offload is None
+                             and self._torch_step is None)
+        self._pending_skip: PendingSkip | None = None
         self.tput_timer = ThroughputTimer(self.train_batch_size())  # DeepSpeed's samples/s (throughput.py)
         if z.stage == 3:
             ds_param_attrs.attach(self)  # DeepSpeed's ds_* attributes, which third-party code reads
@@ -313,18 +319,21 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         across = self.policy.partitions(self.comm.world) > 1
         grads = owned_grads(self.groups)
         clip = self.config.gradient_clipping
+        pending = None
         with label("zerocore.grad_norm"):
             # No host wait here but fp16's overflow decision (zerocore/debug/host_waits.py counts them):
             # offloaded gradients' norms are host values already; bf16/fp32 keep norm and clip coefficient
-            # on the device (the kernel reads the coefficient, the norm is read when asked) and do not skip
-            # a step with Inf/NaN gradients (torch.optim's behaviour; bf16.check_grad_overflow: DeepSpeed's).
+            # on the device (the kernel reads the coefficient, the norm is read when asked). A step with
+            # Inf/NaN gradients is applied (torch.optim's behaviour) unless bf16.check_grad_overflow (on by
+            # default, DeepSpeed's) asks to skip it: the kernels skip it on the device and the host learns it
+            # at the next step or when asked (runtime/deferred_skip.py).
             if self.offload is not None:  # accumulated on the host as the buckets landed
                 sumsq, bad = sum_across(self._host_comm, *self.offload.landed_sumsq(self.groups, self.shards),
                                         across_ranks=across)
             else:
                 total = grad_sumsq(grads, self.comm, across_ranks=across, device=self.device)
-                if self._checks_overflow:
-                    # fp16 (bf16.check_grad_overflow): skip the update on Inf/NaN, one read per boundary (GradScaler's)
+                if self._checks_overflow and not self._defers_skip:
+                    # fp16: skip the update on Inf/NaN, one read per boundary (GradScaler's)
                     sumsq, nbad = total.tolist()
                     bad = nbad > 0
                 else:
@@ -332,6 +341,9 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
                     norm = device_norm(total, denom)
                     self.global_grad_norm = norm  # a device tensor: read when asked (global_grad_norm)
                     coef = clip_coef(norm, denom, clip)
+                    if self._defers_skip:  # bf16.check_grad_overflow: the kernels skip, the host learns later
+                        coef, flag = skip_coef(total, coef)
+                        pending = PendingSkip(flag, self.global_steps)
         if sumsq is not None:
             if bad or not math.isfinite(sumsq):
                 self._skip()
@@ -342,7 +354,7 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
             if clip > 0:
                 coef *= min(1.0, clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s coefficient
         hypers = self.optimizer.hypers()  # the groups' values now (edits and schedules take effect here)
-        self.optimizer_steps += 1
+        self._optimizer_steps += 1  # (settled at the start of step(): keeps_counters_on_failure reads it)
         if self._zc_pending_save is not None:  # an asynchronous save may still be copying the state
             self._zc_pending_save.snapshot_taken()
         with label("zerocore.optimizer_step"):
@@ -359,9 +371,14 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
                 self.offload.launch()
         self.scaler.update(False)
         self.reducer.clear()
-        self.overflow = False
+        self._overflow = False
+        self._pending_skip = pending
         sched = self.lr_scheduler
         if sched is not None:
+            if pending is not None and not pending.keep_schedule(sched, self.optimizer):
+                self._settle_skip()  # a schedule whose step cannot be taken back: the decision is read now
+                if self._overflow:
+                    return
             opt = getattr(sched, "optimizer", None)  # the face, or the client optimizer it shares groups with
             if opt is not None:
                 opt._opt_called = True  # what torch's LRScheduler checks optimizer.step() set
@@ -376,9 +393,9 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
             self._torch_step.sync(self.optimizer.param_groups)
         for multi, index in self._batches:
             if multi is not None:
-                multi.step(grads, hypers, step=self.optimizer_steps, grad_scale=coef)
+                multi.step(grads, hypers, step=self._optimizer_steps, grad_scale=coef)
             else:
-                self.shards[index[0]].step(grads[index[0]], hypers, step=self.optimizer_steps, grad_scale=coef)
+                self.shards[index[0]].step(grads[index[0]], hypers, step=self._optimizer_steps, grad_scale=coef)
             if not gather:
                 continue
             for i in index:
@@ -413,6 +430,59 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
                           RuntimeWarning, stacklevel=3)
         self.reducer.clear()
 
+    def _settle_skip(self) -> None:
+        """Reads the last deferred Inf/NaN decision (runtime/deferred_skip.py), if one is pending; a
+        skipped update is taken back from the host's counts and the lr schedule."""
+        pending = self.__dict__.get("_pending_skip")
+        if pending is None:
+            return
+        self._pending_skip = None
+        if not pending.skipped():
+            return
+        d = self.__dict__
+        d["_optimizer_steps"] -= 1
+        d["_skipped_steps"] += 1
+        d["_overflow"] = True
+        pending.restore_schedule()
+        warnings.warn(f"zerocore: Inf/NaN in the gradients at step {pending.step}; the update was skipped",
+                      RuntimeWarning, stacklevel=3)
+
+    # The counts a deferred Inf/NaN decision may still change: read, they settle it first.
+    @property
+    def optimizer_steps(self) -> int:
+        """Updates applied (Adam's step count)."""
+        if self.__dict__.get("_pending_skip") is not None:
+            self._settle_skip()
+        return self._optimizer_steps
+
+    @optimizer_steps.setter
+    def optimizer_steps(self, value: int) -> None:
+        self._settle_skip()
+        self.__dict__["_optimizer_steps"] = value
+
+    @property
+    def skipped_steps(self) -> int:
+        """Accumulation boundaries whose update was skipped (Inf/NaN gradients, fp16 overflow)."""
+        if self.__dict__.get("_pending_skip") is not None:
+            self._settle_skip()
+        return self._skipped_steps
+
+    @skipped_steps.setter
+    def skipped_steps(self, value: int) -> None:
+        self._settle_skip()
+        self.__dict__["_skipped_steps"] = value
+
+    @property
+    def overflow(self) -> bool:
+        """Whether the last accumulation boundary skipped its update."""
+        self._settle_skip()
+        return self._overflow  # after destroy(): EngineDestroyed unless kept (release._KEPT)
+
+    @overflow.setter
+    def overflow(self, value: bool) -> None:
+        self._settle_skip()
+        self.__dict__["_overflow"] = value
+
     def zero_grad(self) -> None:
         """Discards the gradients accumulated so far (step() already does this after updating)."""
         self.reducer.clear()
@@ -443,16 +513,19 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
     @property
     def lr(self) -> float:
         """The first group's learning rate; setting it sets every group's."""
+        self._settle_skip()  # a skipped update's schedule step is taken back first
         return float(self.optimizer.param_groups[0]["lr"])
 
     @lr.setter
     def lr(self, value: float) -> None:
         value = checked_lr(value)
+        self._settle_skip()  # else taking a skipped step back would restore the old value over this one
         for g in self.optimizer.param_groups:
             g["lr"] = value
 
     def get_lr(self) -> list[float]:
         """Every hyper-parameter group's learning rate (DeepSpeed's ``get_lr``)."""
+        self._settle_skip()
         return [g["lr"] for g in self.optimizer.param_groups]
 
     @property
@@ -476,6 +549,7 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         zerocore initialized it). The engine cannot be used afterwards."""
         if self.module is None:
             return
+        self._settle_skip()  # the counts a destroyed engine keeps are the true ones
         try:
             release(self, collective)
         finally:

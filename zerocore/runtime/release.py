@@ -34,7 +34,7 @@ class EngineDestroyed(AttributeError, RuntimeError):
 
 # What a destroyed engine keeps: its counters and config (small, and what a script may print after
 # training), and ``module`` (None: the model was given back).
-_KEPT = ("config", "micro_steps", "global_steps", "optimizer_steps", "skipped_steps", "_grad_norm")
+_KEPT = ("config", "micro_steps", "global_steps", "_optimizer_steps", "_skipped_steps", "_grad_norm")
 
 
 @torch.no_grad()

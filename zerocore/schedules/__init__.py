@@ -80,7 +80,9 @@ def client_schedule(lr_scheduler, optimizer, client_optimizer=None) -> LRSchedul
     another optimizer is accepted with a warning, as DeepSpeed accepts it: stepped, reaching nothing."""
     if lr_scheduler is None:
         return None
-    if not isinstance(lr_scheduler, LRScheduler) and callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
+    # a scheduler class is such a callable too (DeepSpeed calls whatever is Callable; an LRScheduler object is not)
+    if isinstance(lr_scheduler, type) or (not isinstance(lr_scheduler, LRScheduler) and callable(lr_scheduler)
+                                          and not hasattr(lr_scheduler, "step")):
         lr_scheduler = lr_scheduler(optimizer)
     if not hasattr(lr_scheduler, "step") or not hasattr(lr_scheduler, "state_dict"):
         raise TypeError(f"zerocore.initialize: lr_scheduler must be a torch.optim.lr_scheduler.LRScheduler or a "

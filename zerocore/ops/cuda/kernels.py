@@ -26,7 +26,8 @@ def adam_step_multi(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor
     (optional, bf16/fp16) receiving the updated parameter in the same pass.
 
     ``grad_scale``: a number, or a one-element float32 CUDA tensor (e.g. a clip coefficient
-    computed on the GPU) that the kernel reads itself, so no host sync is needed. Tensors on
+    computed on the GPU) that the kernel reads itself, so no host sync is needed; a non-finite value
+    there skips the update (nothing is written: the engine's deferred Inf/NaN decision). Tensors on
     several devices are stepped device by device. Tensors with the same step, dtypes and
     hyper-parameters share a launch: up to 512 of them (64 where the kernels were built with
     CUDA < 12.1 or the driver is older than 12.1)."""

@@ -1,0 +1,181 @@
+"""bf16's Inf/NaN check decided on the device and read a step later (zerocore/runtime/deferred_skip.py).
+
+DeepSpeed's rule (``bf16.check_grad_overflow``, on by default): a boundary with Inf/NaN gradients skips
+its update, counts in ``skipped_steps`` and does not step the engine's lr schedule. Here the Adam kernel
+skips on the device and the host takes its counts and the schedule's step back when it reads the flag.
+Checked: the skipped update writes nothing; the training equals one where that boundary never happened
+(Adam's step count and the schedule included), whether the host reads the decision at once or only at
+the next step; a schedule that cannot be copied makes the step read it at once; the counts are true
+after ``destroy()`` and in a checkpoint.
+"""
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+
+import zerocore
+
+STEPS, INF_AT = 5, 2
+SCHEDULE = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 10}}
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+
+
+def _config(stage: int, **kw) -> dict:
+    return {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.5, "bf16": {"enabled": True},
+            "zero_optimization": {"stage": stage},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}, "scheduler": SCHEDULE, **kw}
+
+
+def _batch(step: int):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(4, 16, generator=g).to(torch.bfloat16), torch.randn(4, 4, generator=g)
+
+
+def _inf_grad(engine):
+    return engine.module[2].weight.register_hook(lambda g: g.index_fill(0, torch.tensor([0]), float("inf")))
+
+
+def train(stage: int, *, read_each_step: bool, inf_at: int | None = INF_AT, drop_at: int | None = None,
+          config: dict | None = None, engine_kw: dict | None = None) -> dict:
+    """STEPS boundaries; at ``inf_at`` an Inf in one gradient element; at ``drop_at`` the boundary's
+    gradients are dropped instead of stepped (the boundary that never happened)."""
+    engine = zerocore.initialize(_model(), config or _config(stage), **(engine_kw or {}))
+    out = {"lrs": [], "losses": [], "around_skip": None}
+    for step in range(STEPS):
+        x, y = _batch(step)
+        loss = torch.nn.functional.mse_loss(engine(x).float(), y)
+        hook = _inf_grad(engine) if step == inf_at else None
+        engine.backward(loss)
+        if hook is not None:
+            hook.remove()
+        out["losses"].append(loss.item())
+        if step == drop_at:
+            engine.zero_grad()
+            continue
+        if step == inf_at:
+            before = {k: v.clone() for k, v in engine.full_state_dict().items()}
+            engine.step()
+            out["around_skip"] = (before, engine.full_state_dict())
+        else:
+            engine.step()
+        if read_each_step:
+            out["lrs"].append(engine.get_lr()[0])
+            engine.skipped_steps  # noqa: B018 - the read settles the decision now
+    out["lr"] = engine.get_lr()[0]
+    out["state"] = engine.full_state_dict()
+    out["counts"] = (engine.optimizer_steps, engine.skipped_steps, engine.overflow)
+    out["engine"] = engine
+    return out
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_skipped_boundary_trains_as_if_it_never_happened(stage):
+    with pytest.warns(RuntimeWarning, match=f"at step {INF_AT + 1}; the update was skipped"):
+        lazy = train(stage, read_each_step=False)
+    before, after = lazy["around_skip"]
+    assert all(torch.equal(before[k], after[k]) for k in before), "the skipped update wrote parameters"
+    never = train(stage, read_each_step=False, inf_at=None, drop_at=INF_AT)
+    assert all(torch.equal(lazy["state"][k], never["state"][k]) for k in never["state"]), \
+        "Adam's step count or the lr after the skipped boundary differs from a run without it"
+    assert lazy["lr"] == never["lr"]
+    assert lazy["counts"] == (STEPS - 1, 1, False) and never["counts"] == (STEPS - 1, 0, False)
+    for r in (lazy, never):
+        r["engine"].destroy()
+
+
+def test_reading_the_decision_at_once_or_a_step_later_gives_the_same_training():
+    with pytest.warns(RuntimeWarning, match="the update was skipped"):
+        eager = train(2, read_each_step=True)
+    with pytest.warns(RuntimeWarning, match="the update was skipped"):
+        lazy = train(2, read_each_step=False)
+    assert eager["losses"] == lazy["losses"] and eager["lr"] == lazy["lr"] and eager["counts"] == lazy["counts"]
+    assert all(torch.equal(eager["state"][k], lazy["state"][k]) for k in eager["state"])
+    # read right after each step, the schedule did not move at the skipped boundary (DeepSpeed's rule)
+    assert eager["lrs"][INF_AT] == eager["lrs"][INF_AT - 1] and eager["lrs"][INF_AT + 1] > eager["lrs"][INF_AT]
+    assert eager["engine"].overflow is False  # the last boundary applied its update
+    for r in (eager, lazy):
+        r["engine"].destroy()
+
+
+def test_overflow_right_after_the_skipped_step_says_so():
+    engine = zerocore.initialize(_model(), _config(1))
+    x, y = _batch(0)
+    hook = _inf_grad(engine)
+    engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
+    hook.remove()
+    with pytest.warns(RuntimeWarning, match="the update was skipped"):
+        engine.step()
+        assert engine.overflow is True and engine.optimizer.overflow is True
+    assert engine.optimizer_steps == 0 and engine.skipped_steps == 1 and engine.global_grad_norm == float("inf")
+    engine.destroy()
+
+
+def test_counts_are_settled_by_destroy_and_by_a_checkpoint(tmp_path):
+    engine = zerocore.initialize(_model(), _config(2))
+    for step in range(2):
+        x, y = _batch(step)
+        hook = _inf_grad(engine) if step == 1 else None
+        engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
+        if hook is not None:
+            hook.remove()
+        with pytest.warns(RuntimeWarning, match="the update was skipped") if step == 1 else _nothing():
+            if step == 1:
+                engine.step()
+                engine.save_checkpoint(str(tmp_path), tag="t")  # reads the counts: settles
+            else:
+                engine.step()
+    engine.destroy()
+    assert (engine.optimizer_steps, engine.skipped_steps) == (1, 1)
+    fresh = zerocore.initialize(_model(), _config(2))
+    fresh.load_checkpoint(str(tmp_path), tag="t")
+    assert (fresh.optimizer_steps, fresh.skipped_steps) == (1, 1)
+    fresh.destroy()
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _nothing():
+    return _Nothing()
+
+
+class LockedSchedule(torch.optim.lr_scheduler.LambdaLR):
+    """A client schedule whose state cannot be copied (a lock in it)."""
+
+    def __init__(self, optimizer):
+        super().__init__(optimizer, lambda step: 1.0 / (1 + step))
+        self.lock = threading.Lock()
+
+
+def test_a_schedule_that_cannot_be_copied_makes_the_step_read_the_decision():
+    cfg = _config(2)
+    del cfg["scheduler"]
+    engine = zerocore.initialize(_model(), cfg, lr_scheduler=LockedSchedule)  # a class: called with the optimizer
+    assert isinstance(engine.lr_scheduler, LockedSchedule)
+    with pytest.raises(TypeError):
+        copy.deepcopy(engine.lr_scheduler.state_dict())
+    lrs = []
+    for step in range(4):
+        x, y = _batch(step)
+        hook = _inf_grad(engine) if step == 2 else None
+        engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
+        if hook is not None:
+            hook.remove()
+        with pytest.warns(RuntimeWarning, match="the update was skipped") if step == 2 else _nothing():
+            engine.step()
+        assert engine._pending_skip is None  # read in the step (on a GPU: one event wait), none left to settle
+        lrs.append(engine.get_lr()[0])
+    assert engine.lr_scheduler.last_epoch == 3 and lrs[2] == lrs[1]  # not stepped at the skipped boundary
+    engine.destroy()

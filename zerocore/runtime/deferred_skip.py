@@ -1,0 +1,95 @@
+"""bf16's Inf/NaN check (``bf16.check_grad_overflow``, DeepSpeed's default) with no host wait in the step.
+
+DeepSpeed's rule: an accumulation boundary whose gradients hold Inf/NaN skips its update, counts in
+``skipped_steps``, and does not step the engine's lr schedule. Deciding that on the host costs a
+device-to-host read of the overflow flag in every step: a stream synchronisation, which in a
+host-bound step (a 256M Llama on an H100: the GPU busy 20 of ~50 ms) made stage 2 1.11x torch AMP
+against 0.96x without the read (benchmarks/results/gpu_h100_2026-11-26_issue35).
+
+So the decision is made on the device and read by the host later:
+
+- the coefficient the Adam kernels read (the clip coefficient, ``grad_norm.clip_coef``) becomes NaN
+  when the gradients hold Inf/NaN (``skip_coef``); the kernels then leave every parameter, moment and
+  16-bit copy as it was (``csrc/cuda/adam.cu``; ``ops.adam_step_multi`` on the CPU): the update is
+  skipped where it would have been applied;
+- the host counts the step as applied (``optimizer_steps``, the lr schedule stepped) and keeps what it
+  needs to take that back (``PendingSkip``): the flag, copied to host memory behind an event as soon as
+  it is computed, and the schedule's state and the groups' values from before its step;
+- the engine reads the flag when the host next needs the truth (``Engine._settle_skip``): at the next
+  ``step()`` (the flag was computed during the last one: its event is complete, nothing waits), or when
+  asked (``overflow``, ``skipped_steps``, ``optimizer_steps``: a checkpoint, a trainer's question). A
+  skipped step is then taken back: ``optimizer_steps`` - 1, ``skipped_steps`` + 1, ``overflow`` set, the
+  schedule and the groups' values restored, the warning said.
+
+What a user can see: between a skipped step and its settling, the lr schedule already moved on the host
+(read from the schedule object itself, e.g. by a logger); no update ever reads that value. A schedule
+that cannot be copied (its ``state_dict`` refuses ``copy.deepcopy``) is not stepped on faith: the flag
+is read at once (one wait, as before). The engine uses this only where every update reads the device
+coefficient (zerocore's Adam kernels; not a client torch optimizer, not CPU offload, whose norms are
+host values already) and never with fp16 (its loss scale needs the decision: one read per boundary,
+as torch's GradScaler).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..offload.host_memory import host_empty
+
+
+def skip_coef(total: torch.Tensor, coef: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``coef``, or NaN where the gradients hold Inf/NaN; the flag). ``total``: ``grad_sumsq``'s
+    [sum of squares, count of tensors with Inf/NaN] over every rank; the eager check's condition
+    (a count > 0 or a non-finite sum)."""
+    bad = (total[1] > 0) | ~torch.isfinite(total[0])
+    return torch.where(bad, torch.full_like(coef, float("nan")), coef), bad
+
+
+class PendingSkip:
+    """One boundary's Inf/NaN decision, made on the device and not yet read by the host."""
+
+    __slots__ = ("step", "_flag", "_event", "_schedule")
+
+    def __init__(self, bad: torch.Tensor, step: int):
+        self.step = step  # the global step whose update it decides (named by the warning)
+        cuda = bad.device.type == "cuda"
+        # on CUDA a pinned buffer the copy lands in behind an event; on the CPU the same code
+        # (non_blocking changes nothing there), so zerocore.debug.host_waits meets what a GPU runs
+        self._flag = host_empty(1, torch.bool, cuda)
+        self._flag.copy_(bad.reshape(1), non_blocking=True)
+        self._event = None
+        if cuda:
+            self._event = torch.cuda.Event()
+            self._event.record()
+        self._schedule = None
+
+    def keep_schedule(self, schedule, optimizer) -> bool:
+        """Saves what the schedule's step is about to change (its state, the groups' values); False
+        when its state cannot be copied (the caller then reads the decision at once)."""
+        try:
+            state = copy.deepcopy(schedule.state_dict())
+        except Exception:  # noqa: BLE001 - any schedule's state: a copy we cannot make means no undo
+            return False
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        self._schedule = (schedule, state, optimizer, groups)
+        return True
+
+    def skipped(self) -> bool:
+        """The decision. Waits only when the device has not computed it yet (an event wait)."""
+        if self._event is not None:
+            if not self._event.query():
+                self._event.synchronize()
+            self._event = None
+        return bool(self._flag[0])
+
+    def restore_schedule(self) -> None:
+        """Puts the schedule and the groups' values back as they were before the skipped step's
+        schedule step (DeepSpeed does not step the schedule on a skipped update)."""
+        if self._schedule is None:
+            return
+        schedule, state, optimizer, groups = self._schedule
+        schedule.load_state_dict(state)
+        for g, saved in zip(optimizer.param_groups, groups):
+            g.update(saved)
+        self._schedule = None
