@@ -29,7 +29,7 @@
 # (DeepSpeed's own wheel: `DS_BUILD_OPS=0 pip wheel --no-deps deepspeed==0.19.8`, a py3-none-any build.)
 # Environment: PY (default python3), ZC_ARCH (default 9.0); step limits in seconds T_BUILD, T_TESTS, T_STEP,
 # T_OFFLOAD, T_CPUOFFLOAD, T_LLAMA, T_COMPILE, T_KERNELS, T_VARIANTS; B_TESTS (the tests' budget), GPU_TEST_FILES,
-# LLAMA_ROUNDS, KERNEL_ROUNDS.
+# LLAMA_ROUNDS, KERNEL_ROUNDS, CPUOFFLOAD_VARIANTS, CPUOFFLOAD_PROFILE.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a folder for the results}
@@ -90,9 +90,13 @@ CPUAdamBuilder().load(); FusedAdamBuilder().load(); print('DeepSpeed ops built')
         --out-dir "$W" ;;
     cpuoffload)
       [ -n "$DSJIT_PID" ] && wait "$DSJIT_PID"
+      # CPUOFFLOAD_VARIANTS: these variants instead of the preset's; CPUOFFLOAD_PROFILE=0: no profiled steps
+      which=(--preset offload)
+      [ -n "${CPUOFFLOAD_VARIANTS:-}" ] && which=(--variants $CPUOFFLOAD_VARIANTS)
+      prof=(--profile "$W/profile_offload" --profile-steps 2)
+      [ "${CPUOFFLOAD_PROFILE:-1}" = 0 ] && prof=()
       run cpuoffload "${T_CPUOFFLOAD:-300}" "$PY" benchmarks/step.py --device cuda --ranks 1 "${GPT[@]}" --steps 4 \
-        --rounds 2 --warmup 2 --preset offload --profile "$W/profile_offload" --profile-steps 2 \
-        --out "$W/step_offload.json" ;;
+        --rounds 2 --warmup 2 "${which[@]}" "${prof[@]}" --out "$W/step_offload.json" ;;
     llama)  # a short, host-bound step: variants alive at once, rounds interleaved
       run llama "${T_LLAMA:-150}" "$PY" benchmarks/step.py --device cuda --ranks 1 --model hf-llama --dim 1024 \
         --layers 16 --ctx 512 --batch 4 --steps 5 --rounds "${LLAMA_ROUNDS:-8}" --warmup 3 --interleave \
