@@ -45,7 +45,7 @@ class HostSteppedShard:
         self.sumsq, self.nonfinite = 0.0, False
         self._norm = None  # the landed gradient's (sum of squares, flag), not yet read (device_norms.LandedNorm)
         self.enqueue = None  # (group index, host step, ready) -> None: set by OffloadPlan at stage 3
-        self.submit = None  # the same, handed to the worker now (OffloadPlan.wait_stepped waits): stages 1/2 on a GPU
+        self.run_now = None  # the same, run on the worker and waited for: OffloadPlan, stages 1/2 on a GPU
         self.param_swap = None  # set by OffloadPlan when this group's parameter shard rests on NVMe
         self.pieces = None  # hyper-parameter groups of the owned range (sharding.optimizer.Pieces)
 
@@ -102,10 +102,9 @@ class HostSteppedShard:
         return self.param_swap.held(self.group.index, step, overwrite=whole)
 
     def _run_host(self, host_part):
-        """Stage 3: queued for the worker, in the next forward's order; stages 1/2: handed to the
-        worker now (``submit``; the engine waits for it where it needs the group), or stepped on this
-        thread (the device stream waits for its copy back)."""
-        hand_over = self.enqueue or self.submit
+        """Stage 3: queued for the worker, in the next forward's order; else stepped now, on the
+        worker (``run_now``) or on this thread (the device stream waits for its copy back)."""
+        hand_over = self.enqueue or self.run_now
         if hand_over is not None:
             group = self.group
             # the queued step keeps its group alive until it has run (this shard reaches the group

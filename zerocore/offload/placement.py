@@ -15,16 +15,11 @@ there.
   order), and each unit's gather waits for its own (``GroupOffload.ready``). Stages 1/2 step
   synchronously: the all-gather that follows each group's step needs its updated slice, so the
   overlap there is the engine's (group k's all-gather while group k+1 steps); on a GPU each such
-  step runs on the worker thread all the same, with the host's thread count (host_threads.py), not
-  the training thread's (one, under torchrun). They are handed over as the engine's loop reaches
-  them and run back to back (``_submit``); the engine waits for each where it needs it, before the
-  group's all-gather (``wait_stepped``), and for all of them before ``step()`` returns (``launch``).
-  (Waiting for each in turn cost a hand-over per group, ~0.25 ms of Python on two threads while
-  neither computes: 38 ms of a 337M model's 124 ms host step on an H100's host.)
+  step runs on the worker thread all the same (``_run_now``), with the host's thread count
+  (host_threads.py), not the training thread's (one, under torchrun).
 """
 from __future__ import annotations
 
-import functools
 import weakref
 
 import torch
@@ -75,8 +70,6 @@ class OffloadPlan:
         self.order: list[int] = []  # groups in the order they were first gathered since the last step
         self._seen: set[int] = set()
         self._queued: list[tuple[int, object, object]] = []
-        self._submitted: list[tuple[int, object]] = []  # stages 1/2: (group, ready) handed over, not yet waited for
-        self._batch = _Batch()  # the submitted steps of this optimizer step (one failure stops the rest)
         self._resident: dict = {}  # index -> weak reference to a device-resident group (optimizer state there)
         self._resident_norms: dict[int, LandedNorm] = {}  # their norm parts of the boundary under way
 
@@ -123,7 +116,7 @@ class OffloadPlan:
         if queued:
             shard.enqueue = weak_call(self._enqueue)
         elif self.stepper is not None:
-            shard.submit = weak_call(self._submit)
+            shard.run_now = weak_call(self._run_now)
         if not self.queued and shard.reads_ahead:  # stages 1/2 step in index order: read the next ahead
             last = max((i for i in self.shards if self.shards[i].reads_ahead), default=None)
             if last is not None:
@@ -182,47 +175,14 @@ class OffloadPlan:
         ready.clear()  # reads of this group's parameters wait from now on
         self._queued.append((gi, fn, ready))
 
-    def _submit(self, gi: int, fn, ready) -> None:
-        """Stages 1/2 on the worker: the host step is handed over now and the training thread goes on
-        (the next group's step); ``wait_stepped`` waits for it. The steps of one optimizer step run
-        back to back, and once one fails the rest are not run (as when each was waited for in turn and
-        the engine raised at the failed one: the groups before it stepped, none after it)."""
-        if not self._submitted:
-            self._batch = _Batch()
-        self.stepper.submit(gi, functools.partial(_unless_failed, self._batch, fn), ready)
-        self._submitted.append((gi, ready))
-
-    def wait_stepped(self, gi: int | None = None) -> None:
-        """Stages 1/2: waits for the submitted host steps, in submission order, up to group ``gi``'s
-        (all of them when None; nothing when ``gi`` has none); on CUDA the current stream then waits
-        for their copies back (``Ready.wait_own``). A failed step's error is raised as it was raised
-        on the worker, once the steps not run after it have been waited for."""
-        if gi is not None and all(k != gi for k, _ in self._submitted):
-            return
-        while self._submitted:
-            k, ready = self._submitted.pop(0)
-            try:
-                ready.wait_own()
-            except BaseException:
-                self.settle()
-                raise
-            if k == gi:
-                return
-
-    def settle(self) -> None:
-        """Waits for every submitted host step without raising (the engine's step is failing already)."""
-        while self._submitted:
-            _, ready = self._submitted.pop(0)
-            try:
-                ready.wait_own()
-            except BaseException:  # noqa: BLE001 - the error being raised is the caller's
-                pass
+    def _run_now(self, gi: int, fn, ready) -> None:
+        """Stages 1/2 on a GPU: the host step on the worker (its thread count), waited for here; on
+        CUDA the current stream then waits for its copy back (``Ready.wait``)."""
+        self.stepper.submit(gi, fn, ready)
+        ready.wait_own()
 
     def launch(self) -> None:
-        """After the engine's step loop. Stage 3: hands the queued host steps to the worker,
-        first-needed first. Stages 1/2: waits for the submitted ones (the parameters hold the update
-        when ``step()`` returns, as without offload)."""
-        self.wait_stepped()
+        """Hands the queued host steps to the worker, first-needed first."""
         rank = {gi: i for i, gi in enumerate(self.order)}
         self._queued.sort(key=lambda job: (rank.get(job[0], len(rank)), job[0]))
         if self.param_swap is not None:
@@ -252,23 +212,3 @@ class OffloadPlan:
             self.nvme.close()
         if self.param_swap is not None:
             self.param_swap.close()
-
-
-class _Batch:
-    """The host steps submitted in one optimizer step at stages 1/2: ``failed`` once one raised."""
-
-    __slots__ = ("failed",)
-
-    def __init__(self):
-        self.failed = False
-
-
-def _unless_failed(batch: _Batch, fn):
-    """Runs a submitted host step unless an earlier one of its batch failed (then it is not run)."""
-    if batch.failed:
-        return None
-    try:
-        return fn()
-    except BaseException:
-        batch.failed = True
-        raise

@@ -358,12 +358,7 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         if self._zc_pending_save is not None:  # an asynchronous save may still be copying the state
             self._zc_pending_save.snapshot_taken()
         with label("zerocore.optimizer_step"):
-            try:
-                self._update(coef, grads, hypers)
-            except BaseException:
-                if self.offload is not None:
-                    self.offload.settle()  # no host step of stages 1/2 left running behind the error
-                raise
+            self._update(coef, grads, hypers)
             if self.offload is not None:
                 # The host Adam steps: each offloaded shard's step above ran it, or (stage 3) queued it;
                 # the queued ones go to the worker thread now, first-needed first (offload/placement.py),
@@ -402,8 +397,6 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
                 g = self.groups[i]
                 if g.partitioned:  # stage 3 units: the next forward gathers the new chunks
                     continue
-                if self.offload is not None:  # stages 1/2: its host step, handed to the worker, has run
-                    self.offload.wait_stepped(i)
                 g.param_state.to(ParamState.SHARDED)
                 # This batch's all-gathers run while the next batch's Adam step computes; at
                 # most allgather_bucket_size elements are in flight.
