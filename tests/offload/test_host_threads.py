@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from dist_helpers import run_case
+from dist_helpers import run_case, spawn_cases
 from test_offload import CLIP, assert_same_bits, base_of, offloaded
 from test_stages import check_against_reference
 from zerocore import ops
@@ -92,4 +92,52 @@ def test_a_failing_host_step_on_the_worker_reaches_step(monkeypatch):
     engine.backward(engine(torch.randn(2, 8)).sum())
     with pytest.raises(RuntimeError, match="host kernel broke"):  # raised as if run here
         engine.step()
+    engine.destroy()
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_stages_1_2_on_the_worker_at_world_2_gather_the_stepped_slices(monkeypatch, tmp_path, stage):
+    """At world 2 each group's host step runs on the worker and its all-gather follows it: the gathered
+    parameters are the stepped ones, bit for bit the run without offload's, and both match the reference."""
+    monkeypatch.setenv(ENV, "2")  # the spawned ranks inherit it
+    case = offloaded(f"w2_s{stage}_worker_clip", "mlp_frozen_unused", stage, bucket=500, overlap=True, **CLIP)
+    res = spawn_cases([case, base_of(case)], 2, tmp_path, timeout=300)  # res[rank][case]
+    got, base = [r[0] for r in res], [r[1] for r in res]
+    check_against_reference(case, 2, got)
+    assert_same_bits(got, base)
+
+
+def test_a_failing_host_step_stops_the_rest_of_its_step_and_a_retry_steps_them(monkeypatch):
+    """Each group's host step runs on the worker and is waited for; when one fails the later ones are
+    not run (the groups before it stepped), the error reaches step(), and the next step runs every group."""
+    import zerocore
+
+    monkeypatch.setenv(ENV, "1")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
+    engine = zerocore.initialize(model, {"train_micro_batch_size_per_gpu": 2,
+                                         "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
+                                                               "reduce_bucket_size": 4096},
+                                         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
+    assert len(engine.groups) >= 3, "the test needs several groups"
+    adam, calls = ops.adam_step, []
+
+    def second_breaks(*a, **kw):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 2:
+            raise RuntimeError("host kernel broke")
+        return adam(*a, **kw)
+
+    monkeypatch.setattr(ops, "adam_step", second_breaks)
+    before = [p.detach().clone() for p in model.parameters()]
+    engine.backward(engine(torch.randn(2, 64)).sum())
+    with pytest.raises(RuntimeError, match="host kernel broke"):
+        engine.step()
+    assert len(calls) == 2, f"the groups after the failed one ran: {len(calls)} host steps"
+    changed = [not torch.equal(a, p.detach()) for a, p in zip(before, model.parameters())]
+    assert any(changed) and not all(changed), "the first group steps, the ones after the failure do not"
+    calls.clear()
+    monkeypatch.setattr(ops, "adam_step", adam)
+    engine.backward(engine(torch.randn(2, 64)).sum())
+    engine.step()
     engine.destroy()
