@@ -250,11 +250,12 @@ class BF16Config(_Section):
     PATH = "bf16"
     enabled: bool = option(False, "Train with bf16 parameters and gradients and an fp32 master.", kind=bool)
     check_grad_overflow: bool = option(
-        True, "Skip the update of an accumulation boundary whose gradients hold Inf/NaN (counted in skipped_steps), "
-        "as fp16 does: the host reads the flag once per boundary (DeepSpeed's default: nothing is lost to a NaN). "
-        "false: the step never waits for the device; such gradients go into the update as with torch.optim and "
-        "FSDP, and get_global_grad_norm() reads inf (with offload the flag is host data already and such a step "
-        "is skipped either way).", kind=bool)
+        True, "Skip the update of an accumulation boundary whose gradients hold Inf/NaN (counted in skipped_steps, "
+        "the lr schedule not stepped), as fp16 does (DeepSpeed's default: nothing is lost to a NaN). The Adam kernel "
+        "skips on the device and the host learns it at the next step() or when asked (skipped_steps, overflow, "
+        "get_lr()): no wait in the step. With a client torch optimizer the host reads the flag once per boundary. "
+        "false: such gradients go into the update as with torch.optim and FSDP, and get_global_grad_norm() reads inf "
+        "(with offload the flag is host data already and such a step is skipped either way).", kind=bool)
 
 
 @dataclasses.dataclass
