@@ -179,3 +179,23 @@ def test_a_schedule_that_cannot_be_copied_makes_the_step_read_the_decision():
         lrs.append(engine.get_lr()[0])
     assert engine.lr_scheduler.last_epoch == 3 and lrs[2] == lrs[1]  # not stepped at the skipped boundary
     engine.destroy()
+
+
+def test_a_load_after_an_unsettled_skip_keeps_the_loaded_schedule(tmp_path):
+    """Loading a checkpoint right after a skipped step (nothing read in between): the skip is settled
+    first, so taking it back does not put the old schedule over the loaded one."""
+    saver = train(2, read_each_step=False, inf_at=None)
+    saver["engine"].save_checkpoint(str(tmp_path), tag="t")
+    want_lr = saver["engine"].get_lr()[0]
+    saver["engine"].destroy()
+    engine = zerocore.initialize(_model(), _config(2))
+    x, y = _batch(0)
+    hook = _inf_grad(engine)
+    engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
+    hook.remove()
+    engine.step()  # skipped on the device, not yet known on the host
+    with pytest.warns(RuntimeWarning, match="the update was skipped"):
+        engine.load_checkpoint(str(tmp_path), tag="t")
+    assert engine.get_lr()[0] == want_lr and engine.optimizer_steps == STEPS and engine.skipped_steps == 0
+    engine.destroy()
+

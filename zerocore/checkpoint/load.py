@@ -40,6 +40,9 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
                     load_module_only: bool = False, load_lr_scheduler_states: bool = True, in_place=None):
     """``in_place``: read straight into the optimizer state (``load_in_place.py``): None where
     the engine has nothing to lose, True always, False never (a failed load then changes nothing)."""
+    # a deferred Inf/NaN decision (runtime/deferred_skip.py) settled first: taking a skipped step back
+    # restores the schedule's earlier state, which must not land over the loaded one
+    engine._settle_skip()
     path = resolve(load_dir, tag)
     if path is None:
         return None, None
