@@ -54,13 +54,13 @@ class HostSteppedShard:
         """The reduced owned gradient is final for this step: the host part goes to host memory (a
         side-stream copy tracked by an event on CUDA), and the (sum of squares, Inf/NaN) of the whole
         owned range is computed where the gradient is (``LandedNorm``: on a GPU a kernel launched now,
-        its two values brought over behind an event of their own, as the device-resident groups' are).
+        its two values read with the boundary's other groups' in one copy, ``device_norms.fetch``).
         On a GPU that replaced a host pass over ``grad_h`` (10-25 ms a step for a 337M model's shard on
         16 cores: the host's memory bandwidth, which the host Adam needs); it also sums the range in
         one piece, the order the engine without offload sums it in."""
         self.ready.wait()  # the worker may still be reading last step's landed gradient
         h = self.split
-        self._norm = LandedNorm(grad, self.pin)
+        self._norm = LandedNorm(grad)
         if grad.device.type == "cuda":
             stream = self._stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -74,6 +74,10 @@ class HostSteppedShard:
             # a CPU device: the copy is done when copy_ returns (non_blocking changes nothing on the CPU; said
             # so that zerocore.debug.host_waits meets the same code a CUDA device runs: a copy not waited for)
             self.grad_h.copy_(grad[:h], non_blocking=True)
+
+    def pending_norm(self) -> LandedNorm | None:
+        """The landed gradient's norm pair not yet read (``device_norms.fetch`` reads many at once)."""
+        return self._norm
 
     def landed_sumsq(self) -> tuple[float, bool]:
         """This group's (sum of squares, any Inf/NaN) of the owned reduced gradient; the host part's

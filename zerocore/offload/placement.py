@@ -8,8 +8,8 @@ there.
   recorded order, written back behind the host step).
 - ``on_reduced(k)`` (the reducer's callback): in the boundary backward, group k's owned gradient
   is final: it goes to the host and its norm/overflow contribution is accumulated, so the global
-  norm is known when backward ends (``landed_sumsq``); a device-resident group's norm part is computed
-  on the device then and copied to the host behind an event (``device_norms.py``).
+  norm is known when backward ends (``landed_sumsq``); every group's norm part is computed on the
+  device then and read by the host in one copy behind one event (``device_norms.py``).
 - ``launch()`` after the engine's step loop: at stage 3 the host steps were only queued; they are
   handed to the worker in the order the last forward gathered the units (the next forward's
   order), and each unit's gather waits for its own (``GroupOffload.ready``). Stages 1/2 step
@@ -30,7 +30,7 @@ from ..sharding.offloaded import GroupOffload
 from ..sharding.optimizer import OptimizerShard
 from .host_memory import should_pin
 from .host_shard import HostOptimizerShard
-from .device_norms import LandedNorm
+from .device_norms import LandedNorm, fetch
 from .host_stepped import HostSteppedShard
 from .host_threads import host_step_threads, worker_at_stages_1_2
 from .nvme import NvmeSwap, ParamReady, ParamSwap
@@ -139,7 +139,7 @@ class OffloadPlan:
             if self.boundary():
                 g = self._resident.get(k, _GONE)()
                 if g is not None:
-                    self._resident_norms[k] = LandedNorm(g.owned_grad(), self.pin_par or self.pin_opt)
+                    self._resident_norms[k] = LandedNorm(g.owned_grad())
             return
         if self.boundary():
             shard.land(shard.group.owned_grad())
@@ -150,14 +150,19 @@ class OffloadPlan:
     def landed_sumsq(self, groups, shards) -> tuple[float, bool]:
         """(sum of squares, any Inf/NaN) of this rank's owned reduced gradients, group by group in
         index order (the order, hence the bits, of the engine's own sum). No host wait for the device: the
-        host waits on the events recorded after each part's copy to the host (a CUDA device)."""
+        host waits on the event after the pairs' one copy to the host (``device_norms.fetch``) and on those
+        after the landed gradients' copies (a CUDA device)."""
         sumsq, bad = 0.0, False
+        norms = {g.index: (shard.pending_norm() if isinstance(shard, HostSteppedShard) else
+                           # launched as the group's gradient was reduced (on_reduced), else now
+                           self._resident_norms.pop(g.index, None) or LandedNorm(g.owned_grad()))
+                 for g, shard in zip(groups, shards)}
+        fetch([n for n in norms.values() if n is not None])  # every pair in one copy
         for g, shard in zip(groups, shards):
             if isinstance(shard, HostSteppedShard):
                 s, b = shard.landed_sumsq()
-            else:  # launched as the group's gradient was reduced (on_reduced), else now
-                landed = self._resident_norms.pop(g.index, None) or LandedNorm(g.owned_grad(), False)
-                s, b = landed.get()
+            else:
+                s, b = norms[g.index].get()
             sumsq += s
             bad = bad or b
         self._resident_norms.clear()
