@@ -170,33 +170,21 @@ def test_bf16_stage3_zero_init_initial_values(tmp_path):
 # DeepSpeed 0.19.8 also skips where the overflow check is not asked for, on a non-finite norm alone:
 # DeepSpeedZeroOptimizer.step (stages 1/2) sets overflow when ``(self.dtype != torch.bfloat16 or
 # self.check_grad_overflow) and is_invalid_grad_norm(norm)``, so fp32 (and fp16) training skips; stage 3's
-# step sets it on is_invalid_grad_norm whatever the dtype and the bf16 setting. zerocore applies such an
-# update (torch.optim's behaviour) unless fp16 or bf16.check_grad_overflow asks for the check
-# (runtime/engine.py), and the weights become NaN. (bf16 with check_grad_overflow=false at stages 1/2:
-# both apply it, NaN from then on in both; not compared, NaN losses are not comparable.)
+# step sets it on is_invalid_grad_norm whatever the dtype and the bf16 setting. zerocore.deepspeed's engines
+# follow that rule (deepspeed/semantics.py, skips_nonfinite); zerocore.initialize's apply such an update
+# (torch.optim's behaviour) unless fp16 or bf16.check_grad_overflow asks for the check. (bf16 with
+# check_grad_overflow=false at stages 1/2: both apply it, NaN from then on in both; not compared, NaN losses
+# are not comparable.)
 
 
-@pytest.mark.slow
 @needs_groups
-@pytest.mark.xfail(strict=True, reason=(
-    "fp32 ZeRO: DeepSpeed 0.19.8 skips a boundary whose gradient norm is Inf/NaN (stage 1/2: "
-    "DeepSpeedZeroOptimizer.step's `self.dtype != torch.bfloat16 or self.check_grad_overflow` is true for "
-    "fp32), counts it in skipped_steps and holds the lr; zerocore checks only under fp16 or "
-    "bf16.check_grad_overflow and applies it (NaN weights, losses NaN from the next boundary, skipped_steps 0)"))
-def test_fp32_inf_gradient_skips_as_deepspeed(tmp_path):
+def test_skips_where_deepspeed_skips_without_being_asked(tmp_path):
+    """fp32 at stages 2 and 3, bf16 with check_grad_overflow false at stage 3: DeepSpeed skips the boundary
+    with the Inf gradient, and so do zerocore.deepspeed's engines (one launch per library)."""
     _compare_inf_skip(tmp_path, [
         {"name": "s2_fp32", "inf_at": INF_AT, "micro": 4, "stage": 2, "gas": 2, "steps": 6, "sched": "warmup"},
-    ])
-
-
-@pytest.mark.slow
-@needs_groups
-@pytest.mark.xfail(strict=True, reason=(
-    "bf16 with check_grad_overflow=false at stage 3: DeepSpeed 0.19.8's DeepSpeedZeroOptimizer_Stage3.step "
-    "still skips on an invalid (Inf/NaN) norm, counts skipped_steps and holds the lr; zerocore applies the "
-    "update (NaN weights, skipped_steps 0)"))
-def test_bf16_unchecked_stage3_skips_as_deepspeed(tmp_path):
-    _compare_inf_skip(tmp_path, [
+        {"name": "s3_fp32", "inf_at": INF_AT, "micro": 4, "stage": 3, "gas": 1, "steps": 5, "sched": "warmup",
+         "zero_init": 0},
         {"name": "s3_unchecked", **_BF16, "check_grad_overflow": 0, "stage": 3, "gas": 2, "steps": 6,
          "sched": "warmup", "round_init": True, "zero_init": 0},
     ])

@@ -168,3 +168,31 @@ def test_optimizer_state_of_another_world_size_is_refused_unless_universal(tmp_p
     _train(engine, 1)
     zerocore.initialize(Net(), _cfg(2)).load_checkpoint(root)  # zerocore's own: resharded
     assert os.path.isfile(os.path.join(root, "latest"))
+
+
+@pytest.mark.parametrize("stage, dtype, check, skips", [
+    (0, "fp32", True, False), (0, "bf16", True, True), (0, "bf16", False, False), (0, "fp16", True, True),
+    (1, "fp32", True, True), (2, "fp32", True, True), (2, "bf16", True, True), (2, "bf16", False, False),
+    (3, "fp32", True, True), (3, "bf16", False, True), (3, "fp16", True, True)])
+def test_a_nonfinite_gradient_skips_where_deepspeed_skips(stage, dtype, check, skips):
+    """DeepSpeed 0.19.8's rule (compared side by side in test_against_deepspeed.py): the face's engines skip
+    the boundary; zerocore.initialize's skip only with fp16 or bf16.check_grad_overflow."""
+    from zerocore.deepspeed.semantics import skips_nonfinite
+
+    cfg = _cfg(stage)
+    if dtype != "fp32":
+        cfg[dtype] = {"enabled": True, **({"check_grad_overflow": check} if dtype == "bf16" else {})}
+    for face in (True, False):
+        engine = deepspeed.initialize(model=Net(), config=cfg)[0] if face else zerocore.initialize(Net(), cfg)
+        assert skips_nonfinite(engine.config) == skips
+        x = torch.randn(2, 4).to(torch.bfloat16 if dtype == "bf16" else torch.float16 if dtype == "fp16" else
+                                 torch.float32)
+        hook = engine.module.b.weight.register_hook(lambda g: g.index_fill(0, torch.tensor([0]), float("inf")))
+        engine.backward(engine(x).float().square().mean())
+        hook.remove()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            engine.step()
+            zc_skips = dtype == "fp16" or (dtype == "bf16" and check)
+            assert engine.skipped_steps == int(skips if face else zc_skips), (face, engine.skipped_steps)
+        engine.destroy()

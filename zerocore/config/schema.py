@@ -255,7 +255,9 @@ class BF16Config(_Section):
         "skips on the device and the host learns it at the next step() or when asked (skipped_steps, overflow, "
         "get_lr()): no wait in the step. With a client torch optimizer the host reads the flag once per boundary. "
         "false: such gradients go into the update as with torch.optim and FSDP, and get_global_grad_norm() reads inf "
-        "(with offload the flag is host data already and such a step is skipped either way).", kind=bool)
+        "(with offload the flag is host data already and such a step is skipped either way). Engines of "
+        "zerocore.deepspeed.initialize skip where DeepSpeed 0.19.8 skips: also fp32 at stages 1-3 and bf16 at stage 3 "
+        "whatever this key says (zerocore/deepspeed/semantics.py).", kind=bool)
 
 
 @dataclasses.dataclass

@@ -17,7 +17,13 @@ for DeepSpeed gets DeepSpeed's behaviour for these; the engine it gets carries t
   warning naming it (zerocore: refused at the next step);
 - ``load_checkpoint`` with optimizer states of a ZeRO (or bf16) engine saved at another
   data-parallel world size: ``ZeRORuntimeException``, unless ``checkpoint.load_universal`` is true
-  (zerocore: reshards them).
+  (zerocore: reshards them);
+- a boundary whose gradient norm is Inf/NaN: skipped (``skipped_steps`` + 1, the lr schedule held) where
+  DeepSpeed 0.19.8 skips it: fp16; ZeRO stage 3 whatever the dtype and ``bf16.check_grad_overflow``;
+  stages 1/2 unless bf16 with ``check_grad_overflow: false`` (DeepSpeedZeroOptimizer.step's
+  ``self.dtype != torch.bfloat16 or self.check_grad_overflow``), so fp32 too; stage 0 as zerocore (fp16,
+  bf16 with the check) (zerocore: fp16 and bf16 with the check only; fp32 applies it, as torch.optim);
+  compared side by side in tests/deepspeed_face/test_against_deepspeed.py.
 """
 from __future__ import annotations
 
@@ -120,6 +126,7 @@ class DeepSpeedSemantics:
         """Marks the engine and sets its DeepSpeed behaviours."""
         engine.deepspeed_semantics = self
         engine._requires_grad.trainable_off_gets_zero_grad = True
+        engine.skip_on_overflow(skips_nonfinite(engine.config))
         if self.assert_unused:
             engine._requires_grad = _UnusedParameterAssert(engine._requires_grad, engine)
 
@@ -147,6 +154,17 @@ class DeepSpeedSemantics:
                 "supported (DeepSpeed's rule, kept by zerocore.deepspeed; zerocore.initialize's engines reshard the "
                 "optimizer state; load_optimizer_states=False loads the weights, and \"checkpoint\": "
                 "{\"load_universal\": true} loads the optimizer state at the new world size)")
+
+
+def skips_nonfinite(cfg) -> bool:
+    """Whether DeepSpeed 0.19.8 skips a boundary whose gradient norm is Inf/NaN (see the module docstring)."""
+    stage = cfg.zero_optimization.stage
+    if cfg.fp16.enabled or stage == 3:
+        return True
+    checked = cfg.bf16.check_grad_overflow
+    if stage in (1, 2):
+        return not cfg.bf16.enabled or checked
+    return cfg.bf16.enabled and checked
 
 
 class _UnusedParameterAssert:

@@ -162,11 +162,8 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         self._backward_done = False
         self._dropped = False  # zero_grad() between backward() and step() (named by step())
         self._batches = self._step_batches()  # after the face and _torch_step: the batches use them
-        # bf16's Inf/NaN check decided on the device, read a step later (runtime/deferred_skip.py): where every
-        # update reads the device coefficient (zerocore's Adam, no offload); fp16's loss scale needs it at once
-        self._defers_skip = (self._checks_overflow and not config.fp16.enabled and self.offload is None
-                             and self._torch_step is None)
         self._pending_skip: PendingSkip | None = None
+        self.skip_on_overflow(self._checks_overflow)
         self.tput_timer = ThroughputTimer(self.train_batch_size())  # DeepSpeed's samples/s (throughput.py)
         if z.stage == 3:
             ds_param_attrs.attach(self)  # DeepSpeed's ds_* attributes, which third-party code reads
@@ -333,7 +330,7 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
             else:
                 total = grad_sumsq(grads, self.comm, across_ranks=across, device=self.device)
                 if self._checks_overflow and not self._defers_skip:
-                    # fp16: skip the update on Inf/NaN, one read per boundary (GradScaler's)
+                    # fp16 (or a client torch optimizer): skip the update on Inf/NaN, one read per boundary
                     sumsq, nbad = total.tolist()
                     bad = nbad > 0
                 else:
@@ -422,6 +419,16 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
             warnings.warn(f"zerocore: Inf/NaN in the gradients at step {self.global_steps}; the update was skipped",
                           RuntimeWarning, stacklevel=3)
         self.reducer.clear()
+
+    def skip_on_overflow(self, on: bool) -> None:
+        """Whether a boundary whose gradients hold Inf/NaN skips its update (fp16 always; bf16 with
+        ``check_grad_overflow``; ``zerocore.deepspeed`` engines as DeepSpeed decides: deepspeed/semantics.py).
+        Without fp16 the decision is made on the device and read a step later (runtime/deferred_skip.py)
+        where every update reads the device coefficient (zerocore's Adam, no offload, whose norms are host
+        values and which skips such a step always); else read once per boundary."""
+        self._checks_overflow = bool(on)
+        self._defers_skip = (self._checks_overflow and not self.config.fp16.enabled and self.offload is None
+                             and self._torch_step is None)
 
     def _settle_skip(self) -> None:
         """Reads the last deferred Inf/NaN decision (runtime/deferred_skip.py), if one is pending; a
