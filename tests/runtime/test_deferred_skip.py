@@ -199,3 +199,23 @@ def test_a_load_after_an_unsettled_skip_keeps_the_loaded_schedule(tmp_path):
     assert engine.get_lr()[0] == want_lr and engine.optimizer_steps == STEPS and engine.skipped_steps == 0
     engine.destroy()
 
+
+def test_a_group_value_set_before_the_skip_is_settled_is_kept():
+    """Taking a skipped step back restores the schedule and the group values its step wrote, but not a
+    value the user set in between (written straight into param_groups: no settling on the way)."""
+    engine = zerocore.initialize(_model(), _config(2))
+    x, y = _batch(0)
+    engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
+    engine.step()
+    hook = _inf_grad(engine)
+    engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
+    hook.remove()
+    engine.step()  # skipped on the device, not yet known on the host
+    engine.optimizer.param_groups[0]["weight_decay"] = 0.5  # the user's own edit; lr left as the schedule set it
+    with pytest.warns(RuntimeWarning, match="the update was skipped"):
+        assert engine.skipped_steps == 1
+    group = engine.optimizer.param_groups[0]
+    assert group["weight_decay"] == 0.5 and group["lr"] == engine.lr_scheduler.get_last_lr()[0]
+    assert engine.lr_scheduler.last_batch_iteration == 0  # one applied step: the skipped one's schedule step undone
+    engine.destroy()
+

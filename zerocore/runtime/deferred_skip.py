@@ -22,7 +22,8 @@ So the decision is made on the device and read by the host later:
   schedule and the groups' values restored, the warning said.
 
 What a user can see: between a skipped step and its settling, the lr schedule already moved on the host
-(read from the schedule object itself, e.g. by a logger); no update ever reads that value. A schedule
+(read from the schedule object itself, e.g. by a logger); no update ever reads that value. A group value
+set in between (``engine.lr = x``, a write into ``param_groups``) is kept when the step is taken back. A schedule
 that cannot be copied (its ``state_dict`` refuses ``copy.deepcopy``) is not stepped on faith: the flag
 is read at once (one wait, as before). The engine uses this only where every update reads the device
 coefficient (zerocore's Adam kernels; not a client torch optimizer, not CPU offload, whose norms are
@@ -72,8 +73,16 @@ class PendingSkip:
         except Exception:  # noqa: BLE001 - any schedule's state: a copy we cannot make means no undo
             return False
         groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-        self._schedule = (schedule, state, optimizer, groups)
+        self._schedule = (schedule, state, optimizer, groups, None)
         return True
+
+    def schedule_stepped(self) -> None:
+        """Notes the groups' values the schedule's step left (``restore_schedule`` puts back only those
+        still as it left them: a value set since, e.g. ``engine.lr = x``, is kept)."""
+        if self._schedule is not None:
+            schedule, state, optimizer, before, _ = self._schedule
+            after = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+            self._schedule = (schedule, state, optimizer, before, after)
 
     def skipped(self) -> bool:
         """The decision. Waits only when the device has not computed it yet (an event wait)."""
@@ -88,8 +97,23 @@ class PendingSkip:
         schedule step (DeepSpeed does not step the schedule on a skipped update)."""
         if self._schedule is None:
             return
-        schedule, state, optimizer, groups = self._schedule
-        schedule.load_state_dict(state)
-        for g, saved in zip(optimizer.param_groups, groups):
-            g.update(saved)
+        schedule, state, optimizer, before, after = self._schedule
         self._schedule = None
+        schedule.load_state_dict(state)
+        for i, (g, saved) in enumerate(zip(optimizer.param_groups, before)):
+            left = after[i] if after is not None and i < len(after) else {}
+            for k, v in saved.items():
+                if k not in left or _same(g.get(k), left[k]):
+                    g[k] = v
+
+
+def _same(a, b) -> bool:
+    """Whether a group value is still the one the schedule's step left (tensors by identity)."""
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - a value that does not compare: taken as changed, kept
+        return False

@@ -375,6 +375,8 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
             if opt is not None:
                 opt._opt_called = True  # what torch's LRScheduler checks optimizer.step() set
             sched.step(**(lr_kwargs or {}))
+            if pending is not None:
+                pending.schedule_stepped()
 
     def _update(self, coef: float | torch.Tensor, grads: list[torch.Tensor], hypers: list[AdamHyper]) -> None:
         """``grads[i]``: group i's owned gradient; ``hypers[h]``: hyper-parameter group h's values."""
