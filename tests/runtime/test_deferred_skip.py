@@ -10,6 +10,7 @@ after ``destroy()`` and in a checkpoint.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 
@@ -42,6 +43,17 @@ def _inf_grad(engine):
     return engine.module[2].weight.register_hook(lambda g: g.index_fill(0, torch.tensor([0]), float("inf")))
 
 
+def _backward(engine, step: int, *, inf: bool = False) -> torch.Tensor:
+    """One micro-batch's forward and backward; ``inf``: an Inf in one element of a gradient."""
+    x, y = _batch(step)
+    loss = torch.nn.functional.mse_loss(engine(x).float(), y)
+    hook = _inf_grad(engine) if inf else None
+    engine.backward(loss)
+    if hook is not None:
+        hook.remove()
+    return loss
+
+
 def train(stage: int, *, read_each_step: bool, inf_at: int | None = INF_AT, drop_at: int | None = None,
           config: dict | None = None, engine_kw: dict | None = None) -> dict:
     """STEPS boundaries; at ``inf_at`` an Inf in one gradient element; at ``drop_at`` the boundary's
@@ -49,13 +61,7 @@ def train(stage: int, *, read_each_step: bool, inf_at: int | None = INF_AT, drop
     engine = zerocore.initialize(_model(), config or _config(stage), **(engine_kw or {}))
     out = {"lrs": [], "losses": [], "around_skip": None}
     for step in range(STEPS):
-        x, y = _batch(step)
-        loss = torch.nn.functional.mse_loss(engine(x).float(), y)
-        hook = _inf_grad(engine) if step == inf_at else None
-        engine.backward(loss)
-        if hook is not None:
-            hook.remove()
-        out["losses"].append(loss.item())
+        out["losses"].append(_backward(engine, step, inf=step == inf_at).item())
         if step == drop_at:
             engine.zero_grad()
             continue
@@ -106,10 +112,7 @@ def test_reading_the_decision_at_once_or_a_step_later_gives_the_same_training():
 
 def test_overflow_right_after_the_skipped_step_says_so():
     engine = zerocore.initialize(_model(), _config(1))
-    x, y = _batch(0)
-    hook = _inf_grad(engine)
-    engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
-    hook.remove()
+    _backward(engine, 0, inf=True)
     with pytest.warns(RuntimeWarning, match="the update was skipped"):
         engine.step()
         assert engine.overflow is True and engine.optimizer.overflow is True
@@ -119,36 +122,18 @@ def test_overflow_right_after_the_skipped_step_says_so():
 
 def test_counts_are_settled_by_destroy_and_by_a_checkpoint(tmp_path):
     engine = zerocore.initialize(_model(), _config(2))
-    for step in range(2):
-        x, y = _batch(step)
-        hook = _inf_grad(engine) if step == 1 else None
-        engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
-        if hook is not None:
-            hook.remove()
-        with pytest.warns(RuntimeWarning, match="the update was skipped") if step == 1 else _nothing():
-            if step == 1:
-                engine.step()
-                engine.save_checkpoint(str(tmp_path), tag="t")  # reads the counts: settles
-            else:
-                engine.step()
+    _backward(engine, 0)
+    engine.step()
+    _backward(engine, 1, inf=True)
+    engine.step()
+    with pytest.warns(RuntimeWarning, match="the update was skipped"):
+        engine.save_checkpoint(str(tmp_path), tag="t")  # reads the counts: settles
     engine.destroy()
     assert (engine.optimizer_steps, engine.skipped_steps) == (1, 1)
     fresh = zerocore.initialize(_model(), _config(2))
     fresh.load_checkpoint(str(tmp_path), tag="t")
     assert (fresh.optimizer_steps, fresh.skipped_steps) == (1, 1)
     fresh.destroy()
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _nothing():
-    return _Nothing()
 
 
 class LockedSchedule(torch.optim.lr_scheduler.LambdaLR):
@@ -168,12 +153,8 @@ def test_a_schedule_that_cannot_be_copied_makes_the_step_read_the_decision():
         copy.deepcopy(engine.lr_scheduler.state_dict())
     lrs = []
     for step in range(4):
-        x, y = _batch(step)
-        hook = _inf_grad(engine) if step == 2 else None
-        engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
-        if hook is not None:
-            hook.remove()
-        with pytest.warns(RuntimeWarning, match="the update was skipped") if step == 2 else _nothing():
+        _backward(engine, step, inf=step == 2)
+        with pytest.warns(RuntimeWarning, match="the update was skipped") if step == 2 else contextlib.nullcontext():
             engine.step()
         assert engine._pending_skip is None  # read in the step (on a GPU: one event wait), none left to settle
         lrs.append(engine.get_lr()[0])
@@ -189,10 +170,7 @@ def test_a_load_after_an_unsettled_skip_keeps_the_loaded_schedule(tmp_path):
     want_lr = saver["engine"].get_lr()[0]
     saver["engine"].destroy()
     engine = zerocore.initialize(_model(), _config(2))
-    x, y = _batch(0)
-    hook = _inf_grad(engine)
-    engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
-    hook.remove()
+    _backward(engine, 0, inf=True)
     engine.step()  # skipped on the device, not yet known on the host
     with pytest.warns(RuntimeWarning, match="the update was skipped"):
         engine.load_checkpoint(str(tmp_path), tag="t")
@@ -204,12 +182,9 @@ def test_a_group_value_set_before_the_skip_is_settled_is_kept():
     """Taking a skipped step back restores the schedule and the group values its step wrote, but not a
     value the user set in between (written straight into param_groups: no settling on the way)."""
     engine = zerocore.initialize(_model(), _config(2))
-    x, y = _batch(0)
-    engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
+    _backward(engine, 0)
     engine.step()
-    hook = _inf_grad(engine)
-    engine.backward(torch.nn.functional.mse_loss(engine(x).float(), y))
-    hook.remove()
+    _backward(engine, 1, inf=True)
     engine.step()  # skipped on the device, not yet known on the host
     engine.optimizer.param_groups[0]["weight_decay"] = 0.5  # the user's own edit; lr left as the schedule set it
     with pytest.warns(RuntimeWarning, match="the update was skipped"):
