@@ -48,7 +48,7 @@ def fetch(norms: list[LandedNorm]) -> None:
     buf[:k].copy_(sums, non_blocking=True)
     buf[k:].copy_(flags, non_blocking=True)
     event = torch.cuda.Event()
-    event.record()
+    event.record(torch.cuda.current_stream(sums.device))  # the stream the copies went on
     event.synchronize()  # the copies of this boundary's pairs, enqueued after the last of their kernels
     values = buf.tolist()
     for i, n in enumerate(pending):

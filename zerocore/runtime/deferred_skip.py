@@ -62,7 +62,7 @@ class PendingSkip:
         self._event = None
         if cuda:
             self._event = torch.cuda.Event()
-            self._event.record()
+            self._event.record(torch.cuda.current_stream(bad.device))  # the stream the copy went on
         self._schedule = None
 
     def keep_schedule(self, schedule, optimizer) -> bool:
