@@ -4,7 +4,7 @@ is reduced), and ``fetch`` brings every pair of the boundary over in one device-
 behind one event, which the host waits on, not on the device (``zerocore.debug.host_waits`` lists
 it as an event wait). One copy for all of them: a pair copied as it was launched cost five small
 host operations a group (stack, cast, pinned buffer, copy, event): ~700 for a 337M model's 147
-offloaded groups, in a backward whose host time was the step's limit (H100, issue 35).
+offloaded groups, in a backward whose host time was the step's limit (measured on an H100).
 
 On a CPU device the kernels return host values already; they are kept as they are.
 """

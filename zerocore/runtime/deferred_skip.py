@@ -33,6 +33,7 @@ as torch's GradScaler).
 from __future__ import annotations
 
 import copy
+import warnings
 
 import torch
 
@@ -117,3 +118,45 @@ def _same(a, b) -> bool:
         return bool(a == b)
     except Exception:  # noqa: BLE001 - a value that does not compare: taken as changed, kept
         return False
+
+
+def settle(engine) -> None:
+    """Reads ``engine``'s pending decision, if any; a skipped update is taken back from the host's counts
+    (optimizer_steps - 1, skipped_steps + 1, overflow set) and the lr schedule, and said in a warning."""
+    pending = engine.__dict__.get("_pending_skip")
+    if pending is None:
+        return
+    engine._pending_skip = None
+    if not pending.skipped():
+        return
+    d = engine.__dict__
+    d["_optimizer_steps"] -= 1
+    d["_skipped_steps"] += 1
+    d["_overflow"] = True
+    pending.restore_schedule()
+    warnings.warn(f"zerocore: Inf/NaN in the gradients at step {pending.step}; the update was skipped",
+                  RuntimeWarning, stacklevel=4)
+
+
+class SettledCount:
+    """An engine attribute a pending decision may still change (``optimizer_steps``, ``skipped_steps``,
+    ``overflow``), kept in ``_<name>``: read or set, the decision is settled first. After ``destroy()`` a
+    name whose ``_<name>`` was not kept (runtime/release._KEPT) raises EngineDestroyed, as any other."""
+
+    def __init__(self, doc: str):
+        self.__doc__ = doc
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.field = "_" + name
+
+    def __get__(self, engine, owner=None):
+        if engine is None:
+            return self
+        if engine.__dict__.get("_pending_skip") is not None:
+            settle(engine)
+        return getattr(engine, self.field)
+
+    def __set__(self, engine, value) -> None:
+        settle(engine)
+        engine.__dict__[self.field] = value
+

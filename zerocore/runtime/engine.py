@@ -26,7 +26,7 @@ from ..sharding.optimizer import MultiShardStep, owned_grads
 from .loss_scale import LossScaler
 from .memory import held_bytes, with_prediction
 from .grad_norm import clip_coef, device_norm, grad_sumsq, reduce_dtype, sum_across
-from .deferred_skip import PendingSkip, skip_coef
+from .deferred_skip import PendingSkip, SettledCount, settle, skip_coef
 from .model_setup import convert_rest, named_params, training_dtype
 from .gathered import register_engine
 from .partition_init import check_unchanged, initial_value
@@ -433,57 +433,13 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
                              and self._torch_step is None)
 
     def _settle_skip(self) -> None:
-        """Reads the last deferred Inf/NaN decision (runtime/deferred_skip.py), if one is pending; a
-        skipped update is taken back from the host's counts and the lr schedule."""
-        pending = self.__dict__.get("_pending_skip")
-        if pending is None:
-            return
-        self._pending_skip = None
-        if not pending.skipped():
-            return
-        d = self.__dict__
-        d["_optimizer_steps"] -= 1
-        d["_skipped_steps"] += 1
-        d["_overflow"] = True
-        pending.restore_schedule()
-        warnings.warn(f"zerocore: Inf/NaN in the gradients at step {pending.step}; the update was skipped",
-                      RuntimeWarning, stacklevel=3)
+        """Reads the last deferred Inf/NaN decision, if one is pending (runtime/deferred_skip.settle)."""
+        settle(self)
 
-    # The counts a deferred Inf/NaN decision may still change: read, they settle it first.
-    @property
-    def optimizer_steps(self) -> int:
-        """Updates applied (Adam's step count)."""
-        if self.__dict__.get("_pending_skip") is not None:
-            self._settle_skip()
-        return self._optimizer_steps
-
-    @optimizer_steps.setter
-    def optimizer_steps(self, value: int) -> None:
-        self._settle_skip()
-        self.__dict__["_optimizer_steps"] = value
-
-    @property
-    def skipped_steps(self) -> int:
-        """Accumulation boundaries whose update was skipped (Inf/NaN gradients, fp16 overflow)."""
-        if self.__dict__.get("_pending_skip") is not None:
-            self._settle_skip()
-        return self._skipped_steps
-
-    @skipped_steps.setter
-    def skipped_steps(self, value: int) -> None:
-        self._settle_skip()
-        self.__dict__["_skipped_steps"] = value
-
-    @property
-    def overflow(self) -> bool:
-        """Whether the last accumulation boundary skipped its update."""
-        self._settle_skip()
-        return self._overflow  # after destroy(): EngineDestroyed unless kept (release._KEPT)
-
-    @overflow.setter
-    def overflow(self, value: bool) -> None:
-        self._settle_skip()
-        self.__dict__["_overflow"] = value
+    # The counts a deferred Inf/NaN decision may still change: read or set, they settle it first.
+    optimizer_steps = SettledCount("Updates applied (Adam's step count).")
+    skipped_steps = SettledCount("Accumulation boundaries whose update was skipped (Inf/NaN gradients, fp16 overflow).")
+    overflow = SettledCount("Whether the last accumulation boundary skipped its update.")
 
     def zero_grad(self) -> None:
         """Discards the gradients accumulated so far (step() already does this after updating)."""
