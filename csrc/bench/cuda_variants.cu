@@ -16,7 +16,13 @@
 //   bf16 half (4 bytes per element).
 // - Adam (zc::cuda::adam_step_multi), fp32, 100M parameters as one tensor and as 200 tensors of
 //   lognormal sizes (gpu_proof.py's layout): device time between events around the call (the
-//   call's host work is the C++ launch planning only).
+//   call's host work is the C++ launch planning only). On the 200 tensors also the same kernel
+//   (csrc/cuda/adam_kernel.cuh) with another block -> tensor lookup or occupancy bound: the binary
+//   search of the production table (launched here, to check this launch path times as the call
+//   does), a coarse index (HintedAdamTable: two dependent reads instead of log2(200) ~ 8), and each
+//   of them with __launch_bounds__(256, 8) (registers capped at 32: 8 blocks per SM instead of 6).
+//   Each variant's p, m and v after one step are compared byte for byte with the production
+//   kernel's from the same state: a variant computing something else is reported WRONG.
 //
 // Output: one line per measurement, `name  median_ms  GB/s  ok`, and a JSON object on the last
 // line (the Python driver parses it).
@@ -30,12 +36,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "adam/adam.h"
+#include "cuda/adam_kernel.cuh"
 #include "cuda/api.h"
 #include "cuda/elementwise.h"
 
@@ -149,6 +157,25 @@ std::vector<int64_t> lognormal_sizes(int64_t total, int count, unsigned seed) {
   return sizes;
 }
 
+
+// The production Adam kernel (csrc/cuda/adam_kernel.cuh) launched with another table lookup or
+// occupancy bound, fp32 gradients, AdamW, no 16-bit output: one planned launch of the large table.
+using Searched = zc::cuda::AdamTable<zc::cuda::kAdamTableLarge>;
+using Hinted = zc::cuda::HintedAdamTable<zc::cuda::kAdamTableLarge, 2048>;
+static_assert(sizeof(Hinted) + sizeof(zc::AdamScalars) + sizeof(float*) <= 32764,
+              "the hinted table must stay under the 32,764-byte parameter limit of CUDA >= 12.1");
+
+template <class Table, int MIN_BLOCKS>
+std::function<void()> adam_variant(const std::vector<zc::AdamTensor>& ts, const zc::cuda::AdamLaunch& l) {
+  auto tab = std::make_shared<Table>();
+  zc::cuda::fill_adam_table(*tab, ts.data(), l);
+  const zc::AdamScalars s = ts[l.tensors[0]].s;
+  const unsigned blocks = static_cast<unsigned>(l.chunks);
+  return [tab, s, blocks] {
+    zc::cuda::adam_kernel<float, zc::no_out_t, false, Table, MIN_BLOCKS>
+        <<<blocks, zc::cuda::kAdamThreads>>>(*tab, s, nullptr);
+  };
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -240,12 +267,48 @@ int main(int argc, char** argv) {
   };
   auto flat = tensors_of({params});
   auto many = tensors_of(lognormal_sizes(params - 200 * 4, 200, 0));
-  const std::vector<double> am = timed(
-      {[&] { zc::cuda::adam_step_multi(flat.data(), 1, nullptr, 0, nullptr); },
-       [&] { zc::cuda::adam_step_multi(many.data(), static_cast<int64_t>(many.size()), nullptr, 0, nullptr); }},
-      rounds);
-  row("adam_fp32_flat", am[0], 28.0 * params, "device time");
-  row("adam_fp32_200_tensors", am[1], 28.0 * params, "device time");
+  std::vector<std::pair<const char*, std::function<void()>>> adams = {
+      {"adam_fp32_flat", [&] { zc::cuda::adam_step_multi(flat.data(), 1, nullptr, 0, nullptr); }},
+      {"adam_fp32_200_tensors", [&] {
+         zc::cuda::adam_step_multi(many.data(), static_cast<int64_t>(many.size()), nullptr, 0, nullptr);
+       }}};
+  const std::vector<zc::cuda::AdamLaunch> plan =
+      zc::cuda::plan_adam(many.data(), static_cast<int64_t>(many.size()), zc::cuda::kAdamTableLarge);
+  const bool one_launch = zc::cuda::large_kernel_params() && plan.size() == 1;
+  if (one_launch) {
+    adams.push_back({"adam_200_search", adam_variant<Searched, 0>(many, plan[0])});
+    adams.push_back({"adam_200_search_occ8", adam_variant<Searched, 8>(many, plan[0])});
+    adams.push_back({"adam_200_hinted", adam_variant<Hinted, 0>(many, plan[0])});
+    adams.push_back({"adam_200_hinted_occ8", adam_variant<Hinted, 8>(many, plan[0])});
+  }
+  // correctness: every variant steps the same state once; its p, m, v must equal the production call's
+  const size_t state_bytes = static_cast<size_t>(params + 4096) * 4;
+  std::vector<float> want_state, got_state;
+  auto reset = [&] {
+    CK(cudaMemcpy(pool, init.data(), params * 4, cudaMemcpyHostToDevice));                        // p
+    CK(cudaMemcpy(pool + 2 * (params + 4096), init.data(), params * 4, cudaMemcpyHostToDevice));  // m
+    CK(cudaMemcpy(pool + 3 * (params + 4096), init.data(), params * 4, cudaMemcpyHostToDevice));  // v
+  };
+  auto state = [&](std::vector<float>& to) {
+    CK(cudaDeviceSynchronize());
+    to.resize(3 * (params + 4096));
+    for (int k : {0, 2, 3})
+      CK(cudaMemcpy(to.data() + (k == 0 ? 0 : k - 1) * (params + 4096), pool + k * (params + 4096), state_bytes,
+                    cudaMemcpyDeviceToHost));
+  };
+  std::vector<std::string> adam_ok(adams.size(), "device time");
+  for (size_t k = 1; k < adams.size(); ++k) {
+    reset();
+    adams[k].second();
+    CK(cudaGetLastError());
+    state(k == 1 ? want_state : got_state);
+    if (k > 1) adam_ok[k] = got_state == want_state ? "device time, bit-exact" : "WRONG";
+  }
+  std::vector<std::function<void()>> afs;
+  for (auto& a : adams) afs.push_back(a.second);
+  const std::vector<double> am = timed(afs, rounds);
+  for (size_t k = 0; k < adams.size(); ++k) row(adams[k].first, am[k], 28.0 * params, adam_ok[k].c_str());
+  if (!one_launch) std::printf("(lookup variants not run: the 200 tensors are not one launch of the large table)\n");
   CK(cudaFree(pool));
   std::printf("%s}\n", json.c_str());
   return 0;

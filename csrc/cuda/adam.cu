@@ -6,7 +6,9 @@
 // numel and the index of the tensor's first chunk: 52 bytes each). Block b finds its tensor
 // by a binary search over the first-chunk indices and updates elements
 // [chunk * kAdamChunkElems, +kAdamChunkElems) of it (64-bit element offsets), so one launch
-// covers every chunk of its tensors however large they are.
+// covers every chunk of its tensors however large they are. The kernel, its table and the lookup
+// are in adam_kernel.cuh (shared with the device-time benchmark's alternative lookups); this file
+// plans the launches and dispatches on the dtypes.
 //
 // Table size: the whole parameter list of a usual call should be one launch. Launches run one
 // after the other and each ends with a partly filled last wave, so 200 tensors in 4 launches of
@@ -35,101 +37,26 @@
 #include <string>
 #include <vector>
 
+#include "adam_kernel.cuh"
 #include "common.cuh"
-#include "vec.cuh"
 
 namespace zc {
 namespace cuda {
 namespace {
 
 template <int N>
-struct AdamTable {
-  float* p[N];
-  const void* g[N];
-  float* m[N];
-  float* v[N];
-  void* out[N];
-  int64_t numel[N];
-  int32_t chunk_start[N];
-  int32_t count;
-};
-static_assert(sizeof(AdamTable<kAdamTableSmall>) + sizeof(AdamScalars) + sizeof(float*) <= 4000,
-              "the small Adam table must stay under the 4 KB parameter limit of every CUDA version");
-#if ZC_LARGE_KERNEL_PARAMS
-static_assert(sizeof(AdamTable<kAdamTableLarge>) + sizeof(AdamScalars) + sizeof(float*) <= kLargeKernelParamBytes,
-              "the large Adam table must stay under the 32,764-byte parameter limit of CUDA >= 12.1");
-#endif
-
-template <class GT, class OT, bool L2, int N>
-__global__ void __launch_bounds__(kAdamThreads) adam_kernel(const __grid_constant__ AdamTable<N> tab,
-                                                            const AdamScalars s, const float* device_grad_scale) {
-  const int32_t chunk = static_cast<int32_t>(blockIdx.x);
-  int lo = 0, hi = tab.count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (tab.chunk_start[mid] <= chunk) lo = mid;
-    else hi = mid - 1;
-  }
-  const int64_t begin = static_cast<int64_t>(chunk - tab.chunk_start[lo]) * kAdamChunkElems;
-  const int64_t rest = tab.numel[lo] - begin;
-  const int64_t n = rest < kAdamChunkElems ? rest : kAdamChunkElems;
-  float* p = tab.p[lo] + begin;
-  const GT* g = static_cast<const GT*>(tab.g[lo]) + begin;
-  float* m = tab.m[lo] + begin;
-  float* v = tab.v[lo] + begin;
-  OT* o = static_cast<OT*>(tab.out[lo]);
-  if (o != nullptr) o += begin;
-  float gs = s.grad_scale;
-  if (device_grad_scale != nullptr) {
-    const float d = *device_grad_scale;
-    // a non-finite device coefficient skips the update: nothing is written (the engine's deferred
-    // Inf/NaN decision, zerocore/runtime/deferred_skip.py; a host scale is checked finite before)
-    if (!isfinite(d)) return;
-    gs = fmul(gs, d);
-  }
-
-  int64_t scalar_from = 0;
-  const bool vec = aligned_dev(p, 16) && aligned_dev(m, 16) && aligned_dev(v, 16) &&
-                   aligned_dev(g, 4 * sizeof(GT)) && (o == nullptr || aligned_dev(o, 4 * sizeof(OT)));
-  if (vec) {
-    const int64_t nv = n >> 2;
-    for (int64_t i = threadIdx.x; i < nv; i += kAdamThreads) {
-      float4 pv = reinterpret_cast<const float4*>(p)[i];
-      float4 mv = reinterpret_cast<const float4*>(m)[i];
-      float4 vv = reinterpret_cast<const float4*>(v)[i];
-      float gv[4];
-      load4(g, i, gv);
-      adam_element<L2>(pv.x, gv[0], mv.x, vv.x, gs, s);
-      adam_element<L2>(pv.y, gv[1], mv.y, vv.y, gs, s);
-      adam_element<L2>(pv.z, gv[2], mv.z, vv.z, gs, s);
-      adam_element<L2>(pv.w, gv[3], mv.w, vv.w, gs, s);
-      reinterpret_cast<float4*>(m)[i] = mv;
-      reinterpret_cast<float4*>(v)[i] = vv;
-      reinterpret_cast<float4*>(p)[i] = pv;
-      const float out[4] = {pv.x, pv.y, pv.z, pv.w};
-      store4(o, i, out);
-    }
-    scalar_from = nv << 2;
-  }
-  for (int64_t i = scalar_from + threadIdx.x; i < n; i += kAdamThreads) {
-    float pv = p[i], mv = m[i], vv = v[i];
-    adam_element<L2>(pv, load_f(g + i), mv, vv, gs, s);
-    m[i] = mv;
-    v[i] = vv;
-    p[i] = pv;
-    if (o != nullptr) store_f(o + i, pv);
-  }
-}
+using Table = AdamTable<N>;  // the lookup adam_kernel.cuh's kernel uses (its header: the alternatives measured)
+constexpr int kMinBlocks = 0;  // __launch_bounds__'s minimum blocks per SM: the compiler's choice
 
 template <class GT, class OT, int N>
-void launch_typed(const AdamTable<N>& tab, const AdamScalars& s, const float* dgs, int64_t chunks, cudaStream_t st) {
+void launch_typed(const Table<N>& tab, const AdamScalars& s, const float* dgs, int64_t chunks, cudaStream_t st) {
   const dim3 grid(static_cast<unsigned>(chunks));
-  if (s.l2_wd != 0.0f) adam_kernel<GT, OT, true, N><<<grid, kAdamThreads, 0, st>>>(tab, s, dgs);
-  else adam_kernel<GT, OT, false, N><<<grid, kAdamThreads, 0, st>>>(tab, s, dgs);
+  if (s.l2_wd != 0.0f) adam_kernel<GT, OT, true, Table<N>, kMinBlocks><<<grid, kAdamThreads, 0, st>>>(tab, s, dgs);
+  else adam_kernel<GT, OT, false, Table<N>, kMinBlocks><<<grid, kAdamThreads, 0, st>>>(tab, s, dgs);
 }
 
 template <class GT, int N>
-void launch_by_out(const AdamTable<N>& tab, const AdamTensor& t, const float* dgs, int64_t chunks, cudaStream_t st) {
+void launch_by_out(const Table<N>& tab, const AdamTensor& t, const float* dgs, int64_t chunks, cudaStream_t st) {
   if (t.param_out == nullptr) return launch_typed<GT, no_out_t>(tab, t.s, dgs, chunks, st);
   if (t.out_dtype == DType::BF16) return launch_typed<GT, bf16_t>(tab, t.s, dgs, chunks, st);
   return launch_typed<GT, f16_t>(tab, t.s, dgs, chunks, st);
@@ -138,21 +65,8 @@ void launch_by_out(const AdamTable<N>& tab, const AdamTensor& t, const float* dg
 // One planned launch with a table of N entries (l.tensors.size() <= N).
 template <int N>
 void launch_table(const AdamTensor* tensors, const AdamLaunch& l, const float* dgs, cudaStream_t stream) {
-  AdamTable<N> tab;
-  std::memset(&tab, 0, sizeof(tab));
-  int32_t chunk = 0;
-  for (size_t k = 0; k < l.tensors.size(); ++k) {
-    const AdamTensor& t = tensors[l.tensors[k]];
-    tab.p[k] = t.param;
-    tab.g[k] = t.grad;
-    tab.m[k] = t.exp_avg;
-    tab.v[k] = t.exp_avg_sq;
-    tab.out[k] = t.param_out;
-    tab.numel[k] = t.numel;
-    tab.chunk_start[k] = chunk;
-    chunk += static_cast<int32_t>(ceil_div(t.numel, kAdamChunkElems));
-  }
-  tab.count = static_cast<int32_t>(l.tensors.size());
+  Table<N> tab;
+  fill_adam_table(tab, tensors, l);
   const AdamTensor& first = tensors[l.tensors[0]];
   switch (first.grad_dtype) {
     case DType::F32: launch_by_out<float>(tab, first, dgs, l.chunks, stream); break;
