@@ -1,96 +1,18 @@
-// The multi-tensor Adam kernel, written once: its launch table, how a block finds its tensor, and
-// the update of one chunk. adam.cu launches it (the table choice, the dtype dispatch); the device-time
-// benchmark (csrc/bench/cuda_variants.cu) instantiates the same kernel with other table lookups and
-// occupancy bounds, so a layout it measures faster is a one-line change here, not a second kernel.
-//
-// A launch's blocks take one chunk of kAdamChunkElems elements each; block b updates chunk b of
-// the launch, which lies in the tensor whose first chunk is the largest first-chunk index <= b.
+// The multi-tensor Adam kernel, written once: the update of one chunk, and the kernel whose block b
+// finds the tensor of chunk b in the launch table (adam_table.h) and updates that chunk. adam.cu
+// launches it (the table choice, the dtype dispatch); the device-time benchmark
+// (csrc/bench/cuda_variants.cu) instantiates the same kernel with other table lookups and occupancy
+// bounds, so a layout it measures faster is a one-line change in adam.cu, not a second kernel.
 #pragma once
 #include <cstdint>
-#include <cstring>
 
+#include "adam_table.h"
 #include "api.h"
 #include "common.cuh"
 #include "vec.cuh"
 
 namespace zc {
 namespace cuda {
-
-// The launch's tensors in the kernel arguments (see adam.cu's header for why there): five addresses,
-// the size and the index of the first chunk of each.
-template <int N>
-struct AdamTable {
-  static constexpr int kCapacity = N;
-  float* p[N];
-  const void* g[N];
-  float* m[N];
-  float* v[N];
-  void* out[N];
-  int64_t numel[N];
-  int32_t chunk_start[N];
-  int32_t count;
-
-  // The tensor holding `chunk`: a binary search over the first-chunk indices (log2(count) dependent
-  // reads of the parameter space before the block's first memory access).
-  __device__ __forceinline__ int find(int32_t chunk) const {
-    int lo = 0, hi = count - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (chunk_start[mid] <= chunk) lo = mid;
-      else hi = mid - 1;
-    }
-    return lo;
-  }
-};
-
-// AdamTable plus a coarse index: hint[c] is the tensor holding chunk c << shift, so a block reads one
-// hint and walks forward over the tensors that start between that chunk and its own (none for most
-// blocks: at most 2^shift, the chunks one hint covers). Two dependent reads instead of log2(count).
-template <int N, int H>
-struct HintedAdamTable : AdamTable<N> {
-  uint16_t hint[H];
-  int32_t shift;
-
-  __device__ __forceinline__ int find(int32_t chunk) const {
-    int k = hint[chunk >> shift];
-    while (k + 1 < this->count && this->chunk_start[k + 1] <= chunk) ++k;
-    return k;
-  }
-};
-
-// The table of one planned launch (host side): tensors[l.tensors[k]] becomes entry k.
-template <class Table>
-inline void fill_adam_table(Table& tab, const AdamTensor* tensors, const AdamLaunch& l) {
-  std::memset(&tab, 0, sizeof(tab));
-  int32_t chunk = 0;
-  for (size_t k = 0; k < l.tensors.size(); ++k) {
-    const AdamTensor& t = tensors[l.tensors[k]];
-    tab.p[k] = t.param;
-    tab.g[k] = t.grad;
-    tab.m[k] = t.exp_avg;
-    tab.v[k] = t.exp_avg_sq;
-    tab.out[k] = t.param_out;
-    tab.numel[k] = t.numel;
-    tab.chunk_start[k] = chunk;
-    chunk += static_cast<int32_t>(ceil_div(t.numel, kAdamChunkElems));
-  }
-  tab.count = static_cast<int32_t>(l.tensors.size());
-}
-
-// fill_adam_table, then the coarse index over the launch's l.chunks chunks.
-template <int N, int H>
-inline void fill_adam_table(HintedAdamTable<N, H>& tab, const AdamTensor* tensors, const AdamLaunch& l) {
-  fill_adam_table<AdamTable<N>>(tab, tensors, l);
-  int32_t shift = 0;
-  while ((l.chunks - 1) >> shift >= H) ++shift;
-  tab.shift = shift;
-  int k = 0;
-  for (int c = 0; c < H && (static_cast<int64_t>(c) << shift) < l.chunks; ++c) {
-    const int64_t first = static_cast<int64_t>(c) << shift;
-    while (k + 1 < tab.count && tab.chunk_start[k + 1] <= first) ++k;
-    tab.hint[c] = static_cast<uint16_t>(k);
-  }
-}
 
 // Elements [begin, begin + kAdamChunkElems) of tensor k (fewer at its end). Blocks whose pointers are
 // all 16-byte aligned (fp32 arrays; 8-byte for 16-bit ones) use vector accesses of 4 elements, the

@@ -25,6 +25,7 @@
 #include "tests/check.h"
 #include "cast/cast.h"
 #include "common/half.h"
+#include "cuda/adam_table.h"
 #include "cuda/api.h"
 #include "cuda/elementwise.h"
 #include "flatten/flatten.h"
@@ -127,6 +128,59 @@ void test_adam_element() {
 }
 
 // ---- planning ---------------------------------------------------------------------------
+// Every chunk's tensor as each table lookup finds it (the binary search the kernel uses, the coarse
+// index the benchmark measures) against a linear scan: one tensor, many tiny ones (one chunk each,
+// several per hint), sizes around the chunk size, and launches whose chunk count crosses a hint
+// shift boundary.
+template <class Table>
+bool lookups_agree(const std::vector<int64_t>& sizes) {
+  float dummy[4];
+  const zc::AdamScalars s = zc::adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.0, 1, true, 1.0);
+  std::vector<zc::AdamTensor> ts;
+  for (int64_t n : sizes) ts.push_back({dummy, dummy, dummy, dummy, nullptr, n, zc::DType::F32, zc::DType::F32, s});
+  const auto plan = zc::cuda::plan_adam(ts.data(), static_cast<int64_t>(ts.size()), Table::kCapacity);
+  auto tab = std::make_unique<Table>();
+  for (const auto& l : plan) {
+    zc::cuda::fill_adam_table(*tab, ts.data(), l);
+    int owner = 0;
+    for (int32_t c = 0; c < l.chunks; ++c) {
+      while (owner + 1 < tab->count && tab->chunk_start[owner + 1] <= c) ++owner;
+      if (tab->find(c) != owner) {
+        std::fprintf(stderr, "  chunk %d of %lld: found tensor %d, lies in %d\n", c, static_cast<long long>(l.chunks),
+                     tab->find(c), owner);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+void test_adam_table_lookups() {
+  using Small = zc::cuda::AdamTable<zc::cuda::kAdamTableSmall>;
+  using Large = zc::cuda::AdamTable<zc::cuda::kAdamTableLarge>;
+  using Hinted = zc::cuda::HintedAdamTable<zc::cuda::kAdamTableLarge, 2048>;
+  using TinyHint = zc::cuda::HintedAdamTable<zc::cuda::kAdamTableLarge, 4>;  // many tensors per hint
+  const int64_t C = zc::cuda::kAdamChunkElems;
+  std::mt19937 rng(11);
+  std::lognormal_distribution<double> lognormal(0.0, 2.0);
+  std::vector<std::vector<int64_t>> cases = {{1}, {C}, {C + 1}, {100000000}, std::vector<int64_t>(500, 7),
+                                             std::vector<int64_t>(512, C), {2048 * C}, {2048 * C + 1}};
+  for (int rep = 0; rep < 4; ++rep) {
+    std::vector<int64_t> sizes;
+    for (int i = 0; i < 200; ++i) sizes.push_back(1 + static_cast<int64_t>(lognormal(rng) * 200000));
+    cases.push_back(sizes);
+  }
+  std::vector<int64_t> mixed;
+  for (int i = 0; i < 300; ++i) mixed.push_back(i % 3 ? 5 : 3 * C + i);
+  cases.push_back(mixed);
+  for (size_t k = 0; k < cases.size(); ++k) {
+    CHECK(lookups_agree<Small>(cases[k]), "AdamTable<64>::find, case %zu", k);
+    CHECK(lookups_agree<Large>(cases[k]), "AdamTable<512>::find, case %zu", k);
+    CHECK(lookups_agree<Hinted>(cases[k]), "HintedAdamTable<512, 2048>::find, case %zu", k);
+    CHECK(lookups_agree<TinyHint>(cases[k]), "HintedAdamTable<512, 4>::find, case %zu", k);
+  }
+}
+
 void test_plan_adam() {
   const zc::AdamScalars s1 = zc::adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.01, 1, true, 1.0);
   const zc::AdamScalars s2 = zc::adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.01, 2, true, 1.0);
@@ -470,6 +524,7 @@ int main() {
   test_conversions();
   test_adam_element();
   test_plan_adam();
+  test_adam_table_lookups();
   test_plan_pack();
   test_pool_rounding();
   test_build_info();
