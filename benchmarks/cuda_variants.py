@@ -59,6 +59,19 @@ def main(argv=None) -> dict:
                    key=lambda v: v["gbps"])
         report["cast_best_gbps"] = best["gbps"]
         print(f"zerocore cast {cast['gbps']:.0f} GB/s; best bit-exact layout {best['gbps']:.0f} GB/s")
+    adam200 = results.get("adam_fp32_200_tensors")
+    lookups = {k: v for k, v in results.items() if k.startswith("adam_200_") and v["ok"].endswith("bit-exact")}
+    if adam200 and copy:
+        best = max(lookups, key=lambda k: lookups[k]["gbps"], default=None)
+        report["adam_200_pct_of_copy"] = 100 * adam200["gbps"] / copy["gbps"]
+        line = f"zerocore Adam, 200 tensors: {report['adam_200_pct_of_copy']:.1f}% of the copy rate"
+        if best is not None:
+            report["adam_200_best_lookup"] = {"name": best, "pct_of_copy": 100 * lookups[best]["gbps"] / copy["gbps"]}
+            line += f"; best bit-exact lookup variant {best}: {report['adam_200_best_lookup']['pct_of_copy']:.1f}%"
+        print(line)
+    wrong = sorted(k for k, v in results.items() if v["ok"] == "WRONG")
+    if wrong:
+        print("WRONG (not the production kernel's bytes): " + ", ".join(wrong))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)
