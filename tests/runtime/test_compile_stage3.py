@@ -222,3 +222,38 @@ def test_stage3_compiled_units_world2(tmp_path):
             first, later = c["dynamo"][0], c["dynamo"][1:]
             assert first["unique_graphs"] == 1 and first["graph_breaks"] <= 2, (m, first)  # two Block units, one graph
             assert all(s["recompiles"] == 0 and s["frames_compiled"] == 0 for s in later), (m, later)
+
+
+def test_unit_compile_turns_inductors_generated_code_checks_off_unless_the_caller_says_otherwise():
+    """Each unit's graph runs once per unit per pass: Inductor's size/alignment/scalar checks in its generated code
+    are off by default there (5% of a host-bound compiled step); the caller's options win, and a ``mode`` (which
+    torch.compile refuses beside options) or another backend is passed through untouched."""
+    from zerocore.sharding.gatherer import unit_compile_kwargs
+
+    off = {"size_asserts": False, "alignment_asserts": False, "scalar_asserts": False}
+    assert unit_compile_kwargs({}) == {"options": off}
+    assert unit_compile_kwargs({"backend": "inductor", "dynamic": False}) == {"backend": "inductor", "dynamic": False,
+                                                                             "options": off}
+    assert unit_compile_kwargs({"options": {"size_asserts": True, "max_autotune": True}}) == {
+        "options": {**off, "size_asserts": True, "max_autotune": True}}
+    assert unit_compile_kwargs({"mode": "max-autotune"}) == {"mode": "max-autotune"}
+    assert unit_compile_kwargs({"backend": "aot_eager"}) == {"backend": "aot_eager"}
+
+
+def test_unit_compile_passes_its_arguments_to_torch_compile(monkeypatch):
+    """What engine.compile() hands torch.compile for the units: the options above, once per unit class."""
+    calls = []
+    real = torch.compile
+
+    def recording(fn, **kwargs):
+        calls.append(kwargs)
+        return real(fn, backend="eager")
+
+    monkeypatch.setattr(torch, "compile", recording)
+    engine = zerocore.initialize(make_model(), config(False))
+    try:
+        engine.compile(compile_kwargs={"dynamic": False})
+        assert calls == [{"dynamic": False, "options": {"size_asserts": False, "alignment_asserts": False,
+                                                         "scalar_asserts": False}}]
+    finally:
+        engine.destroy()
