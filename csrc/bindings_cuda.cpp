@@ -25,6 +25,7 @@
 
 #include "adam/adam.h"
 #include "binding_dtype.h"
+#include "binding_grads.h"
 #include "binding_memory.h"
 #include "binding_spans.h"
 #include "cuda/api.h"
@@ -224,35 +225,22 @@ void pack_impl(const std::vector<at::Tensor>& tensors, const std::vector<int64_t
 }
 
 // Stages 2/3's hot path: a group's `.grad`s into its reduction bucket in one launch (gaps zeroed),
-// then dropped, as zerocore._C's CPU pack_grads (csrc/params/param_bindings.h) with the same
-// rules: false, touching nothing, unless every present gradient has the bucket's dtype and device,
-// is contiguous with memory behind it, fits at its (ascending) offset and shares no memory with
-// the bucket; the caller then packs through the checked op, which names what is wrong. (A copy_
-// per gradient costs ~15 us of host time each on a GPU: 35 of them in a Llama's last group.)
+// then dropped, as zerocore._C's CPU pack_grads with the same rules (binding_grads.h): false,
+// touching nothing, where they refuse; the caller then packs through the checked op, which names
+// what is wrong. (A copy_ per gradient costs ~15 us of host time each on a GPU: 35 of them in a
+// Llama's last group.)
 bool pack_grads(const std::vector<at::Tensor>& params, const std::vector<int64_t>& offsets, at::Tensor& flat,
                 uint64_t stream) {
   ZC_CHECK_VALUE(params.size() == offsets.size(), "pack_grads (CUDA): ", params.size(), " parameters but ",
                     offsets.size(), " offsets");
-  if (!flat.defined() || !flat.is_cuda() || !flat.is_contiguous() || !zc_bind::holds_memory(flat)) return false;
-  const int device = flat.get_device();
-  const int64_t total = flat.numel(), esize = flat.element_size();
+  std::vector<zc_bind::GradPiece> pieces;
+  if (!flat.defined() || !flat.is_cuda() || !zc_bind::packable_grads(params, offsets, flat, pieces)) return false;
+  const int64_t esize = flat.element_size();
   std::vector<zc::Segment> segs;
-  segs.reserve(params.size());
-  int64_t end = 0;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& g = params[i].grad();
-    if (!g.defined()) continue;
-    const int64_t o = offsets[i], n = g.numel();
-    if (o < end || o + n > total || g.scalar_type() != flat.scalar_type() || !fine_cuda(g, device, false) ||
-        !apart(flat, g))
-      return false;
-    segs.push_back({g.data_ptr(), o * esize, n * esize});
-    end = o + n;
-  }
-  launch_pieces(segs, flat, /*pack=*/true, device, stream);
-  for (const auto& p : params) {
-    if (p.grad().defined()) p.mutable_grad() = at::Tensor();  // the caching allocator reuses it after the launch
-  }
+  segs.reserve(pieces.size());
+  for (const auto& piece : pieces) segs.push_back({piece.data, piece.offset * esize, piece.numel * esize});
+  launch_pieces(segs, flat, /*pack=*/true, flat.get_device(), stream);
+  zc_bind::drop_grads(params);  // the caching allocator reuses their memory after the launch
   return true;
 }
 

@@ -19,6 +19,7 @@
 #include <memory>
 #include <vector>
 
+#include "binding_grads.h"
 #include "binding_memory.h"
 
 namespace zc_params {
@@ -54,30 +55,15 @@ py::object make_access_getattr(py::object fallback) {
   return py::cpp_function(getattr, py::is_method(py::none()));
 }
 
-// Returns false, touching nothing, unless every present gradient has the bucket's dtype and
-// device, is contiguous with memory behind it, fits at its (ascending) offset and shares no
-// memory with the bucket (itself contiguous and backed): the caller then packs through the
-// checked op, which names what is wrong.
+// The group's present `.grad`s into `flat` at their offsets (gaps zeroed), then dropped; false,
+// touching nothing, where binding_grads.h's rules refuse them (the caller then packs through the
+// checked op, which names what is wrong).
 bool pack_grads(const std::vector<at::Tensor>& params, const std::vector<int64_t>& offsets, at::Tensor& flat) {
   TORCH_CHECK_VALUE(params.size() == offsets.size(), "pack_grads: ", params.size(), " parameters but ",
                     offsets.size(), " offsets");
-  if (!flat.is_contiguous() || !zc_bind::holds_memory(flat)) return false;
-  const int64_t total = flat.numel();
-  const int64_t esize = flat.element_size();
-  const auto* lo = static_cast<const char*>(flat.data_ptr());
-  const auto* hi = lo + total * esize;
-  int64_t end = 0;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& g = params[i].grad();
-    if (!g.defined()) continue;
-    const int64_t o = offsets[i], n = g.numel();
-    if (o < end || o + n > total || g.scalar_type() != flat.scalar_type() || g.device() != flat.device() ||
-        !g.is_contiguous() || !zc_bind::holds_memory(g))
-      return false;
-    const auto* p = static_cast<const char*>(g.data_ptr());
-    if (n && p < hi && lo < p + n * esize) return false;
-    end = o + n;
-  }
+  std::vector<zc_bind::GradPiece> pieces;
+  if (!zc_bind::packable_grads(params, offsets, flat, pieces)) return false;
+  const int64_t total = flat.numel(), esize = flat.element_size();
   const bool cpu = flat.device().is_cpu();
   auto* base = static_cast<char*>(flat.data_ptr());
   auto zero = [&](int64_t a, int64_t b) {
@@ -85,20 +71,19 @@ bool pack_grads(const std::vector<at::Tensor>& params, const std::vector<int64_t
     if (cpu) std::memset(base + a * esize, 0, (b - a) * esize);
     else flat.narrow(0, a, b - a).zero_();
   };
-  end = 0;
+  int64_t end = 0;
+  size_t k = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& g = params[i].grad();
     if (!g.defined()) continue;
-    const int64_t o = offsets[i], n = g.numel();
-    zero(end, o);
-    if (cpu) std::memcpy(base + o * esize, g.data_ptr(), n * esize);
-    else flat.narrow(0, o, n).copy_(g.reshape(-1), /*non_blocking=*/true);
-    end = o + n;
+    const zc_bind::GradPiece& piece = pieces[k++];
+    zero(end, piece.offset);
+    if (cpu) std::memcpy(base + piece.offset * esize, piece.data, piece.numel * esize);
+    else flat.narrow(0, piece.offset, piece.numel).copy_(g.reshape(-1), /*non_blocking=*/true);
+    end = piece.offset + piece.numel;
   }
   zero(end, total);
-  for (const auto& p : params) {
-    if (p.grad().defined()) p.mutable_grad() = at::Tensor();
-  }
+  zc_bind::drop_grads(params);
   return true;
 }
 

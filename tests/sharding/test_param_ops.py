@@ -48,6 +48,31 @@ def test_pack_grads_refuses_what_needs_the_checked_path_and_touches_nothing():
     assert p.grad is not None and torch.equal(flat, torch.full((8,), 9.0, dtype=torch.float64))
 
 
+def _refused(grads, offsets, flat) -> None:
+    ps = [nn.Parameter(torch.zeros(g.shape)) for g in grads]
+    for p, g in zip(ps, grads):
+        p.grad = g
+    before = flat.clone()
+    assert OPS.pack_grads(ps, offsets, flat) is False
+    assert all(p.grad is g for p, g in zip(ps, grads)), "a refused pack dropped a gradient"
+    assert torch.equal(flat, before), "a refused pack wrote into the bucket"
+
+
+def test_pack_grads_refuses_each_rule_the_cpu_and_cuda_packs_share():
+    """binding_grads.h's rules, one broken at a time (the CUDA pack applies the same function)."""
+    flat = torch.full((16,), 9.0)
+    ok = torch.ones(4)
+    _refused([ok, torch.ones(4)], [4, 2], flat)  # offsets not ascending (overlapping slots)
+    _refused([ok], [14], flat)  # past the bucket's end
+    _refused([torch.ones(8)[::2]], [0], flat)  # not contiguous
+    _refused([torch.ones(2, 2).to_sparse()], [0], flat)  # sparse: no element array
+    freed = torch.ones(4)
+    freed.untyped_storage().resize_(0)  # no memory behind it (stage 3 frees storages so)
+    _refused([freed], [0], flat)
+    _refused([flat[4:8]], [0], flat)  # shares memory with the bucket
+    _refused([ok], [0], torch.full((16,), 9.0)[::2])  # a bucket that is not contiguous
+
+
 def test_call_before_node_runs_when_the_node_runs_and_raises_through_backward():
     x = torch.ones(3, requires_grad=True)
     y = x * 2
