@@ -35,7 +35,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import machine_info, summary  # noqa: E402
 
-VARIANTS = ("stage2_eager", "stage2_compiled", "stage3_eager", "stage3_compiled")
+VARIANTS = ("stage2_eager", "stage2_compiled", "stage3_eager", "stage3_compiled", "stage3_compiled_checks")
+# stage3_compiled_checks: engine.compile() with Inductor's generated-code checks on (torch's defaults), which
+# the units' compile turns off (zerocore/sharding/gatherer.py, unit_compile_kwargs): what that saves, measured
 
 
 class DynamoCounts:
@@ -96,7 +98,7 @@ class Variant:
 
         self.name = name
         stage = int(name[5])
-        self.compiled = name.endswith("compiled")
+        self.compiled = "compiled" in name
         torch.manual_seed(0)
         model = TinyGPT(args.vocab, dim=args.dim, layers=args.layers, heads=args.heads, ctx=args.ctx).to(device)
         cfg = {"train_micro_batch_size_per_gpu": args.batch, "zero_optimization": zero_section(stage, args.dim, model),
@@ -107,6 +109,9 @@ class Variant:
         if self.compiled:
             if stage == 3 and args.stage3_compile == "whole":
                 self.engine.module.compile()
+            elif name.endswith("_checks"):
+                self.engine.compile(compile_kwargs={"options": {"size_asserts": True, "alignment_asserts": True,
+                                                                "scalar_asserts": True}})
             else:
                 self.engine.compile()
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -179,6 +184,9 @@ def run(args) -> dict:
         e, c = out["variants"].get(f"stage{s}_eager"), out["variants"].get(f"stage{s}_compiled")
         if e and c:
             out[f"stage{s}_compiled_over_eager"] = c["median_ms"] / e["median_ms"]
+    c, k = out["variants"].get("stage3_compiled"), out["variants"].get("stage3_compiled_checks")
+    if c and k:
+        out["stage3_compiled_over_compiled_checks"] = c["median_ms"] / k["median_ms"]
     return out
 
 
@@ -195,6 +203,9 @@ def table(res: dict) -> str:
         k = f"stage{s}_compiled_over_eager"
         if k in res:
             lines.append(f"\nstage {s}: compiled / eager = {res[k]:.2f}x")
+    if "stage3_compiled_over_compiled_checks" in res:
+        lines.append(f"stage 3 compiled: without / with Inductor's generated-code checks = "
+                     f"{res['stage3_compiled_over_compiled_checks']:.3f}x")
     for v, r in res["variants"].items():
         for reason in r["recompile_reasons"]:
             lines.append(f"{v} recompiled: {reason}")
@@ -214,7 +225,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10, help="timed steps per variant per round")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS[:4]))
     ap.add_argument("--stage3-compile", choices=("engine", "whole"), default="engine",
                     help="stage 3 compiled by engine.compile() (default) or engine.module.compile() (the whole module)")
     ap.add_argument("--out", help="write the results as JSON here")
