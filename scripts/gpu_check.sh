@@ -104,7 +104,8 @@ CPUAdamBuilder().load(); FusedAdamBuilder().load(); print('DeepSpeed ops built')
         zerocore_stage3_no_nan_check --profile "$W/profile" --profile-steps 2 --out "$W/step_llama.json" ;;
     compile)
       run compile "${T_COMPILE:-240}" "$PY" benchmarks/compile_stage3.py --device cuda --vocab 8192 --dim 512 \
-        --layers 8 --ctx 256 --batch 8 --rounds 3 --steps 8 --out "$W/compile_stage3.json" ;;
+        --layers 8 --ctx 256 --batch 8 --rounds 3 --steps 8 --variants stage2_eager stage2_compiled stage3_eager \
+        stage3_compiled stage3_compiled_checks --out "$W/compile_stage3.json" ;;
     *) note "unknown step $s" ;;
   esac
 done
