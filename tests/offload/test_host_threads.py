@@ -54,22 +54,26 @@ def test_env_sets_the_count_and_bad_values_name_it(monkeypatch):
             host_step_threads(torch.device("cpu"))
 
 
+def _recording(fn, threads_seen: set):
+    def recording(*a, **kw):
+        threads_seen.add(threading.current_thread().name)
+        return fn(*a, **kw)
+
+    return recording
+
+
 @pytest.mark.parametrize("stage", [1, 2])
 def test_stages_1_2_on_the_worker_give_the_same_bits(monkeypatch, stage):
     """The host Adam on the worker thread: the same kernel on the same values as inline, so losses,
     norms and weights equal the run without offload bit for bit (as test_offload.py asserts of the
     inline step), and every host Adam call ran on the worker."""
     monkeypatch.setenv(ENV, "2")
-    threads_seen = set()
-    adam = ops.adam_step
-
-    def recording(*a, **kw):
-        threads_seen.add(threading.current_thread().name)
-        return adam(*a, **kw)
-
-    monkeypatch.setattr(ops, "adam_step", recording)
     case = offloaded(f"w1_s{stage}_worker_acc2_clip", "mlp_frozen_unused", stage, bucket=500, overlap=True, **CLIP)
-    got, base = run_case(case, 0, 1), run_case(base_of(case), 0, 1)
+    base = run_case(base_of(case), 0, 1)  # (its device-resident Adam runs on this thread)
+    threads_seen = set()
+    for name in ("adam_step", "adam_step_multi"):  # a group's own step, a batch of groups' (host_batch.py)
+        monkeypatch.setattr(ops, name, _recording(getattr(ops, name), threads_seen))
+    got = run_case(case, 0, 1)
     check_against_reference(case, 1, [got])
     assert_same_bits([got], [base])
     assert threads_seen == {"zerocore-host-step"}
@@ -89,6 +93,7 @@ def test_a_failing_host_step_on_the_worker_reaches_step(monkeypatch):
         raise RuntimeError("host kernel broke")
 
     monkeypatch.setattr(ops, "adam_step", broken)
+    monkeypatch.setattr(ops, "adam_step_multi", broken)  # the groups' batch (offload/host_batch.py)
     engine.backward(engine(torch.randn(2, 8)).sum())
     with pytest.raises(RuntimeError, match="host kernel broke"):  # raised as if run here
         engine.step()
@@ -108,11 +113,14 @@ def test_stages_1_2_on_the_worker_at_world_2_gather_the_stepped_slices(monkeypat
 
 
 def test_a_failing_host_step_stops_the_rest_of_its_step_and_a_retry_steps_them(monkeypatch):
-    """Each group's host step runs on the worker and is waited for; when one fails the later ones are
-    not run (the groups before it stepped), the error reaches step(), and the next step runs every group."""
+    """Each batch of groups' host step runs on the worker and is waited for; when one fails the later ones
+    are not run (the batches before it stepped), the error reaches step(), and the next step runs every
+    group. One group per batch here (HOST_BATCH_ELEMS below every group's size)."""
     import zerocore
+    import zerocore.runtime.engine as engine_mod
 
     monkeypatch.setenv(ENV, "1")
+    monkeypatch.setattr(engine_mod, "HOST_BATCH_ELEMS", 1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
     engine = zerocore.initialize(model, {"train_micro_batch_size_per_gpu": 2,
@@ -120,7 +128,7 @@ def test_a_failing_host_step_stops_the_rest_of_its_step_and_a_retry_steps_them(m
                                                                "reduce_bucket_size": 4096},
                                          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
     assert len(engine.groups) >= 3, "the test needs several groups"
-    adam, calls = ops.adam_step, []
+    adam, calls = ops.adam_step_multi, []
 
     def second_breaks(*a, **kw):
         calls.append(threading.current_thread().name)
@@ -128,7 +136,7 @@ def test_a_failing_host_step_stops_the_rest_of_its_step_and_a_retry_steps_them(m
             raise RuntimeError("host kernel broke")
         return adam(*a, **kw)
 
-    monkeypatch.setattr(ops, "adam_step", second_breaks)
+    monkeypatch.setattr(ops, "adam_step_multi", second_breaks)
     before = [p.detach().clone() for p in model.parameters()]
     engine.backward(engine(torch.randn(2, 64)).sum())
     with pytest.raises(RuntimeError, match="host kernel broke"):
@@ -137,7 +145,7 @@ def test_a_failing_host_step_stops_the_rest_of_its_step_and_a_retry_steps_them(m
     changed = [not torch.equal(a, p.detach()) for a, p in zip(before, model.parameters())]
     assert any(changed) and not all(changed), "the first group steps, the ones after the failure do not"
     calls.clear()
-    monkeypatch.setattr(ops, "adam_step", adam)
+    monkeypatch.setattr(ops, "adam_step_multi", adam)
     engine.backward(engine(torch.randn(2, 64)).sum())
     engine.step()
     engine.destroy()

@@ -83,9 +83,7 @@ class HostOptimizerShard(HostSteppedShard):
         whole = h == grad.numel()  # the host part writes every element of the owned range
 
         def host_part():
-            if self._copy_event is not None:  # last step's copy back still reads the buffer we write
-                self._copy_event.synchronize()
-                self._copy_event = None
+            self.wait_copy_back()  # last step's copy back still reads the buffer we write
             with self._params(step, whole=whole) as target:
                 out = target[:h] if self.half and self.out_h is None else self.out_h
                 if self.kernel is not None:  # a client torch optimizer (runtime/torch_shard_step.py)

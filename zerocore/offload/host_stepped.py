@@ -120,6 +120,13 @@ class HostSteppedShard:
             torch.cuda.current_stream().wait_event(ev)
         return None
 
+    def wait_copy_back(self) -> None:
+        """Waits (the host, on the event) for the last copy of this shard's values to the device: the next
+        host step writes the buffer it reads."""
+        if self._copy_event is not None:
+            self._copy_event.synchronize()
+            self._copy_event = None
+
     def _copy_back(self, dst: torch.Tensor, src: torch.Tensor | None):
         """Updated host values ``src`` into the device parameters ``dst`` (nothing to do when there
         are none or they already are them). Returns the copy's CUDA event, or None."""
