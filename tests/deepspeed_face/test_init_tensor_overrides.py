@@ -197,3 +197,32 @@ def test_initialize_inside_init_builds_with_torchs_constructors():
     """As DeepSpeed's initialize lifts Init's overrides while it runs: the engine's fp32 master is fp32."""
     assert _losses(initialize_inside=True) == _losses(initialize_inside=False)
 
+
+class _Gate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("e_score_correction_bias", torch.full((3,), 0.1))
+        self.register_buffer("scale", torch.ones(3))
+        self.register_buffer("half_only", torch.ones(3))
+
+
+class _Routed(nn.Module):  # names buffers for fp32 as Transformers models do
+    _keep_in_fp32_modules_strict = ["e_score_*"]
+    _keep_in_fp32_modules = ["half_only"]
+
+    def __init__(self):
+        super().__init__()
+        self.gate = _Gate()
+
+
+@pytest.mark.parametrize("precision, kept", [("bf16", {"e_score_correction_bias"}),
+                                              ("fp16", {"e_score_correction_bias", "half_only"}), (None, set())])
+def test_buffers_named_for_fp32_stay_fp32(precision, kept):
+    with deepspeed.zero.Init(config_dict_or_path=_cfg(precision)) as init:
+        gate = _Routed().gate
+        # already inside the context: after the __init__ of the module naming them, as in DeepSpeed
+        assert gate.e_score_correction_bias.dtype == (torch.float32 if kept else init.dtype)
+    everything = {n for n, _ in gate.named_buffers()}
+    assert {n for n, b in gate.named_buffers() if b.dtype == torch.float32} == (kept or everything)
+    # the value is the one made in Init's dtype (DeepSpeed converts it back after the model's __init__)
+    assert gate.e_score_correction_bias[0].item() == torch.tensor(0.1, dtype=init.dtype).item()

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
 from ..runtime.gathered import gathered
 from ..runtime.partition_init import init as _zc_init
+from .keep_in_fp32 import keep_named_buffers_in_fp32
 from .tensor_overrides import (DEFAULT_TENSOR_OVERRIDES, DeepSpeedTensorOverride, TensorOverrides,
                                accelerator_device, checked_overrides)
 
@@ -21,7 +23,8 @@ class Init:
     partitioned across the ranks (stage 3), through ``zerocore.init``. As DeepSpeed's, it overrides
     torch's tensor constructors while open (``tensor_overrides.py``): each new floating tensor is
     made in Init's dtype on this rank's accelerator, so layers initialise their weights in that
-    dtype. ``dtype``: the config's training dtype (bf16/fp16, else fp32) without ``dtype=``; otherwise
+    dtype; the buffers a Transformers model names for fp32 go back to fp32 (``keep_in_fp32.py``).
+    ``dtype``: the config's training dtype (bf16/fp16, else fp32) without ``dtype=``; otherwise
     DeepSpeed's rule, ``dtype`` (fp16 when None) where the accelerator has fp16 and bf16 where it
     has not (see :func:`init_dtype`). An Init opened inside another changes nothing (the outer
     one's dtype holds). ``module=``: a model already built is partitioned by ``initialize`` itself,
@@ -66,7 +69,9 @@ class Init:
         if not self._enabled:
             return self
         if _open_inits == 0:
-            ctx = _zc_init(self._cfg, dtype=self._partition_dtype, device=self._device)
+            # as DeepSpeed's, after each module's __init__: the buffers its Transformers lists name back to fp32
+            ctx = _zc_init(self._cfg, dtype=self._partition_dtype, device=self._device,
+                           after_module=functools.partial(keep_named_buffers_in_fp32, dtype=self.dtype))
             ctx.__enter__()
             try:
                 self._overrides.install()
