@@ -1,11 +1,11 @@
 """Builds one small model (Linear, Conv2d, Embedding, LayerNorm, BatchNorm1d, a module making its
-tensors with ``torch.Tensor(...)``, ``torch.rand`` and ``torch.arange``, one naming buffers for fp32 as
-Transformers models do) under ``deepspeed.zero.Init`` in
-several ways (config with bf16 / fp16 / neither, no config, ``dtype=``, nested Inits,
-``tensor_overrides``, an accelerator without fp16), with the same seed each time, and saves each
-parameter's full value and each buffer (values and dtypes) to ``--out``. ``ZC_FACE=deepspeed|zerocore``
-picks the library, nothing else differs. One process, one rank (gloo): the values do not depend on
-the world size (every rank takes rank 0's)."""
+tensors with ``torch.Tensor(...)``, ``torch.rand`` and ``torch.arange``, one naming buffers for fp32
+as Transformers models do) under ``deepspeed.zero.Init`` in several ways (config with bf16 / fp16 /
+neither, no config, ``dtype=``, nested Inits, ``tensor_overrides``, an accelerator without fp16),
+with the same seed each time, and saves each parameter's full value and each buffer (values and
+dtypes) to ``--out``, with what each tensor constructor makes inside Init, after it, and after an
+Init left by an exception. ``ZC_FACE=deepspeed|zerocore`` picks the library, nothing else differs.
+One process, one rank (gloo): the values do not depend on the world size (every rank takes rank 0's)."""
 import argparse
 import os
 
@@ -95,6 +95,45 @@ def build(inits):
         return build(inits[1:])
 
 
+MADE = {  # what each overridden constructor (and one that is not) makes, explicit dtypes and integers included
+    "tensor float": lambda: torch.tensor([1.5]), "tensor int": lambda: torch.tensor([1]),
+    "tensor bool": lambda: torch.tensor([True]), "tensor float64": lambda: torch.tensor([1.5], dtype=torch.float64),
+    "empty": lambda: torch.empty(2), "empty float32": lambda: torch.empty(2, dtype=torch.float32),
+    "zeros": lambda: torch.zeros(2), "zeros long": lambda: torch.zeros(2, dtype=torch.long),
+    "zeros complex": lambda: torch.zeros(2, dtype=torch.complex64), "ones": lambda: torch.ones(2),
+    "full float": lambda: torch.full((2,), 1.5), "full int": lambda: torch.full((2,), 7),
+    "arange int": lambda: torch.arange(3), "arange float": lambda: torch.arange(3.0), "eye": lambda: torch.eye(2),
+    "randn": lambda: torch.randn(2), "rand": lambda: torch.rand(2), "Tensor()": lambda: torch.Tensor(),
+    "Tensor(2, 3)": lambda: torch.Tensor(2, 3), "Parameter()": lambda: nn.Parameter(),
+    "tensor requires_grad": lambda: torch.tensor([1.0], requires_grad=True),
+}
+
+
+def made() -> dict:
+    out = {}
+    for name, make in MADE.items():
+        t = make()
+        out[name] = (str(t.dtype), t.device.type, tuple(t.shape), type(t).__name__, t.requires_grad, t.is_leaf)
+    return out
+
+
+def constructors() -> dict:
+    """What the constructors make inside Init (bf16, then fp16 config), after it, and after an Init left by an
+    exception."""
+    out = {}
+    for precision in ("bf16", "fp16"):
+        with deepspeed.zero.Init(config_dict_or_path=_cfg(precision)):
+            out["inside " + precision] = made()
+    out["after"] = made()
+    try:
+        with deepspeed.zero.Init(config_dict_or_path=_cfg("bf16")):
+            raise KeyError("in the model")
+    except KeyError:
+        pass
+    out["after an exception"] = made()
+    return out
+
+
 def values(m) -> dict:
     out = {}
     with deepspeed.zero.GatheredParameters(list(m.parameters())):
@@ -124,6 +163,7 @@ def main():
             else:
                 acc.is_fp16_supported = saved
     result["fp16_supported"] = bool(acc.is_fp16_supported())
+    result["constructors"] = constructors()
     torch.save(result, args.out)
 
 

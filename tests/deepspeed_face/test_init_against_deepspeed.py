@@ -2,7 +2,8 @@
 ``torch.Tensor(...)`` / ``torch.rand`` / ``torch.arange``, buffers named for fp32 as Transformers models
 name them) built under DeepSpeed's own
 ``deepspeed.zero.Init`` and under zerocore's, with the same seed: every parameter and buffer
-bit-identical, dtype included, for each way of giving Init its dtype (init_values_script.py)."""
+bit-identical, dtype included, for each way of giving Init its dtype; and what each tensor constructor
+makes inside Init, after it, and after an exception left it (init_values_script.py)."""
 from __future__ import annotations
 
 import os
@@ -50,6 +51,11 @@ def test_model_built_under_init_is_bit_identical_to_deepspeeds(tmp_path):
     ours = _values("zerocore", str(tmp_path / "zc.pt"))
     fp16_supported = theirs.pop("fp16_supported")
     assert ours.pop("fp16_supported") == fp16_supported  # zerocore's accelerator answers as DeepSpeed's
+    # what each constructor makes (dtype, device, shape, class, requires_grad, leaf) inside, after, after a raise
+    made, want_made = ours.pop("constructors"), theirs.pop("constructors")
+    assert made == want_made
+    assert want_made["inside bf16"]["empty float32"][0] == "torch.bfloat16"  # not torch's own constructors
+    assert want_made["after an exception"] == want_made["after"] and want_made["after"]["empty"][0] == "torch.float32"
     assert sorted(ours) == sorted(theirs)
     for case, want in theirs.items():
         got = ours[case]
