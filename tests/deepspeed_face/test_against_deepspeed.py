@@ -145,7 +145,7 @@ def test_bf16_inf_gradient_skips_as_deepspeed(tmp_path):
         {"name": "s1_gas1", **_BF16, "stage": 1, "gas": 1, "steps": 7, "sched": "warmup_decay", "round_init": True},
         {"name": "s2_gas2_resume", **_BF16, "stage": 2, "gas": 2, "steps": 6, "sched": "warmup", "round_init": True,
          "save_at": INF_AT + 1},
-        # outside zero.Init: see test_bf16_stage3_zero_init_initial_values for why
+        # outside zero.Init (test_bf16_stage3_zero_init_initial_values builds under it)
         {"name": "s3_gas2", **_BF16, "stage": 3, "gas": 2, "steps": 6, "sched": "warmup", "round_init": True,
          "zero_init": 0, "groups": True},
         {"name": "s2_user_init", **_BF16, "stage": 2, "gas": 2, "steps": 8, "sched": "warmup_decay"},
@@ -153,14 +153,10 @@ def test_bf16_inf_gradient_skips_as_deepspeed(tmp_path):
 
 
 @needs_groups
-@pytest.mark.xfail(strict=True, reason=(
-    "bf16 under deepspeed.zero.Init: DeepSpeed 0.19.8's Init makes every new float tensor bfloat16 as it is "
-    "created (partition_parameters.py, zero_wrapper_for_fp_tensor_constructor / get_new_tensor_fn_for_dtype), "
-    "so nn.Linear/Conv2d's kaiming_uniform_ runs on bf16 tensors, where torch's CPU uniform_ returns the lower "
-    "bound for draws that round to the upper one (here 5 of conv2.weight's 432 values and 3 of fc1.weight's "
-    "1024 come out as -bound where the fp32 draw gives ~+bound); zerocore's Init converts the finished fp32 "
-    "values to bf16, so the models differ from the first forward (losses 2.26 vs 2.44 at rank 0's first step)"))
 def test_bf16_stage3_zero_init_initial_values(tmp_path):
+    """bf16 under deepspeed.zero.Init: both make each new float tensor bf16 as it is created, so Conv2d/Linear's
+    kaiming_uniform_ draws in bf16 in both (torch's CPU uniform_ in bf16 can return the lower bound where an fp32
+    draw rounded afterwards gives ~+bound) and the models agree from the first forward."""
     _compare_inf_skip(tmp_path, [
         # round_init: only for the tight tolerance (the values zero.Init makes are bf16 in both already)
         {"name": "s3_zero_init", **_BF16, "stage": 3, "gas": 2, "steps": 6, "sched": "warmup", "round_init": True},

@@ -13,6 +13,7 @@ from ..config import load_config
 from .comm import init_distributed
 from .config_checks import check_deepspeed_rules
 from .semantics import prepare_config
+from .tensor_overrides import lifted
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -92,6 +93,7 @@ def _take_over(model: torch.nn.Module) -> None:
         old.destroy()
 
 
+@lifted()  # inside zero.Init, torch's own constructors build the engine (DeepSpeed lifts its overrides too)
 def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, distributed_port: int = 29500, mpu=None,
                dist_init_required: bool | None = None, collate_fn=None, config=None, mesh_param=None,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+from typing import Callable
 
 import torch
 from torch import nn
@@ -108,9 +109,11 @@ def initial_value(p: nn.Parameter, comm: Comm) -> torch.Tensor:
 class _Patcher:
     """Wraps ``__init__`` of every nn.Module subclass (and of those defined inside the context)."""
 
-    def __init__(self, comm: Comm, dtype: torch.dtype | None):
+    def __init__(self, comm: Comm, dtype: torch.dtype | None, device: torch.device | None, after_module):
         self.comm = comm
         self.dtype = dtype
+        self.device = device
+        self.after_module = after_module
         self.saved: dict[type, object] = {}
         # parameters of the module whose __init__ returned last, still whole (see the module docstring)
         self.pending: list[tuple[nn.Parameter, str]] = []
@@ -157,6 +160,8 @@ class _Patcher:
                 continue
             seen.add(id(p))
             self.pending.append((p, owner))
+        if self.after_module is not None:
+            self.after_module(module)
         if self.running == 0:  # the outermost module is built
             self.flush()
 
@@ -177,6 +182,8 @@ class _Patcher:
         for p, owner in pending:
             if hasattr(p, "_zc_init"):
                 continue
+            if self.device is not None and p.device.type != self.device.type:
+                p.data = p.data.to(self.device)
             if self.dtype is not None and p.dtype != self.dtype:
                 p.data = p.data.to(self.dtype)
             partition_param(p, self.comm, owner)
@@ -227,13 +234,15 @@ class _Patcher:
 
 
 @contextlib.contextmanager
-def init(config=None, *, dtype: torch.dtype | None = None):
+def init(config=None, *, dtype: torch.dtype | None = None, device: torch.device | None = None,
+         after_module: Callable[[nn.Module], object] | None = None):
     """Builds models with their parameters partitioned across the ranks as they are created.
 
     ``config``: the config later given to ``zerocore.initialize`` (only read to check that it
-    asks for stage 3). ``dtype``: convert parameters to this dtype before partitioning (fp32
-    chunks of a bf16 run are converted at ``initialize`` otherwise). Needs the process group (or
-    torchrun's environment); with one rank it partitions into a single chunk.
+    asks for stage 3). ``dtype``, ``device``: convert parameters to this dtype, move them to this
+    kind of device, before partitioning (None: as made; fp32 chunks of a bf16 run are converted at
+    ``initialize``). ``after_module(module)``: called as each module's outermost ``__init__``
+    returns. Needs the process group (or torchrun's environment); one rank: a single chunk.
     """
     if config is not None:
         from ..config import load_config
@@ -242,5 +251,5 @@ def init(config=None, *, dtype: torch.dtype | None = None):
         if cfg.zero_optimization.stage != 3:
             raise ValueError(f"zerocore.init partitions parameters for stage 3; the config has "
                              f"zero_optimization.stage={cfg.zero_optimization.stage}")
-    with _Patcher(default_comm(), dtype):
+    with _Patcher(default_comm(), dtype, device, after_module):
         yield

@@ -54,7 +54,14 @@ class _Accelerator:
         return torch.cuda.is_bf16_supported() if self._name == "cuda" else True
 
     def is_fp16_supported(self) -> bool:
-        return True
+        if self._name == "cuda":
+            return True
+        # DeepSpeed's CPU accelerator: only where oneDNN has fp16 kernels for this CPU (zero.Init's
+        # default dtype follows it, zero.py init_dtype)
+        try:
+            return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+        except Exception:  # noqa: BLE001 - a torch without the query: no fp16, as DeepSpeed answers
+            return False
 
     def supported_dtypes(self) -> list:
         return [torch.float32, torch.float16, torch.bfloat16]

@@ -1,9 +1,11 @@
 """``deepspeed.runtime.zero.partition_parameters``: the names scripts import from here: ``Init``,
-``GatheredParameters``, ``ZeroParamStatus`` (the values of a stage-3 parameter's ``ds_status``,
+``GatheredParameters``, ``DeepSpeedTensorOverride`` (what ``Init(tensor_overrides=...)`` overrides),
+``ZeroParamStatus`` (the values of a stage-3 parameter's ``ds_status``,
 ``zerocore/runtime/ds_param_attrs.py``), ``partitioned_param_data_shape`` (the shape a
 partitioned parameter shows between uses) and ``MultipleAllGatherHandles`` (waits on several
 all-gather handles as one)."""
 from ....runtime.ds_param_attrs import ZeroParamStatus  # noqa: F401
+from ...tensor_overrides import DeepSpeedTensorOverride  # noqa: F401
 from ...zero import GatheredParameters, Init  # noqa: F401
 
 partitioned_param_data_shape = [0]
@@ -22,5 +24,5 @@ class MultipleAllGatherHandles:
             handle.wait(handle_dependency=handle_dependency)
 
 
-__all__ = ["Init", "GatheredParameters", "ZeroParamStatus", "partitioned_param_data_shape",
+__all__ = ["Init", "GatheredParameters", "DeepSpeedTensorOverride", "ZeroParamStatus", "partitioned_param_data_shape",
            "MultipleAllGatherHandles"]
