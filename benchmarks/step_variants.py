@@ -262,12 +262,14 @@ def decay_groups(model) -> list[dict]:
 
 
 def _zerocore(stage: int, check: bool = True, offload: bool = False, nvme: str | None = None,
-              groups: bool = False, sgd: bool = False, nan_check: bool = True):
+              groups: bool = False, sgd: bool = False, nan_check: bool = True, host_batch: bool = True):
     """``nvme``: None, "opt" (optimizer state on NVMe) or "param" (and the parameter shards).
     ``groups``: two hyper-parameter groups and a WarmupLR schedule; ``sgd``: a client
     torch.optim.SGD with momentum instead of the config's AdamW. ``nan_check`` False:
     ``bf16.check_grad_overflow: false`` (no host read of the Inf/NaN flag per step: torch AMP's and
-    FSDP2's behaviour; the default, true, is DeepSpeed's and skips such a step)."""
+    FSDP2's behaviour; the default, true, is DeepSpeed's and skips such a step). ``host_batch`` False:
+    each offloaded group's host step handed to the worker on its own, as before offload/host_batch.py
+    (an A/B of that change in one run)."""
     def build(model, ctx):
         import zerocore
 
@@ -291,7 +293,16 @@ def _zerocore(stage: int, check: bool = True, offload: bool = False, nvme: str |
         if sgd:
             del cfg["optimizer"]
             kw["optimizer"] = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=WD)
-        engine = zerocore.initialize(model, cfg, **kw)
+        if host_batch:
+            engine = zerocore.initialize(model, cfg, **kw)
+        else:
+            import zerocore.runtime.engine as engine_module
+
+            batchable, engine_module.batchable = engine_module.batchable, lambda shard: False
+            try:
+                engine = zerocore.initialize(model, cfg, **kw)
+            finally:
+                engine_module.batchable = batchable
         return EngineStep(engine)
     return build
 
@@ -305,6 +316,7 @@ for _s in (1, 2, 3):
     variant(f"zerocore_stage{_s}_groups")(_zerocore(_s, groups=True))
 variant("zerocore_stage2_sgd")(_zerocore(2, sgd=True))
 variant("zerocore_stage2_offload")(_zerocore(2, offload=True))
+variant("zerocore_stage2_offload_per_group")(_zerocore(2, offload=True, host_batch=False))
 variant("zerocore_stage3_offload")(_zerocore(3, offload=True))
 variant("zerocore_stage3_nvme")(_zerocore(3, nvme="opt"))
 variant("zerocore_stage3_nvme_param")(_zerocore(3, nvme="param"))
