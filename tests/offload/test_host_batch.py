@@ -160,3 +160,67 @@ def test_a_batch_is_one_native_call_per_hyper_group(monkeypatch):
         assert sum(calls) >= len(engine.groups)
     finally:
         engine.destroy()
+
+
+# -- the device's reduced gradient given back once it landed (ShardedGroup.release_grad) ----------------------
+def _device_grad_bytes(engine) -> list[int]:
+    return [g.grad_shard.untyped_storage().nbytes() for g in engine.groups]
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_device_gradient_is_given_back_once_landed_and_taken_again_by_the_next_reduction(stage):
+    model = _model()
+    z = {"stage": stage, "reduce_bucket_size": 2048, "offload_optimizer": {"device": "cpu"}}
+    engine = zerocore.initialize(model, {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+                                         "zero_optimization": z,
+                                         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})
+    try:
+        x = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
+        engine.backward(engine(x).square().mean())  # not the boundary: the gradient stays on the device
+        engine.step()
+        assert all(n > 0 for n in _device_grad_bytes(engine))
+        engine.backward(engine(x).square().mean())  # the boundary: landed on the host, given back
+        assert all(n == 0 for n in _device_grad_bytes(engine))
+        engine.step()
+        assert engine.memory_report()["grads"] == 0  # held between steps: none on the device
+        engine.backward(engine(x).square().mean())  # the next window's first reduction takes it again
+        assert all(n > 0 for n in _device_grad_bytes(engine))
+    finally:
+        engine.destroy()
+
+
+def test_a_gradient_added_to_after_a_failed_step_comes_back_from_its_landed_copy(monkeypatch):
+    """The boundary's step fails (nothing updated), the next backward adds to the held gradient: the
+    released device gradient is restored from the copy on the host first, so training goes on as if it had
+    never been released (bit for bit the run that keeps it)."""
+    from zerocore.offload.host_stepped import HostSteppedShard
+
+    def run(release: bool):
+        if not release:
+            monkeypatch.setattr(HostSteppedShard, "releases_grad", property(lambda self: False))
+        engine = _engine()
+        try:
+            g = torch.Generator().manual_seed(3)
+            x, y = torch.randn(4, 32, generator=g), torch.randn(4, 4, generator=g)
+            engine.backward((engine(x) - y).square().mean())
+            multi = ops.adam_step_multi
+
+            def broken(*a, **kw):
+                raise RuntimeError("host kernel broke")
+
+            monkeypatch.setattr(ops, "adam_step_multi", broken)
+            with pytest.raises(RuntimeError, match="host kernel broke"):
+                engine.step()
+            monkeypatch.setattr(ops, "adam_step_multi", multi)
+            engine.backward((engine(2 * x) - y).square().mean())  # added to the held gradient
+            engine.step()
+            losses = _train(engine, 2)
+            return losses, [p.detach().clone() for p in engine.module.parameters()]
+        finally:
+            engine.destroy()
+            monkeypatch.undo()
+
+    kept, released = run(False), run(True)
+    assert kept[0] == released[0]
+    for a, b in zip(kept[1], released[1]):
+        assert torch.equal(a, b)

@@ -157,9 +157,10 @@ def test_clipping_really_clips():
 
 @pytest.mark.parametrize("world", [2])
 def test_memory_moves_to_the_host(world2, world):
-    """Optimizer offload: the training device holds 12 bytes per owned parameter less (fp32 master,
-    m, v) and the host holds them (plus the landed 16-bit gradient slice). Parameter offload (stage
-    3): the device holds no parameter bytes between steps, only gradients and buckets."""
+    """Optimizer offload: the training device holds 14 bytes per owned parameter less (fp32 master,
+    m, v, and the reduced 16-bit gradient slice, given back once it landed on the host: stages 2/3) and
+    the host holds them (the landed gradient as ``host_grads``). Parameter offload (stage 3): the device
+    holds no parameter bytes between steps, only buckets."""
     for name in ("memory_s2", "memory_s3_params"):
         off = case_results(world2, W2, name)
         base = case_results(world2, W2, name + "__base")
@@ -168,7 +169,8 @@ def test_memory_moves_to_the_host(world2, world):
             mo, mb = o["memory"], b["memory"]
             for role in ("master", "exp_avg", "exp_avg_sq"):
                 assert mo[role] == 0 and mo["host_" + role] == mb[role]
-            assert mb["total"] - mo["total"] == pytest.approx(12 * owned + (mb["params"] if "s3" in name else 0),
+            assert mo["grads"] == 0 and mb["grads"] == pytest.approx(2 * owned, rel=0.01)
+            assert mb["total"] - mo["total"] == pytest.approx(14 * owned + (mb["params"] if "s3" in name else 0),
                                                               rel=0.01)
             assert mo["host_grads"] == pytest.approx(2 * owned, rel=0.01)
             if "s3" in name:

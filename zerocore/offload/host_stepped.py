@@ -74,6 +74,19 @@ class HostSteppedShard:
             # a CPU device: the copy is done when copy_ returns (non_blocking changes nothing on the CPU; said
             # so that zerocore.debug.host_waits meets the same code a CUDA device runs: a copy not waited for)
             self.grad_h.copy_(grad[:h], non_blocking=True)
+        if self.releases_grad:  # nothing reads the device gradient after this: its memory goes back
+            self.group.release_grad()
+
+    @property
+    def releases_grad(self) -> bool:
+        """Whether the device's reduced gradient is done with once landed: the host steps the whole owned
+        range (no device part reads it), with zerocore's Adam (which only reads the landed copy, so the
+        copy can give the values back: ShardedGroup.reacquire_grad; a client torch optimizer scales it in
+        place), and it is the group's own shard (stages 2/3; stages 0/1 keep the full buffer the
+        parameters' ``.grad`` are views of)."""
+        g = self.group
+        return (self.split == g.hi - g.lo and getattr(self, "kernel", None) is None and g.grad_full is None
+                and g.grad_shard is not None)
 
     def pending_norm(self) -> LandedNorm | None:
         """The landed gradient's norm pair not yet read (``device_norms.fetch`` reads many at once)."""

@@ -122,6 +122,8 @@ class OffloadPlan:
             if last is not None:
                 self.shards[last].then = shard
         self.shards[g.index] = shard
+        if shard.releases_grad:  # its device gradient exists only from a window's first reduction to its landing
+            g.release_grad()
         return shard
 
     def place_frozen(self, g) -> None:

@@ -96,8 +96,14 @@ class PlannedNvmeShard:
 
         self.last_step = 0
 
+    # as NvmeOptimizerShard (a HostSteppedShard): the whole owned range on the host, zerocore's Adam,
+    # so the device gradient is given back once landed (ShardedGroup.release_grad)
+    releases_grad = property(lambda self: self.group.grad_full is None and self.group.grad_shard is not None)
+
     def land(self, grad: torch.Tensor) -> None:
         self.grad_h.copy_(grad)
+        if self.releases_grad:
+            self.group.release_grad()
 
     def read_first_tiles(self, step: int) -> None:
         """Reads into the store's pool, which is held anyway: no bytes of its own."""

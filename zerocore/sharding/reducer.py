@@ -254,6 +254,8 @@ class GradReducer:
                 self.pool.free.append(b)
         else:
             mine = b if g.hi - g.lo == self.pool.numel else b[g.lo:g.hi]
+            if g.grad_released:  # offload gave its memory back after the last boundary (ShardedGroup.release_grad)
+                g.reacquire_grad()
             if g.has_grad:
                 g.grad_shard.add_(mine)
             else:
