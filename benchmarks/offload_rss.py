@@ -6,7 +6,9 @@ VmHWM) after building the model, after ``zerocore.initialize``, after the first 
 the last one. The NVMe saving is reported per parameter: the swap files hold the fp32 master, m
 and v; on a CPU device the master is the parameter itself (also resident with CPU offload), so
 what NVMe can take out of RAM is m and v, 8 bytes a parameter, less its pinned tile buffers
-(``buffer_count`` records of ``sub_group_size`` elements).
+(``buffer_count`` records of ``sub_group_size`` elements). Beside them CPU offload keeping the
+device's reduced gradient between steps (``cpu_keep_grad``, as before ``ShardedGroup.release_grad``):
+what giving it back saves, 4 bytes a parameter (the fp32 gradient on a CPU device).
 
     PYTHONPATH=. python benchmarks/offload_rss.py --repeats 3 --out benchmarks/results/offload_rss.json
 """
@@ -20,7 +22,9 @@ import subprocess
 import sys
 import tempfile
 
-VARIANTS = ["cpu", "nvme"]
+# cpu_keep_grad: CPU offload keeping the device's reduced gradient between steps (as before
+# ShardedGroup.release_grad): what giving it back saves, 4 bytes a parameter at fp32 on a CPU device
+VARIANTS = ["cpu", "nvme", "cpu_keep_grad"]
 
 
 def status() -> dict[str, int]:
@@ -54,7 +58,11 @@ def child(args) -> dict:
     m = model(args.width, args.layers)
     params = sum(p.numel() for p in m.parameters())
     points["model"] = status()
-    off = {"device": args.variant}
+    off = {"device": args.variant.split("_")[0]}
+    if args.variant == "cpu_keep_grad":
+        from zerocore.offload.host_stepped import HostSteppedShard
+
+        HostSteppedShard.releases_grad = property(lambda self: False)
     if args.variant == "nvme":
         off.update(nvme_path=args.swap, buffer_count=args.buffer_count)
     cfg = {"train_micro_batch_size_per_gpu": args.batch, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
@@ -193,6 +201,12 @@ def main() -> None:
     for r in rows:
         lines.append(f"{r['what']:34s} {r['cpu_mib']:9.0f} {r['nvme_mib']:9.0f} {r['saved_mib']:10.0f} "
                      f"{r['saved_bytes_per_param']:8.2f} {r['spread_mib']:7.0f}")
+    for point, key, label in [(last, "VmRSS", f"RSS after step {args.steps}"), (last, "VmHWM", "peak RSS (VmHWM)")]:
+        k, c = med("cpu_keep_grad", point, key), med("cpu", point, key)
+        rows.append({"what": f"cpu keeping the device gradient: {label}", "keep_grad_mib": k / mib, "cpu_mib": c / mib,
+                     "saved_mib": (k - c) / mib, "saved_bytes_per_param": (k - c) / params})
+        lines.append(f"cpu keeping the device gradient, {label}: {k / mib:.0f} MiB; giving it back saves "
+                     f"{(k - c) / mib:.0f} MiB ({(k - c) / params:.2f} B/param)")
     limited = []
     if args.cgroup_limit_mib:
         cgroup = memory_cgroup(args.cgroup_limit_mib << 20)

@@ -83,3 +83,14 @@ def test_a_step_failing_mid_pass_puts_the_parameters_back(tmp_path, monkeypatch)
     step(twin, 2)
     for a, b in zip(engine.groups, twin.groups):
         assert torch.equal(a.owned_params_raw(), b.owned_params_raw())
+
+
+def test_giving_the_device_gradient_back_lowers_the_rss(tmp_path):
+    """Stage 2 with CPU offload gives the reduced gradient's memory back once it landed on the host
+    (ShardedGroup.release_grad): the process holds 4 bytes a parameter less (fp32 on a CPU device) after a
+    step, and its peak is no higher, against the same run keeping it."""
+    keep, cpu = run("cpu_keep_grad", tmp_path), run("cpu", tmp_path)
+    n = cpu["params"]
+    saved = keep["points"]["step2"]["VmRSS"] - cpu["points"]["step2"]["VmRSS"]
+    assert saved >= 4 * n - 6 * MIB, (saved / MIB, 4 * n / MIB)
+    assert cpu["points"]["step2"]["VmHWM"] <= keep["points"]["step2"]["VmHWM"] + 2 * MIB
