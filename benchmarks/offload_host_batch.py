@@ -5,7 +5,7 @@ One rank, the host step on the worker thread (``ZEROCORE_HOST_STEP_THREADS``, as
 from the same seed, their steps interleaved in a fresh order each round. Times ``engine.step()`` alone (the
 host Adam, its hand-over and the copies back) and the whole training step.
 
-    python benchmarks/offload_host_batch.py --out benchmarks/results/offload_host_batch_cpu_2026-11-26.json
+    python benchmarks/offload_host_batch.py --out benchmarks/results/cpu_2026-11-26_issue35_stop41/offload_host_batch_cpu_2026-11-26.json
     python benchmarks/offload_host_batch.py --device cuda --dim 1024 --layers 24 --bucket 2.5e6 --threads 15
 """
 from __future__ import annotations
