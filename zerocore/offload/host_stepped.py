@@ -88,6 +88,13 @@ class HostSteppedShard:
         return (self.split == g.hi - g.lo and getattr(self, "kernel", None) is None and g.grad_full is None
                 and g.grad_shard is not None)
 
+    def landed_copy(self) -> torch.Tensor:
+        """The landed gradient's host copy, complete (the host waits on its copy's event, not on the
+        device): what ``ShardedGroup.reacquire_grad`` restores a released device gradient from."""
+        for ev in self._landed:
+            ev.synchronize()
+        return self.grad_h
+
     def pending_norm(self) -> LandedNorm | None:
         """The landed gradient's norm pair not yet read (``device_norms.fetch`` reads many at once)."""
         return self._norm

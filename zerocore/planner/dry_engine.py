@@ -105,6 +105,9 @@ class PlannedNvmeShard:
         if self.releases_grad:
             self.group.release_grad()
 
+    def landed_copy(self) -> torch.Tensor:
+        return self.grad_h
+
     def read_first_tiles(self, step: int) -> None:
         """Reads into the store's pool, which is held anyway: no bytes of its own."""
 

@@ -211,7 +211,7 @@ class ShardedGroup:
         t.untyped_storage().resize_(t.numel() * t.element_size())
         self.grad_released = False
         if self.has_grad:
-            t.copy_(self.offload.shard.grad_h, non_blocking=True)
+            t.copy_(self.offload.shard.landed_copy(), non_blocking=True)
 
     def owned_grad(self) -> torch.Tensor:
         """The reduced gradient of the owned range (valid in state HELD)."""
