@@ -216,7 +216,7 @@ def test_process_pools_are_emptied_once_no_engine_is_left(tmp_path):
 
 def test_rss_returns_to_its_pre_engine_level_after_destroy():
     """Issue 33's case, in a fresh process: 59M parameters, stage 2, optimizer offloaded to host memory
-    (~930 MiB held while training); after destroy() with the engine still referenced the process holds
+    (~674 MiB held while training; ~930 before the device gradient was given back after landing); after destroy() with the engine still referenced the process holds
     at most 64 MiB more than before the engine (measured here: ~19 MiB; 1,200 MiB before this was fixed)."""
     import json
     import os
@@ -229,7 +229,9 @@ def test_rss_returns_to_its_pre_engine_level_after_destroy():
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["params"] > 58e6
-    assert r["trained_minus_model_MiB"] > 800, r  # the state really was there
+    # the state really was there: m and v (fp32) and the landed gradient on the host, 12 bytes a parameter (the
+    # master is the parameter on a CPU device; the device gradient is given back once landed: release_grad)
+    assert r["trained_minus_model_MiB"] > 0.9 * 12 * r["params"] / 2 ** 20, r
     assert r["destroyed_minus_model_MiB"] < 64, r
 
 
