@@ -3,7 +3,7 @@
 with the real DeepSpeed or zerocore.deepspeed (ZC_FACE picks, as in train_script.py). Rounding
 ``inv_freq`` to bf16 moves the angles of the later positions by up to a radian, so the losses
 show which dtype each buffer trained in. Writes, per rank, the buffers' dtypes after initialize
-and every micro-step's loss. ``--cases``: JSON list of {"name", "stage", "data_types"}."""
+and every micro-step's loss. ``--cases``: JSON list of {"name", "stage", "data_types", "zero_init"}."""
 import argparse
 import json
 import os
@@ -61,12 +61,18 @@ def ds_config(stage, data_types):
 
 def run_case(case, out, rank):
     torch.manual_seed(0)
-    net = Net()
-    with torch.no_grad():  # bf16-representable initial weights: the same fp32 master in both (train_script.py)
-        for p in net.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
-    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
-                                      config=ds_config(case["stage"], case.get("data_types")))
+    cfg = ds_config(case["stage"], case.get("data_types"))
+    if case.get("zero_init"):
+        # Init makes torch.tensor's scale bf16 as it is created (in both), inv_freq (from an integer
+        # arange, then .float()) fp32, and the parameters bf16 already: the same values in both
+        with deepspeed.zero.Init(config_dict_or_path=cfg):
+            net = Net()
+    else:
+        net = Net()
+        with torch.no_grad():  # bf16-representable initial weights: the same fp32 master in both (train_script.py)
+            for p in net.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
     record = {"dtypes": {n: str(b.dtype) for n, b in engine.module.named_buffers()}, "loss": []}
     g = torch.Generator().manual_seed(100 + rank)
     for _ in range(case.get("steps", 6)):

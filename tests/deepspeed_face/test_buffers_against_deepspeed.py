@@ -23,11 +23,15 @@ CASES = [
     {"name": "s2_keep", "stage": 2, "data_types": {"buffer_dtype": "bfloat16", "keep_in_fp32_modules": ["inv_*"]}},
     {"name": "s3_default", "stage": 3, "data_types": None},
     {"name": "s3_keep", "stage": 3, "data_types": {"buffer_dtype": "bf16", "keep_in_fp32_modules": ["inv_freq"]}},
+    # built under zero.Init: Init makes scale bf16; initialize keeps it so, or makes it fp32 when listed
+    {"name": "s3_init", "stage": 3, "zero_init": True, "data_types": None},
+    {"name": "s3_init_keep", "stage": 3, "zero_init": True, "data_types": {"keep_in_fp32_modules": ["scale"]}},
 ]
 EXPECTED = {  # (rotary.inv_freq, scale) after initialize
     "s2_default": ("torch.float32", "torch.float32"), "s2_bf16": ("torch.bfloat16", "torch.bfloat16"),
     "s2_keep": ("torch.float32", "torch.bfloat16"), "s3_default": ("torch.float32", "torch.float32"),
-    "s3_keep": ("torch.float32", "torch.bfloat16"),
+    "s3_keep": ("torch.float32", "torch.bfloat16"), "s3_init": ("torch.float32", "torch.bfloat16"),
+    "s3_init_keep": ("torch.float32", "torch.float32"),
 }
 
 
