@@ -25,7 +25,7 @@ def test_defaults_are_deepspeeds():
 @pytest.mark.parametrize("spelling, canonical", [
     ("fp16", "fp16"), ("float16", "fp16"), ("half", "fp16"), ("torch.float16", "fp16"),
     ("fp32", "fp32"), ("float32", "fp32"), ("float", "fp32"), ("torch.float32", "fp32"),
-    ("bf16", "bf16"), ("bfloat16", "bf16"), ("torch.bfloat16", "bf16"), (None, None)])
+    ("bf16", "bf16"), ("bfloat16", "bf16"), ("torch.bfloat16", "bf16"), (None, None), ("keep", "keep")])
 def test_buffer_dtype_spellings(spelling, canonical):
     assert _load({"buffer_dtype": spelling}).data_types.buffer_dtype == canonical
 

@@ -1,8 +1,9 @@
-"""The dtype floating buffers train in (runtime/buffer_dtypes.py), DeepSpeed 0.19.8's rule, in one
-process: under bf16/fp16 an fp32 buffer stays fp32 unless data_types.buffer_dtype names a dtype,
-and the buffers data_types.keep_in_fp32_modules names stay fp32 whatever buffer_dtype says; the
-parameters train in the training dtype. For zerocore.initialize and the DeepSpeed face alike, at
-stages 1-3 (the values against DeepSpeed itself: deepspeed_face/test_buffers_against_deepspeed.py)."""
+"""The dtype floating buffers train in (runtime/buffer_dtypes.py), in one process. The DeepSpeed
+face follows DeepSpeed 0.19.8: under bf16/fp16 an fp32 buffer stays fp32 unless
+data_types.buffer_dtype names a dtype; zerocore.initialize casts buffers to the training dtype unless
+buffer_dtype says "keep" or names one. In both the buffers data_types.keep_in_fp32_modules names
+stay fp32 whatever buffer_dtype says, and the parameters train in the training dtype; stages 1-3
+(the values against DeepSpeed itself: deepspeed_face/test_buffers_against_deepspeed.py)."""
 import warnings
 
 import pytest
@@ -54,15 +55,30 @@ def _dtypes(model):
     return {n: b.dtype for n, b in model.named_buffers()}
 
 
-@pytest.mark.parametrize("face", ["zerocore", "deepspeed"])
+@pytest.mark.parametrize("face, data_types", [("deepspeed", None), ("zerocore", {"buffer_dtype": "keep"}),
+                                              ("deepspeed", {"buffer_dtype": "keep"})])
 @pytest.mark.parametrize("train", ["bf16", "fp16"])
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_buffers_keep_their_dtype_by_default(face, train, stage):
-    model = _engine(face, train, stage)
+def test_buffers_keep_their_dtype_in_the_face_by_default_and_with_keep(face, data_types, train, stage):
+    model = _engine(face, train, stage, data_types)
     got = _dtypes(model)
     assert got["inv_freq"] == got["half_only"] == got["bias_fp32"] == torch.float32
     assert got["steps"] == torch.long
     assert all(p.dtype == DTYPES[train] for p in model.parameters())
+
+
+@pytest.mark.parametrize("train", ["bf16", "fp16"])
+@pytest.mark.parametrize("stage", [1, 3])
+def test_zerocore_initialize_casts_buffers_by_default_but_the_kept(train, stage):
+    # BatchNorm's kernels refuse bf16/fp16 weights beside fp32 running statistics: the native default
+    got = _dtypes(_engine("zerocore", train, stage))
+    assert got["inv_freq"] == DTYPES[train] and got["bias_fp32"] == torch.float32
+    assert got["half_only"] == (torch.float32 if train == "fp16" else torch.bfloat16)
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine = zerocore.initialize(model, {"train_micro_batch_size_per_gpu": 2, train: {"enabled": True}})
+    engine.backward(engine(torch.rand(2, 4).to(DTYPES[train])).float().sum())  # runs
 
 
 @pytest.mark.parametrize("face", ["zerocore", "deepspeed"])
