@@ -22,12 +22,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(face: str, out: str, cases: list[dict], timeout: int = 1500) -> dict[str, list[dict]]:
-    """{case name: [rank 0 record, rank 1 record]} of one torchrun of ``face`` (deepspeed|zerocore)."""
+def launch(face: str, out: str, cases: list[dict], timeout: int = 1500, script: str = SCRIPT) -> dict[str, list[dict]]:
+    """{case name: [rank 0 record, rank 1 record]} of one torchrun of ``face`` (deepspeed|zerocore)
+    running ``script`` (train_script.py unless given)."""
     env = {**os.environ, "ZC_FACE": face, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), "--master_port",
-           str(_free_port()), SCRIPT, "--out", out, "--cases", json.dumps(cases)]
+           str(_free_port()), script, "--out", out, "--cases", json.dumps(cases)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         pytest.fail(f"{face} run failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")

@@ -39,7 +39,9 @@ def _installed() -> dict:
            "aio.block_size": aio.AIO_BLOCK_SIZE_DEFAULT, "aio.queue_depth": aio.AIO_QUEUE_DEPTH_DEFAULT,
            "aio.intra_op_parallelism": aio.AIO_INTRA_OP_PARALLELISM_DEFAULT,
            "aio.single_submit": aio.AIO_SINGLE_SUBMIT_DEFAULT, "aio.overlap_events": aio.AIO_OVERLAP_EVENTS_DEFAULT,
-           "checkpoint.tag_validation": str(c.CHECKPOINT_TAG_VALIDATION_DEFAULT)}
+           "checkpoint.tag_validation": str(c.CHECKPOINT_TAG_VALIDATION_DEFAULT),
+           "data_types.buffer_dtype": c.BUFFER_DTYPE_DEFAULT,
+           "data_types.keep_in_fp32_modules": c.KEEP_IN_FP32_MODULES_DEFAULT}
     sig = inspect.signature(FusedAdam).parameters
     out.update({"optimizer.params.lr": sig["lr"].default, "optimizer.params.betas": list(sig["betas"].default),
                 "optimizer.params.eps": sig["eps"].default, "optimizer.params.weight_decay": sig["weight_decay"].default,

@@ -59,7 +59,9 @@ offload refuses a client optimizer other than `DeepSpeedCPUAdam` (`ZeRORuntimeEx
 parameter trainable at initialize whose `requires_grad` becomes False gets a zero gradient, with
 one warning naming it (`zerocore.initialize` refuses at the next `step()`); and a checkpoint's
 optimizer state saved at another data-parallel world size is refused (`ZeRORuntimeException`)
-unless `checkpoint.load_universal` is true (`zerocore.initialize` reshards it always). bf16 with
+unless `checkpoint.load_universal` is true (`zerocore.initialize` reshards it always); and
+`data_types.buffer_dtype` null keeps each buffer's dtype (`"keep"`; `zerocore.initialize` casts floating
+buffers to the training dtype then, as BatchNorm's kernels need). bf16 with
 `data_types.grad_accum_dtype: "fp32"` at stage 1 stays refused by both.
 
 `activation_checkpointing` is accepted as memory-only: its keys (`partition_activations`,

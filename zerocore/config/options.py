@@ -37,6 +37,9 @@ class Spec:
     applies_if: Callable[[Any], bool] | None = None
     applies: str = ""
     allowed: str = ""  # overrides the generated description of allowed values
+    # "auto" is one of this key's own values (DeepSpeed's data_types.keep_in_fp32_modules), not the
+    # Hugging Face integration's placeholder that is refused for every other non-string key
+    auto_is_value: bool = False
 
 
 def option(default, doc: str, **spec) -> Any:
@@ -100,7 +103,8 @@ def coerce(key: str, value: Any, spec: Spec) -> Any:
         if spec.optional:
             return None
         raise bad()
-    if isinstance(value, str) and value.strip().lower() == "auto" and spec.kind is not str:
+    if isinstance(value, str) and value.strip().lower() == "auto" and spec.kind is not str and \
+            not spec.auto_is_value:
         raise ConfigError(f"{key}: 'auto' is a placeholder that the Hugging Face integration fills in; give a "
                           f"value ({_allowed(spec)})")
     kind = spec.kind

@@ -260,6 +260,51 @@ class BF16Config(_Section):
         "whatever this key says (zerocore/deepspeed/semantics.py).", kind=bool)
 
 
+KEEP = "keep"  # data_types.buffer_dtype: every buffer keeps its dtype (DeepSpeed's null)
+# DeepSpeed's spellings of a dtype (its DtypeEnum) -> the canonical one
+DTYPE_SPELLINGS = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
+                   "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
+                   "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16"}
+
+
+@dataclasses.dataclass
+class DataTypesConfig(_Section):
+    """DeepSpeed's ``data_types`` section: the dtype of the model's buffers. Its ``grad_accum_dtype``
+    is checked and dropped by ``compat/deepspeed.py`` (it asks for nothing zerocore does not do)."""
+
+    PATH = "data_types"
+    buffer_dtype: str | None = option(
+        None, "The dtype floating buffers train in under bf16/fp16: fp16, bf16, fp32 (or DeepSpeed's other spellings: "
+        "float16, half, bfloat16, float32, float, torch.float16, ...); \"keep\" (zerocore): each buffer keeps the "
+        "dtype it had when given to initialize (an fp32 rotary inv_freq stays fp32), as torch AMP and FSDP2 do. "
+        "null: zerocore.initialize casts them to the training dtype (BatchNorm's kernels refuse bf16/fp16 weights "
+        "beside fp32 running statistics); zerocore.deepspeed.initialize reads null as DeepSpeed 0.19.8 does, as "
+        "\"keep\". Parameters always train in the training dtype; under fp32 training every floating buffer "
+        "becomes fp32.", kind=str, optional=True,
+        allowed="null, \"keep\" or one of " + ", ".join(f'"{k}"' for k in DTYPE_SPELLINGS))
+    keep_in_fp32_modules: object = option(
+        "auto", "Floating buffers whose full name matches one of these patterns (`*`: any characters; a pattern "
+        "may match anywhere in the name) become fp32 and stay fp32 under bf16/fp16, whatever buffer_dtype says. "
+        "\"auto\": the model's Transformers lists (_keep_in_fp32_modules_strict, and _keep_in_fp32_modules under "
+        "fp16); []: none.", allowed="\"auto\" or a list of name patterns (strings)",
+        auto_is_value=True)
+
+    def check(self):
+        if self.buffer_dtype is not None and self.buffer_dtype != KEEP:
+            if self.buffer_dtype not in DTYPE_SPELLINGS:
+                why = (" (integer buffers cannot train; DeepSpeed would cast floating buffers to int8)"
+                       if self.buffer_dtype in ("int8", "torch.int8") else "")
+                raise ConfigError(f"{self.PATH}.buffer_dtype: got {self.buffer_dtype!r}{why}; allowed: null, "
+                                  f"'keep' or one of {', '.join(repr(k) for k in DTYPE_SPELLINGS)}")
+            self.buffer_dtype = DTYPE_SPELLINGS[self.buffer_dtype]
+        keep = self.keep_in_fp32_modules
+        if isinstance(keep, tuple):
+            keep = self.keep_in_fp32_modules = list(keep)
+        if keep != "auto" and not (isinstance(keep, list) and all(isinstance(n, str) for n in keep)):
+            raise ConfigError(f"{self.PATH}.keep_in_fp32_modules: got {keep!r}; allowed: \"auto\" or a list of "
+                              "name patterns (strings)")
+
+
 @dataclasses.dataclass
 class OptimizerParams(_Section):
     PATH = "optimizer.params"
@@ -362,6 +407,7 @@ class ZeroConfig(_Section):
                                                  "whatever this says.", kind=bool)
     fp16: FP16Config = section(FP16Config, "fp16 mixed precision.")
     bf16: BF16Config = section(BF16Config, "bf16 mixed precision.")
+    data_types: DataTypesConfig = section(DataTypesConfig, "The dtype of the model's buffers.")
     zero_optimization: ZeroOptimizationConfig = section(ZeroOptimizationConfig, "ZeRO sharding.")
     aio: AioConfig = section(AioConfig, "NVMe I/O engine settings (NVMe offload and checkpoint files).")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "save_checkpoint's checks.")

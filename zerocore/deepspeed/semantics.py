@@ -23,7 +23,11 @@ for DeepSpeed gets DeepSpeed's behaviour for these; the engine it gets carries t
   stages 1/2 unless bf16 with ``check_grad_overflow: false`` (DeepSpeedZeroOptimizer.step's
   ``self.dtype != torch.bfloat16 or self.check_grad_overflow``), so fp32 too; stage 0 as zerocore (fp16,
   bf16 with the check) (zerocore: fp16 and bf16 with the check only; fp32 applies it, as torch.optim);
-  compared side by side in tests/deepspeed_face/test_against_deepspeed.py.
+  compared side by side in tests/deepspeed_face/test_against_deepspeed.py;
+- ``data_types.buffer_dtype`` null (the default): floating buffers keep their dtype under bf16/fp16, as
+  DeepSpeed 0.19.8 casts only the parameters (zerocore: cast to the training dtype, since BatchNorm's
+  kernels refuse bf16/fp16 weights beside fp32 running statistics; ``"keep"`` asks for DeepSpeed's rule);
+  compared side by side in tests/deepspeed_face/test_buffers_against_deepspeed.py.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ import warnings
 import torch
 
 from .._weak import remove_when_freed, weak_call
+from ..config.schema import KEEP
 from .runtime.zero.utils import ZeRORuntimeException
 
 _OFFLOADING = ("cpu", "nvme")
@@ -71,6 +76,11 @@ def prepare_config(raw: dict | None, warn: bool = True):
     if isinstance(ckpt, dict) and "load_universal" in ckpt:
         changed = changed if changed is not None else copy.deepcopy(raw)
         del changed["checkpoint"]["load_universal"]
+    dt = raw.get("data_types")
+    if dt is None or isinstance(dt, dict) and dt.get("buffer_dtype") is None:
+        # DeepSpeed's null buffer_dtype keeps every buffer's dtype (zerocore.initialize's casts them)
+        changed = changed if changed is not None else copy.deepcopy(raw)
+        changed["data_types"] = {**(dt or {}), "buffer_dtype": KEEP}
     if not isinstance(z, dict):
         return changed, sem
     stage = _stage(z)

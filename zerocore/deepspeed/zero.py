@@ -9,8 +9,8 @@ import functools
 import torch
 
 from ..runtime.gathered import gathered
+from ..runtime.keep_in_fp32 import AUTO, keep_named_buffers_in_fp32
 from ..runtime.partition_init import init as _zc_init
-from .keep_in_fp32 import keep_named_buffers_in_fp32
 from .tensor_overrides import (DEFAULT_TENSOR_OVERRIDES, DeepSpeedTensorOverride, TensorOverrides,
                                accelerator_device, checked_overrides)
 
@@ -23,7 +23,8 @@ class Init:
     partitioned across the ranks (stage 3), through ``zerocore.init``. As DeepSpeed's, it overrides
     torch's tensor constructors while open (``tensor_overrides.py``): each new floating tensor is
     made in Init's dtype on this rank's accelerator, so layers initialise their weights in that
-    dtype; the buffers a Transformers model names for fp32 go back to fp32 (``keep_in_fp32.py``).
+    dtype; the buffers the config's ``data_types.keep_in_fp32_modules`` names (by default a Transformers
+    model's lists) go back to fp32 (``runtime/keep_in_fp32.py``).
     ``dtype``: the config's training dtype (bf16/fp16, else fp32) without ``dtype=``; otherwise
     DeepSpeed's rule, ``dtype`` (fp16 when None) where the accelerator has fp16 and bf16 where it
     has not (see :func:`init_dtype`). An Init opened inside another changes nothing (the outer
@@ -55,6 +56,8 @@ class Init:
 
             cfg = loadable(cfg)
         self._cfg = cfg
+        # the buffers kept in fp32: the config's data_types.keep_in_fp32_modules, as DeepSpeed's Init reads it
+        self._keep_in_fp32 = _keep_in_fp32_setting(cfg)
         self._enabled = bool(enabled) and module is None
         self.dtype = init_dtype(cfg, dtype)
         # DeepSpeed's partitions come out in Init's dtype only through its overridden torch.empty: without
@@ -71,7 +74,8 @@ class Init:
         if _open_inits == 0:
             # as DeepSpeed's, after each module's __init__: the buffers its Transformers lists name back to fp32
             ctx = _zc_init(self._cfg, dtype=self._partition_dtype, device=self._device,
-                           after_module=functools.partial(keep_named_buffers_in_fp32, dtype=self.dtype))
+                           after_module=functools.partial(keep_named_buffers_in_fp32, dtype=self.dtype,
+                                                          setting=self._keep_in_fp32))
             ctx.__enter__()
             try:
                 self._overrides.install()
@@ -133,3 +137,16 @@ class GatheredParameters:
 
     def __exit__(self, *exc):
         return self._ctx.__exit__(*exc)
+
+
+def _keep_in_fp32_setting(cfg):
+    """``data_types.keep_in_fp32_modules`` of the config given to Init ("auto" without one)."""
+    if cfg is None:
+        return AUTO
+    import warnings
+
+    from ..config import load_config
+
+    with warnings.catch_warnings():  # initialize warns of the config's keys; Init only reads one
+        warnings.simplefilter("ignore")
+        return load_config(cfg).data_types.keep_in_fp32_modules

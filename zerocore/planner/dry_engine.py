@@ -27,6 +27,7 @@ from ..offload.nvme.plan import DEFAULT_SUB_GROUP, NVME_TILE
 from ..offload.nvme.records import padded as nvme_padded
 from ..offload.nvme.records import record_bytes
 from ..offload.stepper import Ready
+from ..runtime.buffer_dtypes import buffer_targets
 from ..runtime.grad_norm import reduce_dtype
 from ..runtime.frozen_groups import frozen_specs, gatherer_units, whole_frozen
 from ..runtime.group_specs import engine_groups
@@ -278,10 +279,11 @@ def build(module: nn.Module, config: ZeroConfig, world: int, rank: int, device: 
     for _, p in whole_frozen(frozen, frozen_groups):  # convert_rest: whole frozen parameters, floating buffers
         if p.is_floating_point() and p.dtype != dtype:
             p.data = torch.empty(p.shape, dtype=dtype, device=device)
+    want = {id(b): d for b, d in buffer_targets(module, config.data_types, dtype)}  # convert_rest's rule
     for mod in module.modules():
         for name, b in list(mod._buffers.items()):
-            if b is not None and b.is_floating_point() and b.dtype != dtype:
-                mod._buffers[name] = torch.empty(b.shape, dtype=dtype, device=device)
+            if b is not None and id(b) in want:
+                mod._buffers[name] = torch.empty(b.shape, dtype=want[id(b)], device=device)
     guard = DivergenceGuard(comm, lambda op, i: f"group {i}", enabled=False)
     gatherer = None
     if z.stage == 3:

@@ -114,7 +114,8 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
                 units.append((spec.unit[0], spec.unit[1], g))
         # stage 3: frozen parameters partitioned per unit (frozen_groups.py); the others stay whole
         self.frozen_groups = [build_frozen_group(s, comm, self.device, self.offload) for s in cold]
-        convert_rest(module, whole_frozen(frozen, self.frozen_groups) + hyper.ungrouped, self.dtype, comm)
+        convert_rest(module, whole_frozen(frozen, self.frozen_groups) + hyper.ungrouped, self.dtype, comm,
+                     config.data_types)
         # which group and slot hold each parameter (zerocore.gathered finds them here)
         self.param_index = {id(p): (g.index, i) for g in self.groups + self.frozen_groups
                             for i, p in enumerate(g.params)}

@@ -1,12 +1,14 @@
 """What the engine needs to know about a model before sharding it: parameter names (tied
-weights have several), which parameters train, and converting everything else to the
-training dtype, as DeepSpeed does (callers feed inputs of that dtype)."""
+weights have several), which parameters train, and converting the parameters kept whole to the
+training dtype and the buffers to theirs (``buffer_dtypes.py``), as DeepSpeed does (callers feed
+inputs of the training dtype)."""
 from __future__ import annotations
 
 import torch
 
 from ..comm import Comm
 from ..config import ZeroConfig
+from .buffer_dtypes import buffer_targets
 from .partition_init import gather_full
 
 
@@ -37,10 +39,11 @@ def named_params(module: torch.nn.Module) -> tuple[list[tuple[tuple[str, ...], t
     return trainable, frozen
 
 
-def convert_rest(module: torch.nn.Module, frozen, dtype: torch.dtype, comm: Comm) -> None:
+def convert_rest(module: torch.nn.Module, frozen, dtype: torch.dtype, comm: Comm, data_types) -> None:
     """Frozen parameters kept whole (every frozen one below stage 3; at stage 3 the persistent and
-    non-floating ones: ``frozen_groups.py`` partitions the others) and floating buffers to
-    ``dtype``, synced from rank 0 (as DDP does)."""
+    non-floating ones: ``frozen_groups.py`` partitions the others) to ``dtype``, floating buffers to
+    the dtype ``data_types`` (the config's section) gives them (``buffer_dtypes.py``); all synced
+    from rank 0 (as DDP does)."""
     for _, p in frozen:
         if hasattr(p, "_zc_init"):  # partitioned by zerocore.init: made whole again
             p.data = gather_full(p, comm).clone()
@@ -48,11 +51,7 @@ def convert_rest(module: torch.nn.Module, frozen, dtype: torch.dtype, comm: Comm
         if p.is_floating_point() and p.dtype != dtype:
             p.data = p.data.to(dtype)
         comm.broadcast(p.data)
-    for mod in module.modules():
-        for name, b in list(mod._buffers.items()):
-            if b is None:
-                continue
-            if b.is_floating_point() and b.dtype != dtype:
-                b = b.to(dtype)
-                mod._buffers[name] = b
-            comm.broadcast(b)
+    for buf, want in buffer_targets(module, data_types, dtype):
+        buf.data = buf.data.to(want)  # in place: a buffer shared by several modules stays shared
+    for b in module.buffers():
+        comm.broadcast(b)

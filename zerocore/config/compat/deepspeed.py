@@ -45,6 +45,11 @@ PIN_MEMORY = "cpu_offload_use_pin_memory"
 
 # section path -> key -> (values zerocore honours, what zerocore does)
 ACCEPTED: dict[str, dict[str, tuple]] = {
+    "data_types": {
+        "grad_accum_dtype": (ANY, "null or the training dtype change nothing; at ZeRO stages 2-3 (and stage 1 but for "
+                                  "bf16 training with \"fp32\") DeepSpeed accumulates in the training dtype whatever "
+                                  "it says, as zerocore does; other values are refused (checked before this table)"),
+    },
     "zero_optimization": {
         "ignore_unused_parameters": ((True,), "zerocore always trains models with unused parameters (their "
                                               "gradient is zero); zerocore.deepspeed.initialize accepts false "
@@ -132,9 +137,6 @@ TOP_LEVEL: dict[str, tuple] = {
                                          "zero_optimization.reduce_dtype to \"fp32\""),
     "managed_gradient_accumulation": ((True,), "zerocore counts micro-batches itself (or follows "
                                                "engine.set_gradient_accumulation_boundary)"),
-    "data_types": (ANY, "grad_accum_dtype: null or the training dtype change nothing; at ZeRO stages 2-3 (and stage "
-                        "1 but for bf16 training with \"fp32\") DeepSpeed accumulates in the training dtype whatever "
-                        "it says, as zerocore does; other values are refused"),
 }
 DTYPES = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16",
           "bfloat16": "bf16"}
@@ -151,6 +153,7 @@ def translate(data: dict) -> Translation:
     z = section_at(data, "zero_optimization")
     if z is not None:
         data = with_section(data, "zero_optimization", _offload_booleans(z, "zero_optimization", deprecated))
+    _check_data_types(data.get("data_types"), data)  # grad_accum_dtype depends on other sections: first
     data = drop_accepted(data, ACCEPTED)
     if type(data.get("zero_allow_untested_optimizer")) is int and data["zero_allow_untested_optimizer"] in (0, 1):
         # DeepSpeed reads this flag for its truth value; scripts write 1 (zerocore: no effect either way)
@@ -188,8 +191,6 @@ def _top_level(data: dict) -> tuple[dict, list[str]]:
             kept[key] = value
             continue
         _check_top_level(key, value)
-        if key == "data_types":
-            _check_data_types(value, data)
         ignored.append(key)
     return kept, ignored
 
@@ -204,15 +205,10 @@ def training_dtype(data: dict) -> str:
 
 
 def _check_data_types(value, data: dict) -> None:
-    """DeepSpeed's ``data_types`` section: only ``grad_accum_dtype``, accepted where it asks for what
-    DeepSpeed and zerocore both do (see TOP_LEVEL)."""
-    if value is None:
-        return
+    """``data_types.grad_accum_dtype`` of DeepSpeed's config, accepted where it asks for what DeepSpeed
+    and zerocore both do (see ACCEPTED); the section's other keys are the schema's (DataTypesConfig)."""
     if not isinstance(value, dict):
-        raise ConfigError(f"data_types: got {type(value).__name__}; allowed: a JSON object")
-    for key in value:
-        if key != "grad_accum_dtype":
-            raise ConfigError(f"data_types.{key}: unknown key; data_types has: grad_accum_dtype")
+        return  # null is the defaults; another type is the schema's error
     accum = value.get("grad_accum_dtype")
     if accum is None:
         return
