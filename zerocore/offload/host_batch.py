@@ -37,6 +37,30 @@ def batchable(shard) -> bool:
             and shard.param_swap is None and shard.kernel is None and shard.enqueue is None)
 
 
+class HostRuns:
+    """Collects consecutive ``batchable`` shards (engine group indices, in order) into
+    ``(HostStepBatch, indices)`` entries appended to ``batches``, each at most ``cap`` elements
+    (a single larger group makes a batch of its own); ``close`` ends the run under way."""
+
+    def __init__(self, batches: list, cap: int):
+        self.batches, self.cap = batches, cap
+        self.shards: list[HostOptimizerShard] = []
+        self.index: list[int] = []
+        self.elems = 0
+
+    def add(self, i: int, shard: HostOptimizerShard, size: int) -> None:
+        if self.index and self.elems + size > self.cap:
+            self.close()
+        self.shards.append(shard)
+        self.index.append(i)
+        self.elems += size
+
+    def close(self) -> None:
+        if self.index:
+            self.batches.append((HostStepBatch(self.shards), self.index))
+        self.shards, self.index, self.elems = [], [], 0
+
+
 class _HostPart:
     """A host shard's host-resident state in OptimizerShard's names, for MultiShardStep: fp32 master,
     m, v, and the 16-bit values the kernel writes in the same pass (the staging buffer copied to the
@@ -99,20 +123,9 @@ def _copy_back_all(shards: list[HostOptimizerShard]):
     copies: the 16-bit staging buffer, or the fp32 master), on one side stream behind one CUDA event,
     which each shard keeps as its last copy back and which is returned (None where nothing was copied
     or the device is the CPU, where the copies are done when this returns)."""
-    stream, copied = None, []
-    for s in shards:
-        dst = s.group.owned_params_raw()[:s.split]
-        src = s.out_h if s.half else s.master_h
-        if src is None or src.data_ptr() == dst.data_ptr():
-            continue
-        if dst.device.type != "cuda":
-            dst.copy_(src)
-            continue
-        if stream is None:
-            stream = shards[0]._stream()
-        with torch.cuda.stream(stream):
-            dst.copy_(src, non_blocking=True)
-        copied.append(s)
+    stream = shards[0]._stream() if shards[0].group.owned_params_raw().device.type == "cuda" else None
+    copied = [s for s in shards
+              if s._queue_copy_back(s.group.owned_params_raw()[:s.split], s.out_h if s.half else s.master_h, stream)]
     if not copied:
         return None
     ev = torch.cuda.Event()

@@ -150,18 +150,27 @@ class HostSteppedShard:
     def _copy_back(self, dst: torch.Tensor, src: torch.Tensor | None):
         """Updated host values ``src`` into the device parameters ``dst`` (nothing to do when there
         are none or they already are them). Returns the copy's CUDA event, or None."""
-        if src is None or src.data_ptr() == dst.data_ptr():
+        stream = self._stream() if dst.device.type == "cuda" else None
+        if not self._queue_copy_back(dst, src, stream):
             return None
-        if dst.device.type != "cuda":
-            dst.copy_(src)
-            return None
-        stream = self._stream()
-        with torch.cuda.stream(stream):
-            dst.copy_(src, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record(stream)
+        ev = torch.cuda.Event()
+        ev.record(stream)
         self._copy_event = ev
         return ev
+
+    @staticmethod
+    def _queue_copy_back(dst: torch.Tensor, src: torch.Tensor | None, stream) -> bool:
+        """``src`` into ``dst``: on a CPU device done when this returns, on CUDA queued on ``stream``
+        (True: the caller records the event the next step waits for). False where there is nothing
+        to copy (no values, or ``src`` is ``dst``)."""
+        if src is None or src.data_ptr() == dst.data_ptr():
+            return False
+        if dst.device.type != "cuda":
+            dst.copy_(src)
+            return False
+        with torch.cuda.stream(stream):
+            dst.copy_(src, non_blocking=True)
+        return True
 
 
 def _keeping(group, fn):

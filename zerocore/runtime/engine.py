@@ -19,7 +19,7 @@ from ..comm import Comm
 from ..config import ZeroConfig
 from ..comm.divergence import DivergenceGuard, Op
 from ..offload import OffloadPlan
-from ..offload.host_batch import HOST_BATCH_ELEMS, HostStepBatch, batchable
+from ..offload.host_batch import HOST_BATCH_ELEMS, HostRuns, batchable
 from ..sharding import (AdamHyper, GradReducer, OptimizerShard, ParamState, ShardedGroup,
                         policy_for)
 from ..sharding.gatherer import Limits, ParamGatherer
@@ -207,41 +207,30 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         gather = self.policy.shard_optimizer and self.comm.world > 1
         cap = self.config.zero_optimization.allgather_bucket_size
         batches, run, elems = [], [], 0
-        host, host_elems = [], 0  # consecutive host shards stepped as one job (offload/host_batch.py)
-        host_cap = min(cap, HOST_BATCH_ELEMS) if gather else HOST_BATCH_ELEMS
+        # consecutive host shards stepped as one job (offload/host_batch.py)
+        host = HostRuns(batches, min(cap, HOST_BATCH_ELEMS) if gather else HOST_BATCH_ELEMS)
 
         def batch(run):
             if self._torch_step is not None:
                 return TorchBatch(self._torch_step, run, self.optimizer.param_groups)
             return MultiShardStep([self.shards[k] for k in run], run)
 
-        def close_host():
-            if host:
-                batches.append((HostStepBatch([self.shards[k] for k in host]), list(host)))
-                host.clear()
-
         for i, (g, shard) in enumerate(zip(self.groups, self.shards)):
             if not shard.batched:  # host / NVMe state: its own step, or a host batch's
-                if not batchable(shard):
-                    close_host()
+                if batchable(shard):
+                    host.add(i, shard, g.layout.padded if gather else g.hi - g.lo)
+                else:
+                    host.close()
                     batches.append((None, [i]))
-                    continue
-                size = g.layout.padded if gather else g.hi - g.lo
-                if host and host_elems + size > host_cap:
-                    close_host()
-                if not host:
-                    host_elems = 0
-                host.append(i)
-                host_elems += size
                 continue
-            close_host()
+            host.close()
             size = g.layout.padded if gather and not g.partitioned else 0
             if gather and run and elems + size > cap:
                 batches.append((batch(run), run))
                 run, elems = [], 0
             run.append(i)
             elems += size
-        close_host()
+        host.close()
         if run:
             batches.append((batch(run), run))
         return batches

@@ -191,9 +191,7 @@ class NvmeOptimizerShard(HostSteppedShard):
         plan = step_plan(self.pieces, self.group.hi - self.group.lo, hp)
 
         def host_part():
-            if self._copy_event is not None:  # last step's copy back still reads the staging buffer
-                self._copy_event.synchronize()
-                self._copy_event = None
+            self.wait_copy_back()  # last step's copy back still reads the staging buffer
             if self._direct():
                 return self._step_direct(plan, step, grad_scale)
             if self.staging is None:
