@@ -262,14 +262,16 @@ def decay_groups(model) -> list[dict]:
 
 
 def _zerocore(stage: int, check: bool = True, offload: bool = False, nvme: str | None = None,
-              groups: bool = False, sgd: bool = False, nan_check: bool = True, host_batch: bool = True):
+              groups: bool = False, sgd: bool = False, nan_check: bool = True, host_batch: bool = True,
+              speculative: bool = False):
     """``nvme``: None, "opt" (optimizer state on NVMe) or "param" (and the parameter shards).
     ``groups``: two hyper-parameter groups and a WarmupLR schedule; ``sgd``: a client
     torch.optim.SGD with momentum instead of the config's AdamW. ``nan_check`` False:
     ``bf16.check_grad_overflow: false`` (no host read of the Inf/NaN flag per step: torch AMP's and
     FSDP2's behaviour; the default, true, is DeepSpeed's and skips such a step). ``host_batch`` False:
     each offloaded group's host step handed to the worker on its own, as before offload/host_batch.py
-    (an A/B of that change in one run)."""
+    (an A/B of that change in one run). ``speculative``: offload_optimizer.speculative_step (the host Adam
+    started during the backward, offload/speculation.py)."""
     def build(model, ctx):
         import zerocore
 
@@ -279,6 +281,8 @@ def _zerocore(stage: int, check: bool = True, offload: bool = False, nvme: str |
             z.update(stage3_config(model, UNIT_CLASS[a.model], a.persist), stage3_check_divergence=check)
         if offload:
             z.update(_offload_keys(stage))
+            if speculative:
+                z["offload_optimizer"] = {**z["offload_optimizer"], "speculative_step": True}
         cfg = {"gradient_clipping": 0.0, "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}},
                "zero_optimization": z}
         if nvme:
@@ -317,6 +321,8 @@ for _s in (1, 2, 3):
 variant("zerocore_stage2_sgd")(_zerocore(2, sgd=True))
 variant("zerocore_stage2_offload")(_zerocore(2, offload=True))
 variant("zerocore_stage2_offload_per_group")(_zerocore(2, offload=True, host_batch=False))
+# bf16 (cuda): fp32 on a CPU device has its master as the parameter, which a speculative step may not write
+variant("zerocore_stage2_offload_speculative", devices=("cuda",))(_zerocore(2, offload=True, speculative=True))
 variant("zerocore_stage3_offload")(_zerocore(3, offload=True))
 variant("zerocore_stage3_nvme")(_zerocore(3, nvme="opt"))
 variant("zerocore_stage3_nvme_param")(_zerocore(3, nvme="param"))

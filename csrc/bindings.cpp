@@ -99,19 +99,24 @@ void adam_step(const at::Tensor& param, const at::Tensor& grad, const at::Tensor
 }
 
 // One native call for a whole parameter group: per-tensor step counts (torch keeps one per
-// parameter), shared hyper-parameters.
-void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
-                     const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
-                     const std::optional<std::vector<at::Tensor>>& param_outs, const std::vector<int64_t>& steps, double lr, double beta1, double beta2, double eps,
-                     double weight_decay, bool adamw, double grad_scale) {
+// parameter), shared hyper-parameters. With `sources` (three lists: master, m, v) the step reads
+// the old values there and writes the new ones into params / exp_avgs / exp_avg_sqs (out of place,
+// the same bits), leaving the sources as they were.
+void adam_step_multi_impl(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                          const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                          const std::optional<std::vector<at::Tensor>>& param_outs, const std::vector<int64_t>& steps,
+                          double lr, double beta1, double beta2, double eps, double weight_decay, bool adamw,
+                          double grad_scale, const std::vector<at::Tensor>* sources) {
   const size_t n = params.size();
   ZC_CHECK_VALUE(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n && steps.size() == n,
                     "adam_step_multi: params, grads, exp_avgs, exp_avg_sqs and steps must have the same length");
   ZC_CHECK_VALUE(!param_outs.has_value() || param_outs->size() == n,
                     "adam_step_multi: param_outs must have one tensor per param");
+  ZC_CHECK_VALUE(sources == nullptr || sources->size() == 3 * n,
+                    "adam_step_multi: sources must hold a master, an exp_avg and an exp_avg_sq per param");
   std::vector<zc::AdamTensor> ts;
   ts.reserve(n);
-  zc_bind::Spans spans(5 * n);
+  zc_bind::Spans spans((sources ? 8 : 5) * n);
   zc::AdamScalars s{};
   int64_t scalars_step = -1;  // the steps are usually all equal: fold the scalars once per value
   for (size_t i = 0; i < n; ++i) {
@@ -128,9 +133,41 @@ void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at
     spans.add(exp_avgs[i], "exp_avgs", 2, k);
     spans.add(exp_avg_sqs[i], "exp_avg_sqs", 3, k);
     if (out.has_value()) spans.add(*out, "param_outs", 4, k);
+    if (sources != nullptr) {
+      const int64_t numel = params[i].numel();
+      const char* names[3] = {"source params", "source exp_avgs", "source exp_avg_sqs"};
+      const float* ptrs[3];
+      for (int r = 0; r < 3; ++r) {
+        const at::Tensor& src = (*sources)[3 * i + r];
+        check_f32(src, numel, "adam_step_multi", std::string(names[r]) + "[" + std::to_string(i) + "]");
+        spans.add(src, names[r], 5 + r, k);
+        ptrs[r] = src.data_ptr<float>();
+      }
+      ts.back().param_src = ptrs[0];
+      ts.back().exp_avg_src = ptrs[1];
+      ts.back().exp_avg_sq_src = ptrs[2];
+    }
   }
   spans.check_disjoint("adam_step_multi");  // before anything is written
   zc::adam_step_multi(ts.data(), static_cast<int64_t>(n), at::get_num_threads());
+}
+
+void adam_step_multi(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                     const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                     const std::optional<std::vector<at::Tensor>>& param_outs, const std::vector<int64_t>& steps, double lr, double beta1, double beta2, double eps,
+                     double weight_decay, bool adamw, double grad_scale) {
+  adam_step_multi_impl(params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, lr, beta1, beta2, eps, weight_decay,
+                       adamw, grad_scale, nullptr);
+}
+
+void adam_step_multi_from(const std::vector<at::Tensor>& sources, const std::vector<at::Tensor>& params,
+                          const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& exp_avgs,
+                          const std::vector<at::Tensor>& exp_avg_sqs,
+                          const std::optional<std::vector<at::Tensor>>& param_outs, const std::vector<int64_t>& steps,
+                          double lr, double beta1, double beta2, double eps, double weight_decay, bool adamw,
+                          double grad_scale) {
+  adam_step_multi_impl(params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, lr, beta1, beta2, eps, weight_decay,
+                       adamw, grad_scale, &sources);
 }
 
 std::vector<zc::Segment> segments(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& offsets,
@@ -251,6 +288,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Without the GIL: the offload worker thread steps the host shard while Python trains on.
   m.def("adam_step", &adam_step, "Adam/AdamW step on one flat fp32 shard", py::call_guard<py::gil_scoped_release>());
   m.def("adam_step_multi", &adam_step_multi, "Adam/AdamW step on many tensors in one call",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("adam_step_multi_from", &adam_step_multi_from,
+        "adam_step_multi out of place: reads master, m, v from sources (3 per tensor), writes the others",
         py::call_guard<py::gil_scoped_release>());
   m.def("pack", &pack, "pack tensors into a flat buffer (gaps zeroed)");
   m.def("unpack", &unpack, "unpack a flat buffer into tensors");

@@ -23,6 +23,9 @@
 #   variants benchmarks/cuda_variants.py: the cast and Adam kernels' device time beside other launch layouts
 #   hostbatch  benchmarks/offload_host_batch.py on a 337M GPT: stage 2 + CPU offload's engine.step() with each
 #            group's host step handed over on its own against consecutive groups as one job (the default)
+#   speculation  benchmarks/offload_speculation.py on the same GPT: stage 2 + CPU offload with the host Adam started
+#            during the backward (offload_optimizer.speculative_step; kept, and always dropped) against the step as
+#            before, beside T_device and T_host
 # Python packages the image lacks (DeepSpeed and its pydantic, hjson) travel as wheels in .whl/ (carry it):
 # installed into /tmp/site first. Made here with `echo /.whl/ >> .git/info/exclude` and, for each of
 # deepspeed==0.19.8 pydantic pydantic_core annotated-types typing-inspection hjson (the versions pydantic pins):
@@ -30,7 +33,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl NAME
 # (DeepSpeed's own wheel: `DS_BUILD_OPS=0 pip wheel --no-deps deepspeed==0.19.8`, a py3-none-any build.)
 # Environment: PY (default python3), ZC_ARCH (default 9.0); step limits in seconds T_BUILD, T_TESTS, T_STEP,
-# T_OFFLOAD, T_CPUOFFLOAD, T_LLAMA, T_COMPILE, T_KERNELS, T_VARIANTS, T_HOSTBATCH; B_TESTS (the tests' budget), GPU_TEST_FILES,
+# T_OFFLOAD, T_CPUOFFLOAD, T_LLAMA, T_COMPILE, T_KERNELS, T_VARIANTS, T_HOSTBATCH, T_SPECULATION; B_TESTS (the tests' budget), GPU_TEST_FILES,
 # LLAMA_ROUNDS, KERNEL_ROUNDS, CPUOFFLOAD_VARIANTS, CPUOFFLOAD_PROFILE.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -91,6 +94,10 @@ CPUAdamBuilder().load(); FusedAdamBuilder().load(); print('DeepSpeed ops built')
       run hostbatch "${T_HOSTBATCH:-150}" "$PY" benchmarks/offload_host_batch.py --device cuda --dim 1024 --layers 24 \
         --heads 16 --ctx 128 --batch 8 --vocab 8192 --bucket 2.5e6 --threads "$(( $(nproc) - 1 ))" --rounds 8 \
         --steps 3 --out "$W/offload_host_batch.json" ;;
+    speculation)  # stage 2 + CPU offload: the host Adam during the backward (kept / dropped) vs after it
+      run speculation "${T_SPECULATION:-150}" "$PY" benchmarks/offload_speculation.py --device cuda --dim 1024 \
+        --layers 24 --heads 16 --ctx 128 --batch 8 --vocab 8192 --bucket 2.5e6 --threads "$(( $(nproc) - 1 ))" \
+        --rounds 5 --steps 3 --out "$W/offload_speculation.json" ;;
     kernels)
       run kernels "${T_KERNELS:-120}" "$PY" benchmarks/gpu_proof.py --steps bench --rounds "${KERNEL_ROUNDS:-10}" \
         --out-dir "$W" ;;

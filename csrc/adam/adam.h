@@ -29,6 +29,13 @@ struct AdamTensor {
   DType grad_dtype;
   DType out_dtype;
   AdamScalars s;
+  // Out of place: where the step reads the old master, m and v (nullptr: the three above, in place).
+  // The values written are the same bits either way; the sources are left as they were, so a step
+  // taken before it is known to be wanted (offload/speculation.py) can be dropped by not using it.
+  // The host kernels only (the CUDA table reads the fields above).
+  const float* param_src = nullptr;
+  const float* exp_avg_src = nullptr;
+  const float* exp_avg_sq_src = nullptr;
 };
 
 // Validates and folds hyper-parameters; throws std::invalid_argument naming the bad one.

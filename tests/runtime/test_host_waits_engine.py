@@ -81,6 +81,9 @@ SCENARIOS = {  # name: (stages, Case keywords, zero_optimization additions)
     "bf16_clip": ((0, 1, 2, 3), dict(dtype="bf16", clip=0.05), {}),
     "fp32_clip_gas2": ((0, 1, 2, 3), dict(clip=0.05, gas=2), {}),
     "bf16_clip_cpu_offload": ((1, 2, 3), dict(dtype="bf16", clip=0.05), CPU_OPT),
+    # the host step started during the backward (kept where the clip does not bite), on the worker thread
+    "bf16_clip_cpu_offload_speculative": ((1, 2), dict(dtype="bf16", clip=50.0),
+                                          {"offload_optimizer": {"device": "cpu", "speculative_step": True}}),
     "bf16_clip_param_offload": ((3,), dict(dtype="bf16", clip=0.05, model="gpt"),
                                 {"offload_param": {"device": "cpu"}}),
     "bf16_clip_param_and_cpu_offload": ((3,), dict(dtype="bf16", clip=0.05, gas=2),
@@ -110,6 +113,8 @@ def train(name: str, stage: int, monkeypatch, mode: str | None, inf_at: int | No
     _, kw, zero = SCENARIOS[name]
     kw = dict(kw)
     case = Case(name, kw.pop("model", "mlp"), stage, zero=zero, **kw)
+    if zero.get("offload_optimizer", {}).get("speculative_step"):  # needs the worker thread (a GPU has one)
+        monkeypatch.setenv("ZEROCORE_HOST_STEP_THREADS", "1")
     if mode is None:
         monkeypatch.delenv(ENV, raising=False)
     else:

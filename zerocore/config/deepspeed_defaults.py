@@ -36,6 +36,7 @@ DEEPSPEED_DEFAULTS: dict[str, object] = {
     "zero_optimization.offload_optimizer.device": "none", "zero_optimization.offload_optimizer.nvme_path": None,
     "zero_optimization.offload_optimizer.pin_memory": True, "zero_optimization.offload_optimizer.buffer_count": 4,
     "zero_optimization.offload_optimizer.ratio": 1.0, "zero_optimization.offload_optimizer.fast_init": False,
+    "zero_optimization.offload_optimizer.speculative_step": ONLY_ZEROCORE,
     "zero_optimization.offload_optimizer.pipeline_read": False,
     "zero_optimization.offload_optimizer.pipeline_write": False,
     "zero_optimization.offload_param.device": "none", "zero_optimization.offload_param.nvme_path": None,

@@ -23,6 +23,7 @@ import torch
 
 from ..sharding.optimizer import AdamHyper, MultiShardStep
 from .host_shard import HostOptimizerShard
+from .speculation import BatchSpeculation, can_speculate, speculative_src
 from .stepper import Ready
 
 # Elements of one batch: large enough that the hand-over is a small part of the batch's host Adam
@@ -96,11 +97,28 @@ class HostStepBatch:
         self.shards = shards
         self._multi = MultiShardStep([_HostPart(s) for s in shards], list(range(len(shards))))
         self.ready = Ready()  # the job's, on the worker (each shard's own stays set: nothing is queued)
+        self.speculation = None  # a BatchSpeculation (offload/speculation.py), when the config asks for one
+
+    def speculate(self, guess) -> bool:
+        """Starts this batch's host step as its gradients land (offload/speculation.py); ``guess``:
+        () -> (hypers, step, grad_scale) the engine's step will use if nothing bites, or None. False
+        where the batch's shards cannot (no worker; fp32 on a CPU device)."""
+        if not all(can_speculate(s) for s in self.shards):
+            return False
+        first = self.shards[0]
+        self.speculation = BatchSpeculation(self.shards, guess, first.run_later)
+        return True
 
     def step(self, grads, hp, *, step: int, grad_scale: float) -> None:
         """``grads``: the device gradients (unused: each shard's landed host copy, ``grad_h``, is read).
         ``hp``: an AdamHyper, or one per hyper-parameter group (copied: the worker reads this step's)."""
         hp = dataclasses.replace(hp) if isinstance(hp, AdamHyper) else [dataclasses.replace(h) for h in hp]
+        if self.speculation is not None and self.speculation.take(hp, step, grad_scale):
+            # the speculative step was this one: its buffers are the state now, only the copies back are left
+            ev = _copy_back_all(self.shards, speculative_src)
+            if ev is not None:
+                torch.cuda.current_stream().wait_event(ev)
+            return
         landed = [s.grad_h for s in self.shards]
 
         def job():
@@ -118,14 +136,19 @@ class HostStepBatch:
             torch.cuda.current_stream().wait_event(ev)
 
 
-def _copy_back_all(shards: list[HostOptimizerShard]):
-    """Every shard's updated values into its device parameters (what HostOptimizerShard's own step
-    copies: the 16-bit staging buffer, or the fp32 master), on one side stream behind one CUDA event,
+def _own_src(s: HostOptimizerShard):
+    return s.out_h if s.half else s.master_h
+
+
+def _copy_back_all(shards: list[HostOptimizerShard], src_of=_own_src):
+    """Every shard's updated values (``src_of``: what HostOptimizerShard's own step copies, the 16-bit
+    staging buffer or the fp32 master; a kept speculation's, speculation.speculative_src) into its
+    device parameters, on one side stream behind one CUDA event,
     which each shard keeps as its last copy back and which is returned (None where nothing was copied
     or the device is the CPU, where the copies are done when this returns)."""
     stream = shards[0]._stream() if shards[0].group.owned_params_raw().device.type == "cuda" else None
     copied = [s for s in shards
-              if s._queue_copy_back(s.group.owned_params_raw()[:s.split], s.out_h if s.half else s.master_h, stream)]
+              if s._queue_copy_back(s.group.owned_params_raw()[:s.split], src_of(s), stream)]
     if not copied:
         return None
     ev = torch.cuda.Event()

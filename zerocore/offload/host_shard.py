@@ -67,6 +67,34 @@ class HostOptimizerShard(HostSteppedShard):
         self.exp_avg_d = torch.zeros_like(self.master_d)
         self.exp_avg_sq_d = torch.zeros_like(self.master_d)
         self.kernel = None  # (master, grad, out, grad_scale) -> None replacing Adam: a client torch optimizer
+        # the speculative step's second set of host state and its 16-bit output (offload/speculation.py)
+        self.state_sets = None  # [(master, m, v), (master, m, v)]: ``current`` is the one in use
+        self.current = 0
+        self.spec_out = None
+
+    # -- the speculative step's buffers (offload/speculation.py) --------------------------------
+    def make_spare(self) -> None:
+        """A second master, m and v (the speculative step writes them), and where its 16-bit values go:
+        the staging buffer, or one of its own where the step otherwise writes host parameters in place."""
+        if self.state_sets is not None:
+            return
+        h = self.split
+        spare = tuple(host_zeros(h, torch.float32, self.pin) for _ in range(3))
+        self.state_sets = [(self.master_h, self.exp_avg_h, self.exp_avg_sq_h), spare]
+        self.current = 0
+        if self.half:
+            self.spec_out = self.out_h if self.out_h is not None else host_empty(h, self.group.layout.dtype, self.pin)
+
+    def swap_spare(self) -> None:
+        """The speculative step's output becomes the state (its old buffers the next one's output)."""
+        self.current = 1 - self.current
+        self.master_h, self.exp_avg_h, self.exp_avg_sq_h = self.state_sets[self.current]
+
+    def _state_written(self) -> None:
+        """The current state is written from outside the step (a checkpoint load): a speculative step
+        read the old values, so it is dropped."""
+        if self.speculation is not None:
+            self.speculation.drop()
 
     # -- the step --------------------------------------------------------------------------
     def step(self, grad: torch.Tensor, hp: AdamHyper, *, step: int, grad_scale: float):
@@ -119,6 +147,7 @@ class HostOptimizerShard(HostSteppedShard):
     def load_master(self, a: int, b: int, values: torch.Tensor) -> None:
         """Writes ``values`` into the master's owned-range elements [a, b)."""
         self.ready.wait()
+        self._state_written()
         if self.param_swap is not None:  # zerocore.gathered wrote the resident shard first
             self.param_swap.mark_dirty(self.group.index)
         h = self.split
@@ -132,6 +161,8 @@ class HostOptimizerShard(HostSteppedShard):
         tile and never across the host/device split; the tensors are views of the state, so what a
         writer puts into them with ``write`` is the state."""
         self.ready.wait()
+        if write:
+            self._state_written()
         parts = [(0, self.master_h, self.exp_avg_h, self.exp_avg_sq_h),
                  (self.split, self.master_d, self.exp_avg_d, self.exp_avg_sq_d)]
         for base, m, a, v in parts:
@@ -152,4 +183,12 @@ class HostOptimizerShard(HostSteppedShard):
         return {"host_master": self.master_h, "host_exp_avg": self.exp_avg_h, "host_exp_avg_sq": self.exp_avg_sq_h,
                 "host_grads": self.grad_h, "host_staging": self.out_h, "master": self.master_d,
                 "exp_avg": self.exp_avg_d, "exp_avg_sq": self.exp_avg_sq_d,
-                "host_params": None if self.param_swap is None else self.param_swap.pool}
+                "host_params": None if self.param_swap is None else self.param_swap.pool,
+                **self._spare_tensors()}
+
+    def _spare_tensors(self) -> dict[str, torch.Tensor | None]:
+        if self.state_sets is None:
+            return {}
+        spare = self.state_sets[1 - self.current]
+        return {"host_spare_master": spare[0], "host_spare_exp_avg": spare[1], "host_spare_exp_avg_sq": spare[2],
+                "host_spare_out": self.spec_out if self.spec_out is not self.out_h else None}

@@ -46,6 +46,8 @@ class HostSteppedShard:
         self._norm = None  # the landed gradient's (sum of squares, flag), not yet read (device_norms.LandedNorm)
         self.enqueue = None  # (group index, host step, ready) -> None: set by OffloadPlan at stage 3
         self.run_now = None  # the same, run on the worker and waited for: OffloadPlan, stages 1/2 on a GPU
+        self.run_later = None  # the same, run on the worker, not waited for (a speculative step): OffloadPlan
+        self.speculation = None  # the BatchSpeculation this shard takes part in (offload/speculation.py)
         self.param_swap = None  # set by OffloadPlan when this group's parameter shard rests on NVMe
         self.pieces = None  # hyper-parameter groups of the owned range (sharding.optimizer.Pieces)
 
@@ -59,6 +61,8 @@ class HostSteppedShard:
         16 cores: the host's memory bandwidth, which the host Adam needs); it also sums the range in
         one piece, the order the engine without offload sums it in."""
         self.ready.wait()  # the worker may still be reading last step's landed gradient
+        if self.speculation is not None:  # ... or a speculative step from it
+            self.speculation.before_land()
         h = self.split
         self._norm = LandedNorm(grad)
         if grad.device.type == "cuda":
@@ -71,11 +75,14 @@ class HostSteppedShard:
             grad.record_stream(stream)
             self._landed.append(ev)
         else:
+            ev = None
             # a CPU device: the copy is done when copy_ returns (non_blocking changes nothing on the CPU; said
             # so that zerocore.debug.host_waits meets the same code a CUDA device runs: a copy not waited for)
             self.grad_h.copy_(grad[:h], non_blocking=True)
         if self.releases_grad:  # nothing reads the device gradient after this: its memory goes back
             self.group.release_grad()
+        if self.speculation is not None:  # the batch's host step may start once all its gradients landed
+            self.speculation.landed(self, ev)
 
     @property
     def releases_grad(self) -> bool:

@@ -117,6 +117,7 @@ class OffloadPlan:
             shard.enqueue = weak_call(self._enqueue)
         elif self.stepper is not None:
             shard.run_now = weak_call(self._run_now)
+            shard.run_later = weak_call(self._submit)
         if not self.queued and shard.reads_ahead:  # stages 1/2 step in index order: read the next ahead
             last = max((i for i in self.shards if self.shards[i].reads_ahead), default=None)
             if last is not None:
@@ -187,6 +188,10 @@ class OffloadPlan:
         CUDA the current stream then waits for its copy back (``Ready.wait``)."""
         self.stepper.submit(gi, fn, ready)
         ready.wait_own()
+
+    def _submit(self, gi: int, fn, ready) -> None:
+        """A step for the worker, not waited for here (a speculative one, offload/speculation.py)."""
+        self.stepper.submit(gi, fn, ready)
 
     def launch(self) -> None:
         """Hands the queued host steps to the worker, first-needed first."""

@@ -55,6 +55,13 @@ class Ready:
             raise error
         self._stream_waits()
 
+    def finish(self) -> BaseException | None:
+        """Waits for the job and returns (and clears) its error, if any, raising nothing and making no
+        stream wait: for a job whose result the caller may not use (offload/speculation.py)."""
+        self._done.wait()
+        error, self.error = self.error, None
+        return error
+
     def _stream_waits(self) -> None:
         if self.cuda_event is not None:  # the device's copy back: the stream waits for it, not the host
             torch.cuda.current_stream().wait_event(self.cuda_event)

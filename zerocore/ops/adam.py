@@ -46,16 +46,25 @@ def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, ex
 
 def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, betas=(0.9, 0.999),
                     eps: float = 1e-8, weight_decay: float = 0.0, adamw_mode: bool = True,
-                    grad_scale: float = 1.0, param_outs=None) -> None:
+                    grad_scale: float = 1.0, param_outs=None, sources=None) -> None:
     """:func:`adam_step` over many tensors in one native call (one thread team, chunks spread
     over it). ``steps[i]`` is tensor i's step count including this update; the other
     hyper-parameters are shared. Every tensor is checked first, naming its index.
+
+    ``sources``: None (in place), or three lists (masters, exp_avgs, exp_avg_sqs) the step reads the
+    old values from, writing the new ones into ``params``/``exp_avgs``/``exp_avg_sqs`` (the same bits
+    as in place; the sources are left unchanged): a step that can be dropped (the host speculation,
+    offload/speculation.py). fp32 CPU tensors of the params' sizes, sharing no memory with the rest.
 
     ``grad_scale`` may be a one-element tensor on the tensors' device (the engine's clip coefficient,
     computed there); a non-finite value in it skips the update (nothing is written), on the CPU as
     in the CUDA kernel: the engine's deferred Inf/NaN decision (runtime/deferred_skip.py). A
     non-finite number is refused, as ever."""
     params = check_list("adam_step_multi", "params", params)
+    if sources is not None:
+        return _adam_step_multi_from(params, grads, exp_avgs, exp_avg_sqs, sources, steps=steps, lr=lr, betas=betas,
+                                     eps=eps, weight_decay=weight_decay, adamw_mode=adamw_mode,
+                                     grad_scale=grad_scale, param_outs=param_outs)
     if params and _cuda.routes(params[0]):  # CUDA tensors: zerocore.ops.cuda
         from .cuda import kernels
 
@@ -86,6 +95,32 @@ def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, b
     grad_scale = check_number("grad_scale", grad_scale, low=float("-inf"))
     _loader.load("adam").adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps,
                                          weight_decay, bool(adamw_mode), grad_scale)
+
+
+def _adam_step_multi_from(params, grads, exp_avgs, exp_avg_sqs, sources, *, steps, lr, betas, eps, weight_decay,
+                          adamw_mode, grad_scale, param_outs) -> None:
+    """adam_step_multi out of place (``sources``): the host kernels only."""
+    op = "adam_step_multi"
+    if not (isinstance(sources, (list, tuple)) and len(sources) == 3):
+        raise TypeError(f"{op}: sources must be three lists (masters, exp_avgs, exp_avg_sqs), got {type(sources).__name__}")
+    srcs = [check_list(op, name, lst) for name, lst in zip(("source params", "source exp_avgs", "source exp_avg_sqs"),
+                                                            sources)]
+    for name, lst in zip(("source params", "source exp_avgs", "source exp_avg_sqs"), srcs):
+        if len(lst) != len(params):
+            raise ValueError(f"{op}: {name} has {len(lst)} tensors but params has {len(params)}")
+    if any(t.device.type != "cpu" for lst in (params, *srcs) for t in lst):
+        raise ValueError(f"{op}: sources (an out-of-place step) are for host tensors only")
+    if isinstance(grad_scale, torch.Tensor):
+        grad_scale = _scalar_argument(grad_scale)
+        if not math.isfinite(grad_scale):
+            return
+    params, grads, exp_avgs, exp_avg_sqs, outs, steps = adam_multi_args(
+        op, params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, cuda=False)
+    lr, beta1, beta2, eps, weight_decay = check_adam_hyper(lr, betas, eps, weight_decay)
+    grad_scale = check_number("grad_scale", grad_scale, low=float("-inf"))
+    flat = [t for triple in zip(*srcs) for t in triple]  # master, m, v per tensor
+    _loader.load("adam").adam_step_multi_from(flat, params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1,
+                                              beta2, eps, weight_decay, bool(adamw_mode), grad_scale)
 
 
 def _scalar_argument(t: torch.Tensor) -> float:

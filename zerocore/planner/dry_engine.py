@@ -23,6 +23,7 @@ from ..comm.collectives import Handle
 from ..comm.divergence import DivergenceGuard
 from ..config import ZeroConfig
 from ..offload import OffloadPlan
+from ..offload.speculation import plans_spare
 from ..offload.nvme.plan import DEFAULT_SUB_GROUP, NVME_TILE
 from ..offload.nvme.records import padded as nvme_padded
 from ..offload.nvme.records import record_bytes
@@ -245,6 +246,8 @@ def build_states(specs, config: ZeroConfig, rank: int, device: torch.device):
         flat = init if dtype == torch.float32 else torch.empty(spec.layout.padded, dtype=dtype, device=device)
         g = ShardedGroup(spec.layout, spec.params, spec.policy, rank, device, param_flat=flat)
         shards.append(offload.make_shard(g, init, tile) if offload is not None else OptimizerShard(g, init, tile=tile))
+        if offload is not None and plans_spare(config, shards[-1], device):  # offload/speculation.py's second state
+            shards[-1].make_spare()
         g.bind_params()
         if g.partitioned:
             g.free_full()

@@ -20,6 +20,7 @@ from ..config import ZeroConfig
 from ..comm.divergence import DivergenceGuard, Op
 from ..offload import OffloadPlan
 from ..offload.host_batch import HOST_BATCH_ELEMS, HostRuns, batchable
+from ..offload import speculation
 from ..sharding import (AdamHyper, GradReducer, OptimizerShard, ParamState, ShardedGroup,
                         policy_for)
 from ..sharding.gatherer import Limits, ParamGatherer
@@ -164,6 +165,7 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         self._backward_done = False
         self._dropped = False  # zero_grad() between backward() and step() (named by step())
         self._batches = self._step_batches()  # after the face and _torch_step: the batches use them
+        speculation.attach(self, self._batches)  # offload_optimizer.speculative_step (offload/speculation.py)
         self._pending_skip: PendingSkip | None = None
         self.skip_on_overflow(self._checks_overflow)
         self.tput_timer = ThroughputTimer(self.train_batch_size())  # DeepSpeed's samples/s (throughput.py)
@@ -208,7 +210,8 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         cap = self.config.zero_optimization.allgather_bucket_size
         batches, run, elems = [], [], 0
         # consecutive host shards stepped as one job (offload/host_batch.py)
-        host = HostRuns(batches, min(cap, HOST_BATCH_ELEMS) if gather else HOST_BATCH_ELEMS)
+        elems_cap = speculation.host_batch_elems(self.config, HOST_BATCH_ELEMS)
+        host = HostRuns(batches, min(cap, elems_cap) if gather else elems_cap)
 
         def batch(run):
             if self._torch_step is not None:

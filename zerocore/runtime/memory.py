@@ -9,7 +9,9 @@ ROLES = ("params", "frozen", "gathered", "staged", "grads", "master", "exp_avg",
 # ones elsewhere); "gathered": stage 3's full parameter buffers while gathered (zero bytes between
 # steps); "staged": the device copy of a host-resident parameter shard while its all-gather runs
 HOST_ROLES = ("host_params", "host_frozen", "host_grads", "host_master", "host_exp_avg", "host_exp_avg_sq",
-              "host_staging", "host_swap")  # host_swap: NVMe offload's pinned swap buffers (the optimizer state)
+              "host_staging", "host_swap",  # host_swap: NVMe offload's pinned swap buffers (the optimizer state)
+              # offload_optimizer.speculative_step's second master, m, v and its own 16-bit output
+              "host_spare_master", "host_spare_exp_avg", "host_spare_exp_avg_sq", "host_spare_out")
 # Host memory of CPU offload (zerocore.offload). "total" sums the training device's roles,
 # "host_total" the host's; on a CPU-only machine both are the same RAM, the split says where
 # the engine put each byte.

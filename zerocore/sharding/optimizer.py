@@ -158,9 +158,11 @@ class MultiShardStep:
         calls = {}
         for k, s in enumerate(self.shards):
             out = s.param_out is not None
+            src = getattr(s, "sources", None)  # (master, m, v) read instead of the above: an out-of-place step
             n = s.master.numel()
             for lo, hi, h in s.pieces or [(0, n, 0)]:
-                params, ms, vs, outs, cuts = calls.setdefault((h, out), ([], [], [], [] if out else None, []))
+                params, ms, vs, outs, cuts, srcs = calls.setdefault(
+                    (h, out), ([], [], [], [] if out else None, [], ([], [], []) if src is not None else None))
                 for a in range(lo, hi, s.tile):
                     b = min(hi, a + s.tile)
                     params.append(s.master[a:b])
@@ -168,6 +170,9 @@ class MultiShardStep:
                     vs.append(s.exp_avg_sq[a:b])
                     if out:
                         outs.append(s.param_out[a:b])
+                    if srcs is not None:
+                        for lst, t in zip(srcs, src):
+                            lst.append(t[a:b])
                     cuts.append((self.index[k], a, b, a == 0 and b == n))
         self._calls = [(h,) + c for (h, _), c in calls.items()]
 
@@ -189,7 +194,7 @@ class MultiShardStep:
         if self._stale():
             self._plan()
         one = hp if isinstance(hp, AdamHyper) else None
-        for h, params, ms, vs, outs, cuts in self._calls:
+        for h, params, ms, vs, outs, cuts, srcs in self._calls:
             if not params:
                 continue
             gs = []
@@ -198,4 +203,4 @@ class MultiShardStep:
             p = one or hp[h]
             ops.adam_step_multi(params, gs, ms, vs, steps=[step] * len(params), lr=p.lr, betas=p.betas,
                                 eps=p.eps, weight_decay=p.weight_decay, adamw_mode=p.decoupled,
-                                grad_scale=grad_scale, param_outs=outs)
+                                grad_scale=grad_scale, param_outs=outs, sources=srcs)

@@ -1,0 +1,151 @@
+"""Stage 2 with CPU offload, the host Adam started during the backward (``offload_optimizer.speculative_step``,
+zerocore/offload/speculation.py) against the step as before (``after_backward``), beside the same step without
+offload (``no_offload``: T_device) and the host Adam alone on the same shards (T_host, timed on the offloaded
+engine's own state): the offloaded step against max(T_device, T_host), the issue's measure.
+
+``speculative`` uses a clip threshold that does not bite (the speculation is kept); ``speculative_dropped`` one
+that always bites (every speculation dropped and the step taken again after the backward: what a speculation
+costs when it fails). bf16 training (fp32 on a CPU device would make the master the parameter itself, which
+the speculation may not write). All engines from the same seed, their steps interleaved in a fresh order each
+round; the host step on the worker thread (``ZEROCORE_HOST_STEP_THREADS``, as on a GPU).
+
+    python benchmarks/offload_speculation.py --out benchmarks/results/cpu_2026-11-26_issue35_stop42/offload_speculation_cpu.json
+    python benchmarks/offload_speculation.py --device cuda --dim 1024 --layers 24 --bucket 2.5e7 --threads 15 --batch 8 --ctx 512
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import machine_info, summary  # noqa: E402
+
+VARIANTS = {  # name: (offload, speculative_step, gradient_clipping)
+    "no_offload": (False, False, 1e6),
+    "after_backward": (True, False, 1e6),
+    "speculative": (True, True, 1e6),
+    "speculative_dropped": (True, True, 1e-6),
+}
+
+
+def build(args, name: str):
+    import zerocore
+    from zerocore.demo import TinyGPT
+
+    offload, spec, clip = VARIANTS[name]
+    torch.manual_seed(0)
+    model = TinyGPT(args.vocab, dim=args.dim, layers=args.layers, heads=args.heads, ctx=args.ctx).to(args.device)
+    z = {"stage": 2, "reduce_bucket_size": int(args.bucket)}
+    if offload:
+        z["offload_optimizer"] = {"device": "cpu", "pin_memory": True, "speculative_step": spec}
+    cfg = {"train_micro_batch_size_per_gpu": args.batch, "gradient_clipping": clip, "zero_optimization": z,
+           "bf16": {"enabled": True, "check_grad_overflow": True},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
+    return zerocore.initialize(model, cfg)
+
+
+def host_adam_ms(engine, reps: int) -> list[float]:
+    """T_host: the host Adam alone over the offloaded engine's shards (its batches' one call each), on the
+    worker's thread count, from this thread (nothing else running)."""
+    from zerocore.offload.host_batch import HostStepBatch
+
+    batches = [m for m, _ in engine._batches if isinstance(m, HostStepBatch)]
+    hyp = engine.optimizer.hypers()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(os.environ["ZEROCORE_HOST_STEP_THREADS"]))
+    out = []
+    try:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for b in batches:
+                b._multi.step([s.grad_h for s in b.shards], hyp, step=engine._optimizer_steps + 1, grad_scale=0.0)
+            out.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--dim", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--ctx", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--bucket", type=float, default=1e6, help="reduce_bucket_size: the groups' size")
+    ap.add_argument("--threads", type=int, default=1, help="the host step's OpenMP threads (ZEROCORE_HOST_STEP_THREADS)")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=5, help="steps per variant per round")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    os.environ["ZEROCORE_HOST_STEP_THREADS"] = str(args.threads)
+    if args.device == "cpu":
+        torch.set_num_threads(1)  # the training thread's one core; the worker has its own
+    engines = {k: build(args, k) for k in args.variants}
+    x = torch.randint(0, args.vocab, (args.batch, args.ctx + 1), device=args.device)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+
+    def one(e) -> float:
+        t0 = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(e(x[:, :-1]).flatten(0, 1).float(), x[:, 1:].flatten())
+        e.backward(loss)
+        e.step()
+        sync()
+        return time.perf_counter() - t0
+
+    for e in engines.values():
+        for _ in range(3):
+            one(e)
+    times = {k: [] for k in engines}
+    for r in range(args.rounds):
+        order = list(engines)
+        random.Random(r).shuffle(order)
+        for k in order:
+            for _ in range(args.steps):
+                times[k].append(one(engines[k]))
+    res = {"machine": machine_info(), "args": vars(args), "step": {k: summary(v) for k, v in times.items()},
+           "params": sum(p.numel() for p in next(iter(engines.values())).module.parameters())}
+    offloaded = next((engines[k] for k in ("after_backward", "speculative") if k in engines), None)
+    if offloaded is not None:
+        res["t_host"] = summary(host_adam_ms(offloaded, args.rounds))
+        res["groups"] = len(offloaded.groups)
+    kept = {k: [(m.speculation.kept, m.speculation.dropped) for m, _ in e._batches
+                if getattr(m, "speculation", None) is not None] for k, e in engines.items()}
+    res["speculations_kept_dropped"] = {k: [sum(a for a, _ in v), sum(b for _, b in v)] for k, v in kept.items() if v}
+    t_dev = res["step"].get("no_offload", {}).get("median_ms")
+    t_host = res.get("t_host", {}).get("median_ms")
+    ref = res["step"].get("after_backward", {}).get("median_ms")
+    print(f"{res['params'] / 1e6:.1f}M parameters, stage 2 bf16, {args.device}, host Adam on the worker with "
+          f"{args.threads} thread(s); {args.rounds} interleaved rounds x {args.steps}")
+    if t_host is not None:
+        print(f"T_host (the host Adam alone) {t_host:.2f} ms over {res['groups']} groups")
+    print(f"{'variant':<22}{'median ms':>11}{'min-max':>17}{'vs after_backward':>19}{'vs max(Tdev,Thost)':>20}")
+    res["ratios"] = {}
+    for k, s in res["step"].items():
+        vs_ref = s["median_ms"] / ref if ref else None
+        vs_max = s["median_ms"] / max(t_dev, t_host) if t_dev and t_host and k != "no_offload" else None
+        res["ratios"][k] = {"vs_after_backward": vs_ref, "vs_max_device_host": vs_max}
+        print(f"{k:<22}{s['median_ms']:>11.2f}{s['min_ms']:>8.2f}-{s['max_ms']:<8.2f}"
+              f"{'' if vs_ref is None else f'{vs_ref:.3f}x':>19}{'' if vs_max is None else f'{vs_max:.3f}x':>20}")
+    if res["speculations_kept_dropped"]:
+        print("speculations kept / dropped:", res["speculations_kept_dropped"])
+    for e in engines.values():
+        e.destroy()
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=2)
+    return res
+
+
+if __name__ == "__main__":
+    main()

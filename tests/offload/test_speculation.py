@@ -1,0 +1,210 @@
+"""offload_optimizer.speculative_step (zerocore/offload/speculation.py): stages 1/2's host Adam started while
+the backward runs, kept at step() when it is the update asked for, else dropped. Whatever happens, the
+training is bit for bit the training without it: the out-of-place kernel against the in-place one, and
+engines with and without speculation side by side through clipping that bites on some steps and not on
+others, an lr schedule, gradient accumulation, a skipped Inf step and a checkpoint load between backward and
+step."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import zerocore
+from zerocore import ops
+from zerocore.config.options import ConfigError
+from zerocore.offload import speculation
+from zerocore.offload.host_batch import HostStepBatch
+
+
+# -- the out-of-place kernel ---------------------------------------------------------------------------
+@pytest.mark.parametrize("gdtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("adamw", [True, False])
+@pytest.mark.parametrize("with_out", [False, True])
+def test_out_of_place_adam_writes_the_in_place_bits_and_leaves_the_sources(gdtype, adamw, with_out):
+    g = torch.Generator().manual_seed(3)
+    sizes = [1, 17, 1000, 4099, 65537]  # odd sizes: vector tails, several chunks
+    src = [tuple(torch.randn(n, generator=g) * s for s in (1.0, 0.1, 0.0)) for n in sizes]
+    src = [(p, m, v.abs() + torch.rand(v.shape, generator=g) * 1e-3) for p, m, v in src]
+    grads = [torch.randn(n, generator=g).to(gdtype) for n in sizes]
+    kw = dict(steps=[3] * len(sizes), lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, adamw_mode=adamw,
+              grad_scale=0.5)
+    # in place on copies
+    ref = [tuple(t.clone() for t in s) for s in src]
+    ref_out = [torch.empty(n, dtype=torch.bfloat16) for n in sizes] if with_out else None
+    ops.adam_step_multi([r[0] for r in ref], grads, [r[1] for r in ref], [r[2] for r in ref], param_outs=ref_out, **kw)
+    # out of place
+    keep = [tuple(t.clone() for t in s) for s in src]
+    dst = [tuple(torch.full_like(t, float("nan")) for t in s) for s in src]
+    out = [torch.empty(n, dtype=torch.bfloat16) for n in sizes] if with_out else None
+    ops.adam_step_multi([d[0] for d in dst], grads, [d[1] for d in dst], [d[2] for d in dst], param_outs=out,
+                        sources=([s[0] for s in src], [s[1] for s in src], [s[2] for s in src]), **kw)
+    for r, d, s, k in zip(ref, dst, src, keep):
+        for a, b in zip(r, d):
+            assert torch.equal(a, b)
+        for a, b in zip(s, k):  # the sources as they were
+            assert torch.equal(a, b)
+    if with_out:
+        for a, b in zip(ref_out, out):
+            assert torch.equal(a, b)
+
+
+def test_out_of_place_adam_refuses_sources_it_cannot_use():
+    p, m, v, gr = (torch.zeros(8) for _ in range(4))
+    kw = dict(steps=[1], lr=1e-3)
+    with pytest.raises(ValueError, match="source params has 2 tensors"):
+        ops.adam_step_multi([p], [gr], [m], [v], sources=([p, p], [m], [v]), **kw)
+    with pytest.raises(ValueError, match="source exp_avgs"):  # a size that does not match
+        ops.adam_step_multi([p], [gr], [m], [v], sources=([torch.zeros(8)], [torch.zeros(7)], [torch.zeros(8)]), **kw)
+    with pytest.raises(ValueError, match="overlap|share"):  # a source that is a destination
+        ops.adam_step_multi([p], [gr], [m], [v], sources=([torch.zeros(8)], [m], [torch.zeros(8)]), **kw)
+    with pytest.raises(TypeError, match="three lists"):
+        ops.adam_step_multi([p], [gr], [m], [v], sources=[p], **kw)
+
+
+# -- the engine ----------------------------------------------------------------------------------------
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.GELU(),
+                               torch.nn.Linear(64, 4))
+
+
+def _engine(spec: bool, *, stage=2, bf16=True, clip=2.0, gas=1, scheduler=False, check=False, **offload):
+    z = {"stage": stage, "reduce_bucket_size": 2048,
+         "offload_optimizer": {"device": "cpu", "speculative_step": spec, **offload}}
+    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": gas, "gradient_clipping": clip,
+           "zero_optimization": z, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}}
+    if bf16:
+        cfg["bf16"] = {"enabled": True, "check_grad_overflow": check}  # check: skip an Inf/NaN update
+    if scheduler:
+        cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2,
+                                                            "warmup_num_steps": 5}}
+    return zerocore.initialize(_model(), cfg)
+
+
+def _speculations(engine):
+    return [multi.speculation for multi, _ in engine._batches
+            if isinstance(multi, HostStepBatch) and multi.speculation is not None]
+
+
+def _run(engine, steps, *, gas=1, scale=1.0, bad_at=None, between=None):
+    g = torch.Generator().manual_seed(1)
+    dtype = next(engine.module.parameters()).dtype
+    norms = []
+    for k in range(steps * gas):
+        x, y = torch.randn(4, 32, generator=g, dtype=dtype), torch.randn(4, 4, generator=g)
+        loss = (engine(x).float() * (scale if k % 2 else 1.0) - y).square().mean()
+        if bad_at == k:
+            loss = loss * float("inf")
+        engine.backward(loss)
+        if between is not None:
+            between(engine, k)
+        engine.step()
+        if (k + 1) % gas == 0:
+            norms.append(float(engine.get_global_grad_norm()))
+    return norms
+
+
+def _params(engine):
+    return [p.detach().clone() for p in engine.module.parameters()]
+
+
+@pytest.fixture
+def worker(monkeypatch):
+    """A worker thread steps the host shards on this CPU device (on a GPU there always is one); batches of
+    about two groups, so that several speculate, each starting as its own gradients land."""
+    monkeypatch.setenv("ZEROCORE_HOST_STEP_THREADS", "1")
+    monkeypatch.setattr(speculation, "SPECULATIVE_BATCH_ELEMS", 4096)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("bf16", [True, False])
+def test_speculation_trains_the_same_bits_as_without(worker, stage, bf16):
+    if not bf16:  # fp32 on a CPU device: the master is the parameter, which the speculation may not write
+        with pytest.warns(UserWarning, match="speculative_step is set but no host step"):
+            e = _engine(True, stage=stage, bf16=False)
+        e.destroy()
+        return
+    runs = {}
+    for spec in (False, True):
+        e = _engine(spec, stage=stage, scheduler=True)
+        try:
+            # every other step's loss scaled up so that the clip bites there and not on the others
+            norms = _run(e, 8, scale=6.0)
+            runs[spec] = (norms, _params(e), _speculations(e))
+        finally:
+            e.destroy()
+    (n0, p0, _), (n1, p1, specs) = runs[False], runs[True]
+    assert n0 == n1
+    for a, b in zip(p0, p1):
+        assert torch.equal(a, b)
+    assert len(specs) > 1, "several batches should speculate"
+    kept = sum(s.kept for s in specs)
+    dropped = sum(s.dropped for s in specs)
+    assert kept > 0 and dropped > 0, (kept, dropped)  # both paths ran
+    assert any(n > 2.0 for n in n0) and any(n < 2.0 for n in n0), n0  # the clip bit on some steps only
+
+
+def test_speculation_with_accumulation_a_skipped_step_and_a_load_between_backward_and_step(worker, tmp_path):
+    saved = {}
+
+    def between(engine, k):
+        if k == 3 and engine.is_gradient_accumulation_boundary():
+            engine.save_checkpoint(str(tmp_path / f"c{id(engine)}"), tag="t")
+            saved[id(engine)] = True
+        if k == 7:  # a load between a boundary's backward and its step: the speculation read the old state
+            engine.load_checkpoint(str(tmp_path / f"c{id(engine)}"), tag="t", load_module_only=False)
+
+    runs = {}
+    for spec in (False, True):
+        e = _engine(spec, gas=2, clip=0.0, check=True)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the skipped step's warning
+                norms = _run(e, 6, gas=2, bad_at=5, between=between)
+            runs[spec] = (norms, _params(e), e.skipped_steps, _speculations(e))
+        finally:
+            e.destroy()
+    (n0, p0, s0, _), (n1, p1, s1, specs) = runs[False], runs[True]
+    assert s0 == s1  # (the load at micro-step 7 restored the count saved before the skip)
+    assert n0 == n1 and n0[2] == float("inf"), n0  # micro-step 5's boundary was skipped
+    for a, b in zip(p0, p1):
+        assert torch.equal(a, b)
+    assert sum(s.kept for s in specs) > 0 and sum(s.dropped for s in specs) >= 2  # the skip and the load
+
+
+def test_speculation_refuses_what_it_cannot_serve():
+    with pytest.raises(ConfigError, match="speculative_step: stages 1/2 only"):
+        _engine(True, stage=3)
+
+
+def test_the_second_state_is_held_counted_and_predicted(worker):
+    """12 bytes per owned parameter more host memory (the spare master, m, v; and the spare 16-bit output on a
+    CPU device): in the engine's held bytes by role, and in the planner's prediction of them."""
+    from zerocore.demo import TinyGPT
+
+    def meta():
+        with torch.device("meta"):
+            return TinyGPT(512, 64, 2, heads=4, ctx=32)
+
+    reps = {}
+    for spec in (False, True):
+        torch.manual_seed(0)
+        cfg = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
+               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+               "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "speculative_step": spec}}}
+        engine = zerocore.initialize(TinyGPT(512, 64, 2, heads=4, ctx=32), cfg)
+        try:
+            rep = engine.memory_report(predicted=True, micro_batch=2, seq_len=32, meta_model=meta())
+            for role, value in rep["predicted"].items():
+                assert value == rep[role], (spec, role)
+            reps[spec] = rep
+            owned = sum(g.hi - g.lo for g in engine.groups)
+        finally:
+            engine.destroy()
+    spare = sum(reps[True][r] for r in ("host_spare_master", "host_spare_exp_avg", "host_spare_exp_avg_sq"))
+    assert spare >= 12 * owned  # (padded shards: at least)
+    assert reps[True]["host_spare_out"] >= 2 * owned  # bf16 on a CPU device: its own 16-bit output
+    assert reps[False]["host_spare_master"] == 0
+    assert reps[True]["host_total"] - reps[False]["host_total"] == spare + reps[True]["host_spare_out"]

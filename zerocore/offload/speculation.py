@@ -1,0 +1,248 @@
+"""Stages 1/2 with CPU offload: the host Adam of a batch of groups started as soon as their gradients
+have landed, during the backward, before the step knows whether it may use it (a speculative step);
+``step()`` then keeps it or drops it, so the result is the same bits as the step taken afterwards.
+
+Why: the host Adam is the offloaded step's largest part (86 ms of a 209 ms step for a 337M GPT on an
+H100's host, benchmarks/results/gpu_h100_2026-11-26_issue35), and nothing else runs while it does:
+the global gradient norm (clipping) and the Inf/NaN check decide the update only once the backward
+has ended. DeepSpeed's SuperOffload starts the host step early only without clipping and undoes an
+overflowed one arithmetically (rounding: not the same bits). Here the step is out of place: each
+shard has a second set of host state buffers (``HostOptimizerShard.spare``), the speculative Adam
+reads the current master, m and v and writes the spare ones (one pass, the same memory traffic as in
+place: ``ops.adam_step_multi(sources=)``), and its 16-bit values go to the staging buffer, not to the
+parameters. ``step()`` keeps it when the update it asks for is the one guessed: the clip coefficient
+did not bite, nothing overflowed, and the hyper-parameters and step count are those read when the
+batch's last gradient landed (then the buffers swap and the copies back are queued); otherwise the
+spare buffers are simply not used and the step runs as without speculation. Costs: 12 bytes per
+owned parameter of host memory (the spare master, m, v; 2 more with bf16/fp16 on a CPU training
+device, whose parameters the step otherwise writes in place), and a speculation dropped when
+clipping bites is host work done twice (the step itself takes no longer than without speculation,
+as the dropped work ran during the backward).
+
+Config: ``zero_optimization.offload_optimizer.speculative_step`` (off by default). Applies to the
+host batches (``host_batch.batchable``) where a worker thread steps them (a GPU, or a CPU device with
+ZEROCORE_HOST_STEP_THREADS); fp32 training on a CPU device is left out (its master is the parameter).
+Anything that writes the current state while a speculation is under way (a checkpoint load) drops it.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..sharding.optimizer import MultiShardStep
+from .stepper import Ready
+
+
+# Elements of one host batch when the batches speculate: each starts once its last gradient has landed, so
+# the smaller the batches the earlier the first starts and the shorter the tail left after the backward (the
+# batch whose gradients land last; a hand-over costs ~0.3 ms on a GPU's host, which the backward hides).
+SPECULATIVE_BATCH_ELEMS = 8 * 2 ** 20
+
+
+def host_batch_elems(config, default: int) -> int:
+    """The host batches' size cap: ``default`` (host_batch.HOST_BATCH_ELEMS), smaller with speculation."""
+    return SPECULATIVE_BATCH_ELEMS if config.zero_optimization.offload_optimizer.speculative_step else default
+
+
+def can_speculate(shard) -> bool:
+    """Whether ``shard`` (batchable) may take part: a worker steps it, and its master is not the
+    parameter itself (fp32 on a CPU device: the speculation would write the parameter in use)."""
+    if shard.run_now is None or shard.run_later is None:
+        return False
+    return shard.master_h.data_ptr() != shard.group.owned_params_raw().data_ptr()
+
+
+def plans_spare(config, shard, device) -> bool:
+    """For the planner's dry run (no worker, no engine): whether the engine would give ``shard`` the
+    speculation's second state (``HostOptimizerShard.make_spare``), by the rules of ``attach`` and
+    ``can_speculate``."""
+    from .host_batch import batchable
+    from .host_threads import worker_at_stages_1_2
+
+    z = config.zero_optimization
+    return (bool(z.offload_optimizer.speculative_step) and z.stage < 3 and z.offload_optimizer.device == "cpu"
+            and batchable(shard) and worker_at_stages_1_2(device) and (shard.half or device.type != "cpu"))
+
+
+class _SpecPart:
+    """A shard's state as the speculative step sees it, for MultiShardStep: reads the current buffers
+    (``sources``), writes the other ones (``master``/``exp_avg``/``exp_avg_sq``); ``parity``: which of
+    the shard's two buffer sets is current (fixed per part, so MultiShardStep's plan stays valid)."""
+
+    def __init__(self, shard, parity: int):
+        self.shard, self.parity = shard, parity
+        dst, src = shard.state_sets[1 - parity], shard.state_sets[parity]
+        self.master, self.exp_avg, self.exp_avg_sq = dst
+        self.sources = src
+        self.param_out = shard.spec_out
+
+    pieces = property(lambda self: self.shard.pieces)
+    tile = property(lambda self: self.shard.tile)
+
+
+class BatchSpeculation:
+    """The speculative host step of one HostStepBatch. ``guess``: () -> (hypers, step, grad_scale) the
+    engine would step with if nothing bites (None: do not speculate now); ``submit``: hands a job to the
+    worker (OffloadPlan._submit)."""
+
+    def __init__(self, shards: list, guess: Callable, submit: Callable):
+        self.shards = shards
+        self.guess, self.submit = guess, submit
+        for s in shards:
+            s.make_spare()
+            s.speculation = self
+        self._multi = {p: MultiShardStep([_SpecPart(s, p) for s in shards], list(range(len(shards))))
+                       for p in (0, 1)}
+        self._landed: set[int] = set()
+        self._events: list = []
+        self._window = None  # the engine's micro-step the landed set belongs to
+        self._job: tuple | None = None  # (its Ready, the (hypers, step, grad_scale) guessed, [True] once it ran)
+        self.kept = self.dropped = 0  # counts, for tests and benchmarks
+
+    # -- the backward -------------------------------------------------------------------------
+    def before_land(self) -> None:
+        """A shard's gradient is about to be overwritten: a speculation still reading the last one
+        (a boundary whose step() was never called, or skipped) is waited for and dropped."""
+        if self._job is not None:
+            self._drop()
+        if not self._landed:
+            self._events = []
+
+    def landed(self, shard, event) -> None:
+        """``shard``'s gradient copy to the host is queued (``event``: its CUDA event, or None); once every
+        shard of the batch has landed, the speculative step goes to the worker."""
+        window = getattr(self.guess, "window", lambda: None)()
+        if window != self._window:  # a new micro-step: what landed in an earlier one (a group that did not land
+            self._window = window   # then) must not complete this one's batch with its old gradients
+            self._landed.clear()
+            self._events = []
+        self._landed.add(id(shard))
+        if event is not None:
+            self._events.append(event)
+        if len(self._landed) < len(self.shards):
+            return
+        self._landed.clear()
+        events, self._events = self._events, []
+        try:
+            guess = self.guess()
+        except Exception:  # e.g. a hyper-parameter step() itself will refuse, naming it
+            guess = None
+        if guess is None:
+            return
+        hypers, step, grad_scale = guess
+        multi = self._multi[self.shards[0].current]
+        landed = [s.grad_h for s in self.shards]
+        shards = self.shards
+
+        guesser = self.guess
+        ran = []  # set by the job when it stepped (a cancelled one did not: nothing of it may be kept)
+
+        def job():
+            if getattr(guesser, "cancelled", None) == step:  # an earlier batch found this step's guess wrong
+                return
+            for ev in events:  # the host waits for the gradient copies on the worker, not the training thread
+                ev.synchronize()
+            for s in shards:  # a copy back still reading the staging buffer written now
+                s.wait_copy_back()
+            multi.step(landed, hypers, step=step, grad_scale=grad_scale)
+            ran.append(True)
+
+        ready = Ready()
+        self._job = (ready, (hypers, step, grad_scale), ran)
+        self.submit(shards[0].group.index, job, ready)
+
+    # -- step() ---------------------------------------------------------------------------------
+    def take(self, hypers, step: int, grad_scale: float) -> bool:
+        """Whether the speculative step is this update (``hypers``, ``step``, ``grad_scale``: the
+        engine's now): then its buffers become the current state (True) and only the copies back are
+        left; else it is dropped (False) and the caller steps as without speculation."""
+        if self._job is None:
+            return False
+        ready, guessed, ran = self._job
+        self._job = None
+        error = ready.finish()
+        if error is not None or not ran or guessed != (hypers, step, grad_scale):
+            self.dropped += 1  # (a failed speculative step: the step taken now raises it, if it is real)
+            if hasattr(self.guess, "cancelled"):  # the later batches guessed the same: their queued jobs need not run
+                self.guess.cancelled = guessed[1]
+            return False
+        for s in self.shards:
+            s.swap_spare()
+        self.kept += 1
+        return True
+
+    def drop(self) -> None:
+        """The current state is about to be written (a checkpoint load): a speculation under way is
+        waited for and dropped, and nothing half-landed is started later from the old gradients."""
+        self._landed.clear()
+        self._events = []
+        if self._job is not None:
+            self._drop()
+
+    def _drop(self) -> None:
+        ready = self._job[0]
+        self._job = None
+        ready.finish()  # (an error of a step not used is not the training's)
+        self.dropped += 1
+
+
+def speculative_src(shard) -> torch.Tensor:
+    """What a kept speculation copies into the device parameters: the 16-bit staging buffer, or the
+    fp32 master (now the speculation's output) for fp32 training."""
+    return shard.spec_out if shard.half else shard.master_h
+
+
+def attach(engine, batches: list) -> int:
+    """Sets up ``offload_optimizer.speculative_step`` on the engine's host batches (HostStepBatch
+    entries of ``Engine._step_batches``); returns how many batches speculate. Refuses the
+    configurations it cannot serve, naming the key."""
+    from ..config.options import ConfigError
+    from .host_batch import HostStepBatch
+
+    z = engine.config.zero_optimization
+    if not z.offload_optimizer.speculative_step:
+        return 0
+    key = "zero_optimization.offload_optimizer.speculative_step"
+    if z.offload_optimizer.device != "cpu":
+        raise ConfigError(f"{key}: needs offload_optimizer.device 'cpu' (got '{z.offload_optimizer.device}'): the "
+                          "NVMe path swaps the state tile by tile and keeps no second copy")
+    if z.stage == 3:
+        raise ConfigError(f"{key}: stages 1/2 only; stage 3 already steps each unit's host shard on the worker "
+                          "behind the next forward (set it to false)")
+    guess = _Guess(engine)
+    n = sum(1 for multi, _ in batches if isinstance(multi, HostStepBatch) and multi.speculate(guess))
+    if n == 0:
+        import warnings
+
+        warnings.warn(f"zerocore: {key} is set but no host step can start early here: it needs the host step on "
+                      "a worker thread (a GPU, or ZEROCORE_HOST_STEP_THREADS on a CPU device), zerocore's Adam "
+                      "(not a client torch optimizer), ratio 1 and, with fp32 on a CPU device, a master that is "
+                      "not the parameter itself", stacklevel=3)
+    return n
+
+
+class _Guess:
+    """() -> (hypers, step, grad_scale) of the engine's next update if clipping does not bite and no
+    gradient overflows: what Engine.step computes then (the same expressions, so the same bits). Holds
+    the engine weakly (the batches it serves belong to the engine)."""
+
+    def __init__(self, engine):
+        import weakref
+
+        self._engine = weakref.ref(engine)
+        self.cancelled = None  # the step whose guess a batch found wrong (its other batches' jobs skip their work)
+
+    def __call__(self):
+        import dataclasses
+
+        e = self._engine()
+        if e is None:
+            return None
+        hypers = [dataclasses.replace(h) for h in e.optimizer.hypers()]
+        return hypers, e._optimizer_steps + 1, 1.0 / (e.comm.world * e.scaler.scale)
+
+    def window(self):
+        """The engine's micro-step count: the same from a backward to its step()."""
+        e = self._engine()
+        return None if e is None else e.micro_steps
