@@ -4,8 +4,9 @@ offload (``no_offload``: T_device) and the host Adam alone on the same shards (T
 engine's own state): the offloaded step against max(T_device, T_host), the issue's measure.
 
 ``speculative`` uses a clip threshold that does not bite (the speculation is kept); ``speculative_dropped`` one
-that always bites (every speculation dropped and the step taken again after the backward: what a speculation
-costs when it fails). bf16 training (fp32 on a CPU device would make the master the parameter itself, which
+that always bites: the first step's speculations are dropped and the step taken again after the backward, after
+which the engine stops speculating (its predictor, speculation._Guess.worth_it) and steps as ``after_backward``
+does: what a user whose clip bites every step pays. bf16 training (fp32 on a CPU device would make the master the parameter itself, which
 the speculation may not write). All engines from the same seed, their steps interleaved in a fresh order each
 round; the host step on the worker thread (``ZEROCORE_HOST_STEP_THREADS``, as on a GPU).
 

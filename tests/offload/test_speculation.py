@@ -208,3 +208,30 @@ def test_the_second_state_is_held_counted_and_predicted(worker):
     assert reps[True]["host_spare_out"] >= 2 * owned  # bf16 on a CPU device: its own 16-bit output
     assert reps[False]["host_spare_master"] == 0
     assert reps[True]["host_total"] - reps[False]["host_total"] == spare + reps[True]["host_spare_out"]
+
+
+def test_a_clip_that_bites_every_step_stops_the_speculation_and_one_that_stops_biting_brings_it_back(worker):
+    def train(engine, steps, mult):
+        g = torch.Generator().manual_seed(2)
+        for _ in range(steps):
+            x, y = torch.randn(4, 32, generator=g, dtype=torch.bfloat16), torch.randn(4, 4, generator=g)
+            engine.backward((engine(x).float() - y).square().mean() * mult)
+            engine.step()
+
+    runs = {}
+    for spec in (False, True):
+        e = _engine(spec, clip=1e-3)
+        try:
+            train(e, 8, 1.0)  # the clip bites on every step
+            specs = _speculations(e)
+            early = (sum(s.kept for s in specs), sum(s.dropped for s in specs))
+            train(e, 6, 1e-6)  # gradients far below the clip: the guess holds from now on
+            runs[spec] = (_params(e), early, sum(s.kept for s in specs), len(specs))
+        finally:
+            e.destroy()
+    (p0, *_), (p1, (kept_early, dropped), kept, batches) = runs[False], runs[True]
+    for a, b in zip(p0, p1):
+        assert torch.equal(a, b)
+    assert kept_early == 0
+    assert dropped == batches  # the first wrong guess dropped each batch's once; then no more speculation
+    assert kept > 0  # back once the guesses held

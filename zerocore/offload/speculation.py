@@ -13,11 +13,14 @@ place: ``ops.adam_step_multi(sources=)``), and its 16-bit values go to the stagi
 parameters. ``step()`` keeps it when the update it asks for is the one guessed: the clip coefficient
 did not bite, nothing overflowed, and the hyper-parameters and step count are those read when the
 batch's last gradient landed (then the buffers swap and the copies back are queued); otherwise the
-spare buffers are simply not used and the step runs as without speculation. Costs: 12 bytes per
-owned parameter of host memory (the spare master, m, v; 2 more with bf16/fp16 on a CPU training
-device, whose parameters the step otherwise writes in place), and a speculation dropped when
-clipping bites is host work done twice (the step itself takes no longer than without speculation,
-as the dropped work ran during the backward).
+spare buffers are simply not used and the step runs as without speculation (the batches' jobs still queued
+skip their work). Costs: 12 bytes per owned parameter of host memory (the spare master, m, v; 2 more with
+bf16/fp16 on a CPU training device, whose parameters the step otherwise writes in place), and, when the guess
+is wrong, host work done for nothing during the backward (the host's memory bandwidth: on a 2-core CPU device
+the step was 1.06-1.09x the step without speculation, benchmarks/offload_speculation.py). So whether to
+speculate follows the recent steps (``_Guess.worth_it``: a 2-bit counter of whether the guess held, kept
+whether or not it speculated): where clipping bites step after step it stops, and it comes back once the
+guesses hold again.
 
 Config: ``zero_optimization.offload_optimizer.speculative_step`` (off by default). Applies to the
 host batches (``host_batch.batchable``) where a worker thread steps them (a GPU, or a CPU device with
@@ -124,6 +127,8 @@ class BatchSpeculation:
             return
         self._landed.clear()
         events, self._events = self._events, []
+        if not getattr(self.guess, "worth_it", lambda: True)():  # recent guesses were wrong: not this time
+            return
         try:
             guess = self.guess()
         except Exception:  # e.g. a hyper-parameter step() itself will refuse, naming it
@@ -157,15 +162,24 @@ class BatchSpeculation:
         """Whether the speculative step is this update (``hypers``, ``step``, ``grad_scale``: the
         engine's now): then its buffers become the current state (True) and only the copies back are
         left; else it is dropped (False) and the caller steps as without speculation."""
+        record = getattr(self.guess, "record", None)
+        if record is not None:  # whether a guess made now would be right, speculated or not (the predictor)
+            record(step, grad_scale == self.guess.grad_scale())
         if self._job is None:
             return False
         ready, guessed, ran = self._job
         self._job = None
-        error = ready.finish()
-        if error is not None or not ran or guessed != (hypers, step, grad_scale):
-            self.dropped += 1  # (a failed speculative step: the step taken now raises it, if it is real)
-            if hasattr(self.guess, "cancelled"):  # the later batches guessed the same: their queued jobs need not run
+        if guessed != (hypers, step, grad_scale):
+            # decided before waiting: the other batches guessed the same, so their jobs still queued skip their
+            # work, and only the one running (at most a batch) is waited for
+            if hasattr(self.guess, "cancelled"):
                 self.guess.cancelled = guessed[1]
+            ready.finish()
+            self.dropped += 1
+            return False
+        error = ready.finish()
+        if error is not None or not ran:  # (a failed speculative step: the step taken now raises it, if it is real)
+            self.dropped += 1
             return False
         for s in self.shards:
             s.swap_spare()
@@ -232,6 +246,8 @@ class _Guess:
 
         self._engine = weakref.ref(engine)
         self.cancelled = None  # the step whose guess a batch found wrong (its other batches' jobs skip their work)
+        self.confidence = 3  # see worth_it
+        self._recorded = None
 
     def __call__(self):
         import dataclasses
@@ -241,6 +257,22 @@ class _Guess:
             return None
         hypers = [dataclasses.replace(h) for h in e.optimizer.hypers()]
         return hypers, e._optimizer_steps + 1, 1.0 / (e.comm.world * e.scaler.scale)
+
+    def grad_scale(self) -> float | None:
+        e = self._engine()
+        return None if e is None else 1.0 / (e.comm.world * e.scaler.scale)
+
+    # A 2-bit saturating counter of whether the guess held (the clip coefficient did not bite, nothing
+    # overflowed), updated every step whether it speculated or not: where clipping bites step after step (early
+    # training) the speculation stops costing host memory bandwidth and comes back once the guesses hold again.
+    def worth_it(self) -> bool:
+        return self.confidence >= 2
+
+    def record(self, step: int, held: bool) -> None:
+        if step == self._recorded:  # once per step (every batch reports it)
+            return
+        self._recorded = step
+        self.confidence = min(3, self.confidence + 1) if held else max(0, self.confidence - 2)
 
     def window(self):
         """The engine's micro-step count: the same from a backward to its step()."""
