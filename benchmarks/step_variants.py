@@ -322,7 +322,8 @@ variant("zerocore_stage2_sgd")(_zerocore(2, sgd=True))
 variant("zerocore_stage2_offload")(_zerocore(2, offload=True))
 variant("zerocore_stage2_offload_per_group")(_zerocore(2, offload=True, host_batch=False))
 # bf16 (cuda): fp32 on a CPU device has its master as the parameter, which a speculative step may not write
-variant("zerocore_stage2_offload_speculative", devices=("cuda",))(_zerocore(2, offload=True, speculative=True))
+for _s in (2, 3):
+    variant(f"zerocore_stage{_s}_offload_speculative", devices=("cuda",))(_zerocore(_s, offload=True, speculative=True))
 variant("zerocore_stage3_offload")(_zerocore(3, offload=True))
 variant("zerocore_stage3_nvme")(_zerocore(3, nvme="opt"))
 variant("zerocore_stage3_nvme_param")(_zerocore(3, nvme="param"))

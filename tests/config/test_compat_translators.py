@@ -66,7 +66,7 @@ def test_deepspeed_keys_without_a_field_are_dropped_when_harmless_and_refused_ot
     given = {
         "steps_per_print": 10, "wall_clock_breakdown": False, "pipeline": {"enabled": False},
         "zero_optimization": {"stage": 2, "ignore_unused_parameters": True, "mics_shard_size": -1,
-                              "offload_optimizer": {"device": "cpu", "super_offload": False}},
+                              "offload_optimizer": {"device": "cpu", "cpuadam_cores_perc": 0.8}},
         "fp16": {"enabled": True, "auto_cast": False}, "optimizer": {"params": {"bias_correction": True}}}
     t = deepspeed.translate(given)
     assert t.config == {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
@@ -74,8 +74,6 @@ def test_deepspeed_keys_without_a_field_are_dropped_when_harmless_and_refused_ot
     assert t.ignored == ("steps_per_print", "wall_clock_breakdown", "pipeline")
     for bad, named in [
         ({"zero_optimization": {"zero_quantized_weights": True}}, "zero_optimization.zero_quantized_weights: got True"),
-        ({"zero_optimization": {"offload_optimizer": {"super_offload": True}}},
-         "zero_optimization.offload_optimizer.super_offload: got True"),
         ({"prescale_gradients": True}, "prescale_gradients: got True; zerocore cannot honour it"),
         ({"pipeline": {"stages": 2}}, "pipeline: zerocore does not implement this DeepSpeed setting"),
         ({"zero_optimisation": {"stage": 2}}, "zero_optimisation: zerocore does not implement this DeepSpeed "
@@ -89,6 +87,19 @@ def test_deepspeed_keys_without_a_field_are_dropped_when_harmless_and_refused_ot
         with pytest.raises(ConfigError) as e:
             deepspeed.translate(bad)
         assert named in str(e.value), (bad, str(e.value))
+
+
+def test_deepspeeds_super_offload_is_the_speculative_step():
+    """SuperOffload (DeepSpeed: the host step started during the backward, stage 3, without clipping) is
+    zerocore's offload_optimizer.speculative_step (every stage, clipping included, the same bits)."""
+    for value in (True, False):
+        t = deepspeed.translate({"zero_optimization": {"stage": 3, "offload_optimizer": {
+            "device": "cpu", "super_offload": value, "cpuadam_cores_perc": 0.8}}})
+        assert t.config == {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu",
+                                                                                     "speculative_step": value}}}
+    with pytest.raises(ConfigError, match="speculative_step: given twice"):
+        deepspeed.translate({"zero_optimization": {"offload_optimizer": {"super_offload": True,
+                                                                         "speculative_step": True}}})
 
 
 def test_deepspeed_translator_leaves_sections_of_the_wrong_type_to_the_schema():

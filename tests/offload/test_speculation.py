@@ -70,9 +70,9 @@ def _model() -> torch.nn.Module:
                                torch.nn.Linear(64, 4))
 
 
-def _engine(spec: bool, *, stage=2, bf16=True, clip=2.0, gas=1, scheduler=False, check=False, **offload):
+def _engine(spec: bool, *, stage=2, bf16=True, clip=2.0, gas=1, scheduler=False, check=False, **zero):
     z = {"stage": stage, "reduce_bucket_size": 2048,
-         "offload_optimizer": {"device": "cpu", "speculative_step": spec, **offload}}
+         "offload_optimizer": {"device": "cpu", "speculative_step": spec}, **zero}
     cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": gas, "gradient_clipping": clip,
            "zero_optimization": z, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}}
     if bf16:
@@ -84,8 +84,12 @@ def _engine(spec: bool, *, stage=2, bf16=True, clip=2.0, gas=1, scheduler=False,
 
 
 def _speculations(engine):
-    return [multi.speculation for multi, _ in engine._batches
-            if isinstance(multi, HostStepBatch) and multi.speculation is not None]
+    """Each batch's speculation (stages 1/2, stage 3's whole-kept groups) and each stage-3 unit's."""
+    specs = [multi.speculation for multi, _ in engine._batches
+             if isinstance(multi, HostStepBatch) and multi.speculation is not None]
+    seen = {id(x) for x in specs}
+    return specs + [s.speculation for s in engine.shards
+                    if getattr(s, "speculation", None) is not None and id(s.speculation) not in seen]
 
 
 def _run(engine, steps, *, gas=1, scale=1.0, bad_at=None, between=None):
@@ -118,17 +122,20 @@ def worker(monkeypatch):
     monkeypatch.setattr(speculation, "SPECULATIVE_BATCH_ELEMS", 4096)
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage, param_offload", [(1, False), (2, False), (3, False), (3, True)])
 @pytest.mark.parametrize("bf16", [True, False])
-def test_speculation_trains_the_same_bits_as_without(worker, stage, bf16):
+def test_speculation_trains_the_same_bits_as_without(worker, stage, param_offload, bf16):
+    extra = {"stage3_param_persistence_threshold": 0, "stage3_unit_min_params": 100} if stage == 3 else {}
+    if param_offload:
+        extra["offload_param"] = {"device": "cpu"}
     if not bf16:  # fp32 on a CPU device: the master is the parameter, which the speculation may not write
-        with pytest.warns(UserWarning, match="speculative_step is set but no host step"):
-            e = _engine(True, stage=stage, bf16=False)
+        with pytest.warns(UserWarning, match=r"speculative_step \(DeepSpeed: super_offload\) is set but no host step"):
+            e = _engine(True, stage=stage, bf16=False, **extra)
         e.destroy()
         return
     runs = {}
     for spec in (False, True):
-        e = _engine(spec, stage=stage, scheduler=True)
+        e = _engine(spec, stage=stage, scheduler=True, **extra)
         try:
             # every other step's loss scaled up so that the clip bites there and not on the others
             norms = _run(e, 8, scale=6.0)
@@ -146,7 +153,11 @@ def test_speculation_trains_the_same_bits_as_without(worker, stage, bf16):
     assert any(n > 2.0 for n in n0) and any(n < 2.0 for n in n0), n0  # the clip bit on some steps only
 
 
-def test_speculation_with_accumulation_a_skipped_step_and_a_load_between_backward_and_step(worker, tmp_path):
+STAGE3 = {"stage3_param_persistence_threshold": 0, "stage3_unit_min_params": 100}
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_speculation_with_accumulation_a_skipped_step_and_a_load_between_backward_and_step(worker, tmp_path, stage):
     saved = {}
 
     def between(engine, k):
@@ -158,7 +169,7 @@ def test_speculation_with_accumulation_a_skipped_step_and_a_load_between_backwar
 
     runs = {}
     for spec in (False, True):
-        e = _engine(spec, gas=2, clip=0.0, check=True)
+        e = _engine(spec, gas=2, clip=0.0, check=True, stage=stage, **(STAGE3 if stage == 3 else {}))
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the skipped step's warning
@@ -174,12 +185,15 @@ def test_speculation_with_accumulation_a_skipped_step_and_a_load_between_backwar
     assert sum(s.kept for s in specs) > 0 and sum(s.dropped for s in specs) >= 2  # the skip and the load
 
 
-def test_speculation_refuses_what_it_cannot_serve():
-    with pytest.raises(ConfigError, match="speculative_step: stages 1/2 only"):
-        _engine(True, stage=3)
+def test_speculation_refuses_what_it_cannot_serve(tmp_path):
+    with pytest.raises(ConfigError,
+                       match=r"speculative_step \(DeepSpeed: super_offload\): not with offload_param.device 'nvme'"):
+        _engine(True, stage=3, stage3_param_persistence_threshold=0,
+                offload_param={"device": "nvme", "nvme_path": str(tmp_path), "max_in_cpu": 1})
 
 
-def test_the_second_state_is_held_counted_and_predicted(worker):
+@pytest.mark.parametrize("stage, zero", [(2, {}), (3, {"offload_param": {"device": "cpu"}})])
+def test_the_second_state_is_held_counted_and_predicted(worker, stage, zero):
     """12 bytes per owned parameter more host memory (the spare master, m, v; and the spare 16-bit output on a
     CPU device): in the engine's held bytes by role, and in the planner's prediction of them."""
     from zerocore.demo import TinyGPT
@@ -193,7 +207,8 @@ def test_the_second_state_is_held_counted_and_predicted(worker):
         torch.manual_seed(0)
         cfg = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-               "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "speculative_step": spec}}}
+               "zero_optimization": {"stage": stage, "offload_optimizer": {"device": "cpu", "speculative_step": spec},
+                                     **zero}}
         engine = zerocore.initialize(TinyGPT(512, 64, 2, heads=4, ctx=32), cfg)
         try:
             rep = engine.memory_report(predicted=True, micro_batch=2, seq_len=32, meta_model=meta())
@@ -210,7 +225,8 @@ def test_the_second_state_is_held_counted_and_predicted(worker):
     assert reps[True]["host_total"] - reps[False]["host_total"] == spare + reps[True]["host_spare_out"]
 
 
-def test_a_clip_that_bites_every_step_stops_the_speculation_and_one_that_stops_biting_brings_it_back(worker):
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_clip_that_bites_every_step_stops_the_speculation_and_one_that_stops_biting_brings_it_back(worker, stage):
     def train(engine, steps, mult):
         g = torch.Generator().manual_seed(2)
         for _ in range(steps):
@@ -220,7 +236,7 @@ def test_a_clip_that_bites_every_step_stops_the_speculation_and_one_that_stops_b
 
     runs = {}
     for spec in (False, True):
-        e = _engine(spec, clip=1e-3)
+        e = _engine(spec, clip=1e-3, stage=stage, **(STAGE3 if stage == 3 else {}))
         try:
             train(e, 8, 1.0)  # the clip bites on every step
             specs = _speculations(e)
@@ -235,3 +251,27 @@ def test_a_clip_that_bites_every_step_stops_the_speculation_and_one_that_stops_b
     assert kept_early == 0
     assert dropped == batches  # the first wrong guess dropped each batch's once; then no more speculation
     assert kept > 0  # back once the guesses held
+
+
+def test_deepspeeds_super_offload_config_runs_as_the_speculative_step(worker):
+    """A DeepSpeed script's config with ``super_offload: true`` (DeepSpeed: stage 3 on CUDA only) through
+    ``zerocore.deepspeed.initialize``: the units speculate, and the training is the bits of the same config
+    without it (DeepSpeed's own SuperOffload computes its usual step when nothing overflows)."""
+    import zerocore.deepspeed as deepspeed
+
+    runs = {}
+    for super_offload in (False, True):
+        cfg = {"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True}, "gradient_clipping": 2.0,
+               "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
+               "zero_optimization": {"stage": 3, **STAGE3, "offload_optimizer": {
+                   "device": "cpu", "super_offload": super_offload, "cpuadam_cores_perc": 0.8}}}
+        engine, *_ = deepspeed.initialize(model=_model(), config=cfg)
+        try:
+            norms = _run(engine, 6, scale=6.0)
+            runs[super_offload] = (norms, _params(engine), _speculations(engine))
+        finally:
+            engine.destroy()
+    assert runs[False][0] == runs[True][0]
+    for a, b in zip(runs[False][1], runs[True][1]):
+        assert torch.equal(a, b)
+    assert not runs[False][2] and sum(s.kept for s in runs[True][2]) > 0

@@ -82,7 +82,7 @@ SCENARIOS = {  # name: (stages, Case keywords, zero_optimization additions)
     "fp32_clip_gas2": ((0, 1, 2, 3), dict(clip=0.05, gas=2), {}),
     "bf16_clip_cpu_offload": ((1, 2, 3), dict(dtype="bf16", clip=0.05), CPU_OPT),
     # the host step started during the backward (kept where the clip does not bite), on the worker thread
-    "bf16_clip_cpu_offload_speculative": ((1, 2), dict(dtype="bf16", clip=50.0),
+    "bf16_clip_cpu_offload_speculative": ((1, 2, 3), dict(dtype="bf16", clip=50.0),
                                           {"offload_optimizer": {"device": "cpu", "speculative_step": True}}),
     "bf16_clip_param_offload": ((3,), dict(dtype="bf16", clip=0.05, model="gpt"),
                                 {"offload_param": {"device": "cpu"}}),

@@ -96,13 +96,14 @@ class OffloadOptimizerConfig(_Section):
                                  kind=bool, **_OPT)
     pipeline_write: bool = option(False, "NVMe: write tile k-1 while tile k is stepped.", kind=bool,
                                   **_OPT)
-    speculative_step: bool = option(False, "Stages 1/2, device 'cpu': start the host Adam of each batch of groups "
-                                    "as soon as their gradients have landed, during the backward, and keep it at "
-                                    "step() when the update is the one guessed (the clip coefficient did not bite, "
-                                    "no Inf/NaN, the same lr and hyper-parameters), else drop it and step as "
-                                    "without: the same bits either way. Costs 12 bytes per owned parameter of host "
-                                    "memory (a second master, m, v). zerocore's own; DeepSpeed's super_offload is "
-                                    "its stage-3 relative.", kind=bool, **_OPT)
+    speculative_step: bool = option(False, "Device 'cpu', every stage: start the host Adam of each batch of groups "
+                                    "(stage 3: each unit) as soon as their gradients have landed, during the "
+                                    "backward, out of place, and keep it at step() when the update is the one "
+                                    "guessed (the clip coefficient did not bite, no Inf/NaN, the same lr and "
+                                    "hyper-parameters), else drop it and step as without: the same bits either "
+                                    "way; it pauses while guesses keep failing. Costs 12 bytes per owned parameter "
+                                    "of host memory (a second master, m, v). Not with parameter shards on NVMe. "
+                                    "DeepSpeed's super_offload (stage 3, without clipping) is read as this key.", kind=bool, **_OPT)
 
     def check(self):
         # nvme_path's existence, writability and O_DIRECT support are facts of the machine at

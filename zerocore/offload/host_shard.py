@@ -46,7 +46,8 @@ class HostOptimizerShard(HostSteppedShard):
         # host part. fp32 training with the parameters already in host memory (stage-3 param offload, or a
         # CPU training device): the master *is* the parameter, as on the device (no copy back); not
         # when the parameter shard rests on NVMe (its host buffer is reused for other groups).
-        if not self.half and target.device.type == "cpu" and not params_swapped:
+        self.master_is_param = not self.half and target.device.type == "cpu" and not params_swapped
+        if self.master_is_param:
             self.master_h = target[:h]
         else:
             self.master_h = host_copy(owned[:h].to("cpu"), pin)
@@ -121,7 +122,16 @@ class HostOptimizerShard(HostSteppedShard):
                           self.tile)
                 return self._copy_back(target[:h], self.out_h if self.half else self.master_h)
 
+        if self.speculation is not None and self.enqueue is not None:  # stage 3: keep or replace a speculation
+            return self._run_host(self.speculation.queued_step(hp, step, grad_scale, host_part))
         return self._run_host(host_part)
+
+    def commit_speculation(self):
+        """A kept speculation's 16-bit values (or fp32 master) into the parameters: the host copy where they
+        are host memory, else the copy back to the device (returns its CUDA event, or None)."""
+        h = self.split
+        src = self.spec_out if self.half else self.master_h
+        return self._copy_back(self.group.owned_params_raw()[:h], src)
 
     def _device_part(self, grad, plan, step: int, grad_scale: float, target: torch.Tensor) -> None:
         h = self.split

@@ -113,11 +113,12 @@ class OffloadPlan:
         queued = self.queued and g.partitioned  # stage 3: host steps queued, gathers noted
         # the group and the shard call back into this plan weakly: the plan holds the shards
         g.attach_offload(GroupOffload(shard, ready, weak_call(self._note_gather) if queued else None, queued=queued))
+        if self.stepper is not None:  # a speculative step goes to the worker at once (offload/speculation.py)
+            shard.run_later = weak_call(self._submit)
         if queued:
             shard.enqueue = weak_call(self._enqueue)
         elif self.stepper is not None:
             shard.run_now = weak_call(self._run_now)
-            shard.run_later = weak_call(self._submit)
         if not self.queued and shard.reads_ahead:  # stages 1/2 step in index order: read the next ahead
             last = max((i for i in self.shards if self.shards[i].reads_ahead), default=None)
             if last is not None:

@@ -49,11 +49,21 @@ def host_batch_elems(config, default: int) -> int:
 
 
 def can_speculate(shard) -> bool:
-    """Whether ``shard`` (batchable) may take part: a worker steps it, and its master is not the
-    parameter itself (fp32 on a CPU device: the speculation would write the parameter in use)."""
-    if shard.run_now is None or shard.run_later is None:
+    """Whether ``shard`` (batchable, or stage 3's queued shard) may take part: a worker steps it, and
+    its master is not the parameter itself (fp32 with the parameters in host memory: the speculation
+    would write the parameter in use)."""
+    if shard.run_later is None or (shard.run_now is None and shard.enqueue is None):
         return False
-    return shard.master_h.data_ptr() != shard.group.owned_params_raw().data_ptr()
+    return not shard.master_is_param
+
+
+def queued_alone(shard) -> bool:
+    """Stage 3's unit shards: their host step is queued behind the next forward (``enqueue``), with the
+    whole owned range on the host, zerocore's Adam and the parameter shard not on NVMe."""
+    from .host_shard import HostOptimizerShard
+
+    return (type(shard) is HostOptimizerShard and shard.enqueue is not None and shard.kernel is None
+            and shard.split == shard.group.hi - shard.group.lo and shard.param_swap is None)
 
 
 def plans_spare(config, shard, device) -> bool:
@@ -64,8 +74,11 @@ def plans_spare(config, shard, device) -> bool:
     from .host_threads import worker_at_stages_1_2
 
     z = config.zero_optimization
-    return (bool(z.offload_optimizer.speculative_step) and z.stage < 3 and z.offload_optimizer.device == "cpu"
-            and batchable(shard) and worker_at_stages_1_2(device) and (shard.half or device.type != "cpu"))
+    if not (z.offload_optimizer.speculative_step and z.offload_optimizer.device == "cpu"):
+        return False
+    if queued_alone(shard):  # stage 3's units: always a worker
+        return not shard.master_is_param
+    return batchable(shard) and (z.stage == 3 or worker_at_stages_1_2(device)) and not shard.master_is_param
 
 
 class _SpecPart:
@@ -201,6 +214,47 @@ class BatchSpeculation:
         self.dropped += 1
 
 
+class ShardSpeculation(BatchSpeculation):
+    """Stage 3: one unit shard's speculation. Its step is queued behind the next forward (each unit's
+    gather waits for its own), so ``step()`` does not wait for the speculation either: the shard queues
+    ``queued_step``'s function instead of its host step, which on the worker (after the speculative job:
+    one worker, in submission order) keeps the speculation (swaps the buffers, copies the 16-bit values
+    into the parameters) or, if it did not run or failed, takes the host step itself."""
+
+    def __init__(self, shard, guess: Callable, submit: Callable):
+        super().__init__([shard], guess, submit)
+
+    def queued_step(self, hypers, step: int, grad_scale: float, host_step: Callable) -> Callable:
+        """What to queue for this step (``host_step``: the shard's own host step)."""
+        record = getattr(self.guess, "record", None)
+        if record is not None:
+            record(step, grad_scale == self.guess.grad_scale())
+        if self._job is None:
+            return host_step
+        ready, guessed, ran = self._job
+        self._job = None
+        shard = self.shards[0]
+        if guessed != (hypers, step, grad_scale):
+            if hasattr(self.guess, "cancelled"):  # the other units' speculative jobs still queued skip their work
+                self.guess.cancelled = guessed[1]
+            self.dropped += 1
+
+            def dropped():
+                ready.finish()
+                return host_step()
+            return dropped
+
+        def keep():
+            error = ready.finish()
+            if error is not None or not ran:
+                self.dropped += 1
+                return host_step()
+            shard.swap_spare()
+            self.kept += 1
+            return shard.commit_speculation()
+        return keep
+
+
 def speculative_src(shard) -> torch.Tensor:
     """What a kept speculation copies into the device parameters: the 16-bit staging buffer, or the
     fp32 master (now the speculation's output) for fp32 training."""
@@ -217,22 +271,26 @@ def attach(engine, batches: list) -> int:
     z = engine.config.zero_optimization
     if not z.offload_optimizer.speculative_step:
         return 0
-    key = "zero_optimization.offload_optimizer.speculative_step"
+    key = "zero_optimization.offload_optimizer.speculative_step (DeepSpeed: super_offload)"
     if z.offload_optimizer.device != "cpu":
         raise ConfigError(f"{key}: needs offload_optimizer.device 'cpu' (got '{z.offload_optimizer.device}'): the "
                           "NVMe path swaps the state tile by tile and keeps no second copy")
-    if z.stage == 3:
-        raise ConfigError(f"{key}: stages 1/2 only; stage 3 already steps each unit's host shard on the worker "
-                          "behind the next forward (set it to false)")
+    if engine.offload.param_swap is not None:
+        raise ConfigError(f"{key}: not with offload_param.device 'nvme' where parameter shards rest on NVMe "
+                          "(each is swapped in for its own step; the speculation would need it during the backward)")
     guess = _Guess(engine)
     n = sum(1 for multi, _ in batches if isinstance(multi, HostStepBatch) and multi.speculate(guess))
+    for shard in engine.shards:  # stage 3's units
+        if queued_alone(shard) and can_speculate(shard):
+            ShardSpeculation(shard, guess, shard.run_later)
+            n += 1
     if n == 0:
         import warnings
 
         warnings.warn(f"zerocore: {key} is set but no host step can start early here: it needs the host step on "
                       "a worker thread (a GPU, or ZEROCORE_HOST_STEP_THREADS on a CPU device), zerocore's Adam "
-                      "(not a client torch optimizer), ratio 1 and, with fp32 on a CPU device, a master that is "
-                      "not the parameter itself", stacklevel=3)
+                      "(not a client torch optimizer), ratio 1 and, with fp32, parameters not in host memory (on a "
+                      "CPU device or with offload_param the fp32 master is the parameter itself)", stacklevel=3)
     return n
 
 

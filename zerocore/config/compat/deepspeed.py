@@ -34,6 +34,10 @@ ALIASES: dict[str, dict[str, str]] = {
         "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
     },
     "aio": {"thread_count": "intra_op_parallelism"},
+    # DeepSpeed's SuperOffload (stage 3, and without clipping only) starts the host step during the backward
+    # and undoes an overflowed one arithmetically; zerocore's speculative step does it at every stage, with
+    # clipping, keeping the bits of the step without it (zerocore/offload/speculation.py)
+    "zero_optimization.offload_optimizer": {"super_offload": "speculative_step"},
 }
 # section path -> {deprecated spelling: zerocore's key}
 DEPRECATED: dict[str, dict[str, str]] = {
@@ -86,7 +90,6 @@ ACCEPTED: dict[str, dict[str, tuple]] = {
         "zenflow": ((None,), "ZenFlow (stale CPU updates) is not implemented"),
     },
     "zero_optimization.offload_optimizer": {
-        "super_offload": ((False,), "SuperOffload is not implemented"),
         "cpuadam_cores_perc": (ANY, "a DeepSpeed performance knob"),
     },
     "bf16": {
