@@ -42,7 +42,9 @@ def build(args, name: str):
     offload, spec, clip = VARIANTS[name]
     torch.manual_seed(0)
     model = TinyGPT(args.vocab, dim=args.dim, layers=args.layers, heads=args.heads, ctx=args.ctx).to(args.device)
-    z = {"stage": 2, "reduce_bucket_size": int(args.bucket)}
+    z = {"stage": args.stage, "reduce_bucket_size": int(args.bucket)}
+    if args.stage == 3:  # each TinyGPT block a unit, every parameter sharded
+        z.update({"stage3_param_persistence_threshold": 0, "stage3_unit_min_params": 1})
     if offload:
         z["offload_optimizer"] = {"device": "cpu", "pin_memory": True, "speculative_step": spec}
     cfg = {"train_micro_batch_size_per_gpu": args.batch, "gradient_clipping": clip, "zero_optimization": z,
@@ -52,11 +54,14 @@ def build(args, name: str):
 
 
 def host_adam_ms(engine, reps: int) -> list[float]:
-    """T_host: the host Adam alone over the offloaded engine's shards (its batches' one call each), on the
-    worker's thread count, from this thread (nothing else running)."""
+    """T_host: the host Adam alone over the offloaded engine's shards (its batches' one call each; stage 3:
+    each unit's shard), on the worker's thread count, from this thread (nothing else running)."""
     from zerocore.offload.host_batch import HostStepBatch
 
     batches = [m for m, _ in engine._batches if isinstance(m, HostStepBatch)]
+    units = [s for s in engine.shards if getattr(s, "enqueue", None) is not None]
+    if units:  # stage 3's units step one by one: the same kernel through a batch of one
+        batches += [HostStepBatch([s]) for s in units]
     hyp = engine.optimizer.hypers()
     threads = torch.get_num_threads()
     torch.set_num_threads(int(os.environ["ZEROCORE_HOST_STEP_THREADS"]))
@@ -75,6 +80,7 @@ def host_adam_ms(engine, reps: int) -> list[float]:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--stage", type=int, choices=(1, 2, 3), default=2)
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--layers", type=int, default=8)
@@ -125,7 +131,7 @@ def main(argv=None) -> dict:
     t_dev = res["step"].get("no_offload", {}).get("median_ms")
     t_host = res.get("t_host", {}).get("median_ms")
     ref = res["step"].get("after_backward", {}).get("median_ms")
-    print(f"{res['params'] / 1e6:.1f}M parameters, stage 2 bf16, {args.device}, host Adam on the worker with "
+    print(f"{res['params'] / 1e6:.1f}M parameters, stage {args.stage} bf16, {args.device}, host Adam on the worker with "
           f"{args.threads} thread(s); {args.rounds} interleaved rounds x {args.steps}")
     if t_host is not None:
         print(f"T_host (the host Adam alone) {t_host:.2f} ms over {res['groups']} groups")

@@ -257,3 +257,35 @@ def test_zero_allow_untested_optimizer_may_be_written_as_0_or_1():
     assert _quiet_load({"zero_allow_untested_optimizer": 0}).zero_allow_untested_optimizer is False
     with pytest.raises(ConfigError, match="zero_allow_untested_optimizer: got 2"):
         _quiet_load({"zero_allow_untested_optimizer": 2})
+
+
+@pytest.mark.parametrize("flags, param", [
+    ({"bf16": {"enabled": True}}, "bf16"), ({"bf16": {"enabled": True}}, "torch.bfloat16"),
+    ({"bf16": {"enabled": True}}, "fp32"), ({}, "fp32"), ({}, "float"), ({}, "fp16"),
+    ({"fp16": {"enabled": True}}, "half"), ({"fp16": {"enabled": True}}, "bfloat16"),
+    ({"bf16": {"enabled": True}}, "int8"), ({"bf16": {"enabled": True}}, "bf-16"), ({}, None)])
+def test_param_dtype_is_refused_where_deepspeed_refuses_it(flags, param):
+    """data_types.param_dtype (DeepSpeed 0.19.8): DeepSpeed's engine asserts it equals the training dtype
+    (DeepSpeedEngine._assert_valid_mixed_precision_config, run here on the same values); zerocore refuses the
+    same configs naming the key and drops the others (nothing else reads it)."""
+    pytest.importorskip("deepspeed", reason="comparing with DeepSpeed's check needs it installed")
+    from types import SimpleNamespace
+
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    stub = SimpleNamespace(_config=SimpleNamespace(param_dtype=param),
+                           fp16_enabled=lambda: flags.get("fp16", {}).get("enabled", False),
+                           bfloat16_enabled=lambda: flags.get("bf16", {}).get("enabled", False))
+    try:
+        DeepSpeedEngine._assert_valid_mixed_precision_config(stub)
+        theirs = True
+    except (AssertionError, ValueError):
+        theirs = False
+    try:
+        t = deepspeed.translate({**flags, "data_types": {"param_dtype": param}})
+        ours = True
+        assert "param_dtype" not in t.config["data_types"]
+    except ConfigError as e:
+        ours = False
+        assert "data_types.param_dtype" in str(e)
+    assert ours == theirs, (flags, param, ours, theirs)

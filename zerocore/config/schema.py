@@ -277,8 +277,9 @@ DTYPE_SPELLINGS = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.flo
 
 @dataclasses.dataclass
 class DataTypesConfig(_Section):
-    """DeepSpeed's ``data_types`` section: the dtype of the model's buffers. Its ``grad_accum_dtype``
-    is checked and dropped by ``compat/deepspeed.py`` (it asks for nothing zerocore does not do)."""
+    """DeepSpeed's ``data_types`` section: the dtype of the model's buffers. Its ``grad_accum_dtype`` and
+    ``param_dtype`` are checked and dropped by ``compat/deepspeed.py`` (they ask for nothing zerocore does
+    not do, or are refused as DeepSpeed refuses them)."""
 
     PATH = "data_types"
     buffer_dtype: str | None = option(

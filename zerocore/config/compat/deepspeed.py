@@ -20,7 +20,7 @@ import dataclasses
 import difflib
 
 from ..options import ConfigError
-from ..schema import ZeroConfig
+from ..schema import DTYPE_SPELLINGS, ZeroConfig
 from .translation import ANY, Translation, drop_accepted, matches, refusal, rename_at, section_at, with_section
 
 # section path -> {DeepSpeed's other spelling: zerocore's key}
@@ -50,6 +50,8 @@ PIN_MEMORY = "cpu_offload_use_pin_memory"
 # section path -> key -> (values zerocore honours, what zerocore does)
 ACCEPTED: dict[str, dict[str, tuple]] = {
     "data_types": {
+        "param_dtype": (ANY, "DeepSpeed asserts it is the training dtype (the fp16/bf16 enabled flags) and casts "
+                             "nothing else by it: checked the same way (before this table)"),
         "grad_accum_dtype": (ANY, "null or the training dtype change nothing; at ZeRO stages 2-3 (and stage 1 but for "
                                   "bf16 training with \"fp32\") DeepSpeed accumulates in the training dtype whatever "
                                   "it says, as zerocore does; other values are refused (checked before this table)"),
@@ -212,6 +214,7 @@ def _check_data_types(value, data: dict) -> None:
     and zerocore both do (see ACCEPTED); the section's other keys are the schema's (DataTypesConfig)."""
     if not isinstance(value, dict):
         return  # null is the defaults; another type is the schema's error
+    _check_param_dtype(value.get("param_dtype"), data)
     accum = value.get("grad_accum_dtype")
     if accum is None:
         return
@@ -230,6 +233,22 @@ def _check_data_types(value, data: dict) -> None:
            "in the training dtype" if stage == 1 else "without ZeRO, DeepSpeed refuses this mix too")
     raise ConfigError(f"data_types.grad_accum_dtype: {value.get('grad_accum_dtype')!r} with {train} training at "
                       f"ZeRO stage {stage}: zerocore cannot honour it ({why}); use null or {train!r}")
+
+
+def _check_param_dtype(param, data: dict) -> None:
+    """``data_types.param_dtype`` (DeepSpeed 0.19.8, FSDP's MixedPrecisionPolicy name): null, or the training
+    dtype in any of DeepSpeed's spellings; DeepSpeed's engine asserts that (_assert_valid_mixed_precision_config)
+    and zerocore refuses the same configs, naming the key."""
+    if param is None:
+        return
+    if not isinstance(param, str) or param not in DTYPE_SPELLINGS:
+        raise ConfigError(f"data_types.param_dtype: got {param!r}; allowed: null or one of "
+                          f"{', '.join(repr(k) for k in DTYPE_SPELLINGS)} (the training dtype)")
+    train = training_dtype(data)
+    if DTYPE_SPELLINGS[param] != train:
+        raise ConfigError(f"data_types.param_dtype: {param!r} conflicts with the training dtype ({train}, from the "
+                          "fp16/bf16 'enabled' flags); set the matching flag or leave param_dtype out (DeepSpeed "
+                          "refuses this too)")
 
 
 def _check_top_level(key: str, value) -> None:
