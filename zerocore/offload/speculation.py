@@ -91,8 +91,10 @@ class _SpecPart:
         dst, src = shard.state_sets[1 - parity], shard.state_sets[parity]
         self.master, self.exp_avg, self.exp_avg_sq = dst
         self.sources = src
-        self.param_out = shard.spec_out
 
+    # read each time: at stage 3 a kept speculation's output becomes the parameter shard and the old shard
+    # the next output (HostOptimizerShard.commit_speculation); per parity it is always the same buffer
+    param_out = property(lambda self: self.shard.spec_out)
     pieces = property(lambda self: self.shard.pieces)
     tile = property(lambda self: self.shard.tile)
 
