@@ -100,9 +100,9 @@ class HostStepBatch:
         self.speculation = None  # a BatchSpeculation (offload/speculation.py), when the config asks for one
 
     def speculate(self, guess) -> bool:
-        """Starts this batch's host step as its gradients land (offload/speculation.py); ``guess``:
-        () -> (hypers, step, grad_scale) the engine's step will use if nothing bites, or None. False
-        where the batch's shards cannot (no worker; fp32 on a CPU device)."""
+        """Starts this batch's host step as its gradients land (offload/speculation.py); ``guess``: the
+        engine's speculation._Guess. False where the batch's shards cannot (no worker; an fp32 master
+        that is the parameter itself)."""
         if not all(can_speculate(s) for s in self.shards):
             return False
         first = self.shards[0]

@@ -1,4 +1,4 @@
-"""Stages 1/2 with CPU offload: the host Adam of a batch of groups started as soon as their gradients
+"""CPU offload: the host Adam of a batch of groups (stage 3: of a unit) started as soon as their gradients
 have landed, during the backward, before the step knows whether it may use it (a speculative step);
 ``step()`` then keeps it or drops it, so the result is the same bits as the step taken afterwards.
 
@@ -7,25 +7,29 @@ H100's host, benchmarks/results/gpu_h100_2026-11-26_issue35), and nothing else r
 the global gradient norm (clipping) and the Inf/NaN check decide the update only once the backward
 has ended. DeepSpeed's SuperOffload starts the host step early only without clipping and undoes an
 overflowed one arithmetically (rounding: not the same bits). Here the step is out of place: each
-shard has a second set of host state buffers (``HostOptimizerShard.spare``), the speculative Adam
-reads the current master, m and v and writes the spare ones (one pass, the same memory traffic as in
-place: ``ops.adam_step_multi(sources=)``), and its 16-bit values go to the staging buffer, not to the
-parameters. ``step()`` keeps it when the update it asks for is the one guessed: the clip coefficient
-did not bite, nothing overflowed, and the hyper-parameters and step count are those read when the
-batch's last gradient landed (then the buffers swap and the copies back are queued); otherwise the
-spare buffers are simply not used and the step runs as without speculation (the batches' jobs still queued
-skip their work). Costs: 12 bytes per owned parameter of host memory (the spare master, m, v; 2 more with
-bf16/fp16 on a CPU training device, whose parameters the step otherwise writes in place), and, when the guess
-is wrong, host work done for nothing during the backward (the host's memory bandwidth: on a 2-core CPU device
-the step was 1.06-1.09x the step without speculation, benchmarks/offload_speculation.py). So whether to
-speculate follows the recent steps (``_Guess.worth_it``: a 2-bit counter of whether the guess held, kept
-whether or not it speculated): where clipping bites step after step it stops, and it comes back once the
-guesses hold again.
+shard has a second set of host state buffers (``HostOptimizerShard.make_spare``), the speculative Adam
+reads the current master, m and v and writes the other ones (one pass, the same memory traffic as in
+place: ``ops.adam_step_multi(sources=)``), and its 16-bit values go to an output buffer, not to the
+parameters. The update is kept when it is the one the step asks for: the clip coefficient did not bite,
+nothing overflowed, and the hyper-parameters and step count are those read when the batch's last
+gradient landed. Then the buffers swap and the 16-bit values go to the parameters (stages 1/2: the
+copies back, queued by ``step()``; stage 3: the unit's queued step, on the worker behind the next
+forward's gather order, where a host-resident parameter shard swaps with the output buffer too).
+Otherwise the second buffers are simply not used and the step runs as without speculation (the jobs
+still queued for the same step skip their work).
 
-Config: ``zero_optimization.offload_optimizer.speculative_step`` (off by default). Applies to the
-host batches (``host_batch.batchable``) where a worker thread steps them (a GPU, or a CPU device with
-ZEROCORE_HOST_STEP_THREADS); fp32 training on a CPU device is left out (its master is the parameter).
-Anything that writes the current state while a speculation is under way (a checkpoint load) drops it.
+Costs: 12 bytes per owned parameter of host memory (the second master, m, v; 2 more where the step
+otherwise writes host-resident parameters in place), and, when the guess is wrong, host work done for
+nothing during the backward (the host's memory bandwidth: on a 2-core CPU device the step was 1.06-1.09x
+the step without speculation, benchmarks/offload_speculation.py). So whether to speculate follows the
+recent steps (``_Guess.worth_it``: a 2-bit counter of whether the guess held, kept whether or not it
+speculated): where clipping bites step after step it stops, and it comes back once guesses hold again.
+
+Config: ``zero_optimization.offload_optimizer.speculative_step`` (off by default; DeepSpeed's
+``super_offload`` is read as it). Applies where a worker thread steps the host shards (a GPU, stage 3,
+or ZEROCORE_HOST_STEP_THREADS on a CPU device), with zerocore's Adam, ratio 1, parameter shards not on
+NVMe, and not fp32 with host-resident parameters (the master is the parameter there). Anything that
+writes the current state while a speculation is under way (a checkpoint load) drops it.
 """
 from __future__ import annotations
 
@@ -100,11 +104,10 @@ class _SpecPart:
 
 
 class BatchSpeculation:
-    """The speculative host step of one HostStepBatch. ``guess``: () -> (hypers, step, grad_scale) the
-    engine would step with if nothing bites (None: do not speculate now); ``submit``: hands a job to the
-    worker (OffloadPlan._submit)."""
+    """The speculative host step of one HostStepBatch. ``guess``: the engine's ``_Guess`` (shared by its
+    speculations); ``submit``: hands a job to the worker (OffloadPlan._submit)."""
 
-    def __init__(self, shards: list, guess: Callable, submit: Callable):
+    def __init__(self, shards: list, guess: "_Guess", submit: Callable):
         self.shards = shards
         self.guess, self.submit = guess, submit
         for s in shards:
@@ -130,7 +133,7 @@ class BatchSpeculation:
     def landed(self, shard, event) -> None:
         """``shard``'s gradient copy to the host is queued (``event``: its CUDA event, or None); once every
         shard of the batch has landed, the speculative step goes to the worker."""
-        window = getattr(self.guess, "window", lambda: None)()
+        window = self.guess.window()
         if window != self._window:  # a new micro-step: what landed in an earlier one (a group that did not land
             self._window = window   # then) must not complete this one's batch with its old gradients
             self._landed.clear()
@@ -142,7 +145,7 @@ class BatchSpeculation:
             return
         self._landed.clear()
         events, self._events = self._events, []
-        if not getattr(self.guess, "worth_it", lambda: True)():  # recent guesses were wrong: not this time
+        if not self.guess.worth_it():  # recent guesses were wrong: not this time
             return
         try:
             guess = self.guess()
@@ -159,7 +162,7 @@ class BatchSpeculation:
         ran = []  # set by the job when it stepped (a cancelled one did not: nothing of it may be kept)
 
         def job():
-            if getattr(guesser, "cancelled", None) == step:  # an earlier batch found this step's guess wrong
+            if guesser.cancelled == step:  # an earlier batch found this step's guess wrong
                 return
             for ev in events:  # the host waits for the gradient copies on the worker, not the training thread
                 ev.synchronize()
@@ -173,27 +176,30 @@ class BatchSpeculation:
         self.submit(shards[0].group.index, job, ready)
 
     # -- step() ---------------------------------------------------------------------------------
+    def _settle_guess(self, hypers, step: int, grad_scale: float):
+        """Tells the predictor whether a guess made now would hold, and takes the speculation under way:
+        None, or (its Ready, [True] if it ran, whether it is this update). A wrong guess cancels the other
+        jobs still queued for the same step (the other batches guessed the same), before any wait."""
+        self.guess.record(step, grad_scale == self.guess.grad_scale())
+        if self._job is None:
+            return None
+        ready, guessed, ran = self._job
+        self._job = None
+        right = guessed == (hypers, step, grad_scale)
+        if not right:
+            self.guess.cancelled = guessed[1]
+        return ready, ran, right
+
     def take(self, hypers, step: int, grad_scale: float) -> bool:
         """Whether the speculative step is this update (``hypers``, ``step``, ``grad_scale``: the
         engine's now): then its buffers become the current state (True) and only the copies back are
         left; else it is dropped (False) and the caller steps as without speculation."""
-        record = getattr(self.guess, "record", None)
-        if record is not None:  # whether a guess made now would be right, speculated or not (the predictor)
-            record(step, grad_scale == self.guess.grad_scale())
-        if self._job is None:
+        job = self._settle_guess(hypers, step, grad_scale)
+        if job is None:
             return False
-        ready, guessed, ran = self._job
-        self._job = None
-        if guessed != (hypers, step, grad_scale):
-            # decided before waiting: the other batches guessed the same, so their jobs still queued skip their
-            # work, and only the one running (at most a batch) is waited for
-            if hasattr(self.guess, "cancelled"):
-                self.guess.cancelled = guessed[1]
-            ready.finish()
-            self.dropped += 1
-            return False
-        error = ready.finish()
-        if error is not None or not ran:  # (a failed speculative step: the step taken now raises it, if it is real)
+        ready, ran, right = job
+        error = ready.finish()  # (a failed speculative step: the step taken now raises it, if it is real)
+        if not right or error is not None or not ran:
             self.dropped += 1
             return False
         for s in self.shards:
@@ -220,41 +226,30 @@ class ShardSpeculation(BatchSpeculation):
     """Stage 3: one unit shard's speculation. Its step is queued behind the next forward (each unit's
     gather waits for its own), so ``step()`` does not wait for the speculation either: the shard queues
     ``queued_step``'s function instead of its host step, which on the worker (after the speculative job:
-    one worker, in submission order) keeps the speculation (swaps the buffers, copies the 16-bit values
-    into the parameters) or, if it did not run or failed, takes the host step itself."""
+    one worker, in submission order) keeps the speculation (swaps the buffers, puts the 16-bit values in
+    the parameters: HostOptimizerShard.commit_speculation) or, if the guess was wrong or the speculation
+    did not run or failed, takes the host step itself."""
 
-    def __init__(self, shard, guess: Callable, submit: Callable):
+    def __init__(self, shard, guess: "_Guess", submit: Callable):
         super().__init__([shard], guess, submit)
 
     def queued_step(self, hypers, step: int, grad_scale: float, host_step: Callable) -> Callable:
         """What to queue for this step (``host_step``: the shard's own host step)."""
-        record = getattr(self.guess, "record", None)
-        if record is not None:
-            record(step, grad_scale == self.guess.grad_scale())
-        if self._job is None:
+        job = self._settle_guess(hypers, step, grad_scale)
+        if job is None:
             return host_step
-        ready, guessed, ran = self._job
-        self._job = None
+        ready, ran, right = job
         shard = self.shards[0]
-        if guessed != (hypers, step, grad_scale):
-            if hasattr(self.guess, "cancelled"):  # the other units' speculative jobs still queued skip their work
-                self.guess.cancelled = guessed[1]
-            self.dropped += 1
 
-            def dropped():
-                ready.finish()
-                return host_step()
-            return dropped
-
-        def keep():
+        def keep_or_step():
             error = ready.finish()
-            if error is not None or not ran:
+            if not right or error is not None or not ran:
                 self.dropped += 1
                 return host_step()
             shard.swap_spare()
             self.kept += 1
             return shard.commit_speculation()
-        return keep
+        return keep_or_step
 
 
 def speculative_src(shard) -> torch.Tensor:
