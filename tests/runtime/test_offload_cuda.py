@@ -102,19 +102,24 @@ def test_a_released_gradient_comes_back_after_a_failed_step_on_a_gpu(nccl_world_
         assert torch.equal(released[1][name], t), name
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage, params", [(1, False), (2, False), (3, False), (3, True)])
 @pytest.mark.parametrize("clip", [1e6, 1.0])
-def test_a_speculative_host_step_on_a_gpu_trains_bit_for_bit_as_without(nccl_world_of_one, stage, clip):
-    """offload_optimizer.speculative_step (zerocore/offload/speculation.py): each batch's host Adam started on the
-    worker as its gradients land (behind their copies' events), out of place; kept at step() (a clip that does
-    not bite) or dropped (one that may): the run equals the same stage without offload, bit for bit."""
+def test_a_speculative_host_step_on_a_gpu_trains_bit_for_bit_as_without(nccl_world_of_one, stage, params, clip):
+    """offload_optimizer.speculative_step (zerocore/offload/speculation.py): each batch's (stage 3: unit's) host
+    Adam started on the worker as its gradients land (behind their copies' events), out of place; kept (a clip
+    that does not bite) or dropped (one that may): the run equals the same stage without offload, bit for bit
+    (stage 3 with parameter offload: the kept output becomes the host parameter shard)."""
     import dataclasses
 
     case = dataclasses.replace(_case(stage), clip=clip)
     want_losses, want_state, _, _ = _train(case, None)
-    losses, state, report, batches = _train(case, {"offload_optimizer": {"device": "cpu", "speculative_step": True}})
+    offload = {"offload_optimizer": {"device": "cpu", "speculative_step": True}}
+    if params:
+        offload["offload_param"] = {"device": "cpu"}
+    losses, state, report, batches = _train(case, offload)
     assert losses == want_losses
     for name, t in want_state.items():
         assert torch.equal(state[name], t), name
-    assert HostStepBatch.__name__ in batches
+    if stage < 3:
+        assert HostStepBatch.__name__ in batches
     assert report["host_spare_master"] > 0  # the second state is there (and counted)
