@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import threading
 import weakref
 
@@ -52,6 +53,11 @@ CASES = {
     "stage2_cpu_client_adagrad": ({"stage": 2, "offload_optimizer": {"device": "cpu"}},
                                   lambda ps: torch.optim.Adagrad(ps, lr=0.1), torch.float32, False),
     "stage2_async_save": ({"stage": 2}, None, torch.float32, True),
+    # the speculative host step (offload/speculation.py): second state buffers, jobs queued during the backward
+    "stage2_cpu_speculative": ({"stage": 2, "offload_optimizer": {"device": "cpu", "speculative_step": True}},
+                               None, torch.bfloat16, False),
+    "stage3_cpu_params_speculative": ({"stage": 3, "offload_optimizer": {"device": "cpu", "speculative_step": True},
+                                       "offload_param": {"device": "cpu"}}, None, torch.bfloat16, False),
     "stage3_cpu_async_save": ({"stage": 3, "offload_optimizer": {"device": "cpu"}}, None, torch.float32, True),
 }
 
@@ -73,7 +79,16 @@ def _build_and_train(case: str, tmp_path):
     zero, client, dtype, save_async = CASES[case]
     model = _model()
     opt = client(model.parameters()) if client is not None else None
-    engine = zerocore.initialize(model, _config(zero, tmp_path, dtype, client), optimizer=opt)
+    env = os.environ.get("ZEROCORE_HOST_STEP_THREADS")
+    if zero.get("offload_optimizer", {}).get("speculative_step"):  # stage 2 on a CPU device: a worker to speculate
+        os.environ["ZEROCORE_HOST_STEP_THREADS"] = "1"
+    try:
+        engine = zerocore.initialize(model, _config(zero, tmp_path, dtype, client), optimizer=opt)
+    finally:
+        if env is None:
+            os.environ.pop("ZEROCORE_HOST_STEP_THREADS", None)
+        else:
+            os.environ["ZEROCORE_HOST_STEP_THREADS"] = env
     for _ in range(3):
         loss = engine(torch.randn(4, 16, dtype=dtype)).float().pow(2).mean()
         engine.backward(loss)
@@ -149,7 +164,8 @@ def test_del_frees_the_engine_and_its_tensors_without_the_collector(case, tmp_pa
 
 
 @pytest.mark.parametrize("case", ["stage0", "stage2", "stage3", "stage2_cpu_ratio", "stage3_cpu_params",
-                                  "stage3_nvme_params", "stage3_client_sgd", "stage2_async_save"])
+                                  "stage3_nvme_params", "stage3_client_sgd", "stage2_async_save",
+                                  "stage2_cpu_speculative", "stage3_cpu_params_speculative"])
 def test_destroy_frees_every_buffer_while_the_engine_stays_referenced(case, tmp_path):
     with _collector_off():
         engine, model, opt = _build_and_train(case, tmp_path)

@@ -31,6 +31,9 @@ class HostSteppedShard:
     reads_ahead = False
     tiles_kept = True  # the host shard's tiles are views of its state
     group = back_ref()  # the group this shard steps (the engine owns it; see OptimizerShard.group)
+    # the BatchSpeculation this shard takes part in (offload/speculation.py); its owner (a HostStepBatch, or the
+    # engine's list for stage 3's units) holds it, and it holds this shard: weak here, or the two would be a cycle
+    speculation = back_ref()
 
     def __init__(self, group: ShardedGroup, *, split: int, pin: bool):
         self.group = group
@@ -47,7 +50,7 @@ class HostSteppedShard:
         self.enqueue = None  # (group index, host step, ready) -> None: set by OffloadPlan at stage 3
         self.run_now = None  # the same, run on the worker and waited for: OffloadPlan, stages 1/2 on a GPU
         self.run_later = None  # the same, run on the worker, not waited for (a speculative step): OffloadPlan
-        self.speculation = None  # the BatchSpeculation this shard takes part in (offload/speculation.py)
+        self.speculation = None
         self.param_swap = None  # set by OffloadPlan when this group's parameter shard rests on NVMe
         self.pieces = None  # hyper-parameter groups of the owned range (sharding.optimizer.Pieces)
 

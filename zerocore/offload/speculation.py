@@ -258,16 +258,17 @@ def speculative_src(shard) -> torch.Tensor:
     return shard.spec_out if shard.half else shard.master_h
 
 
-def attach(engine, batches: list) -> int:
+def attach(engine, batches: list) -> list:
     """Sets up ``offload_optimizer.speculative_step`` on the engine's host batches (HostStepBatch
-    entries of ``Engine._step_batches``); returns how many batches speculate. Refuses the
-    configurations it cannot serve, naming the key."""
+    entries of ``Engine._step_batches``) and stage 3's unit shards; returns the speculations, which the
+    engine keeps (the shards reach theirs weakly). Refuses the configurations it cannot serve, naming
+    the key."""
     from ..config.options import ConfigError
     from .host_batch import HostStepBatch
 
     z = engine.config.zero_optimization
     if not z.offload_optimizer.speculative_step:
-        return 0
+        return []
     key = "zero_optimization.offload_optimizer.speculative_step (DeepSpeed: super_offload)"
     if z.offload_optimizer.device != "cpu":
         raise ConfigError(f"{key}: needs offload_optimizer.device 'cpu' (got '{z.offload_optimizer.device}'): the "
@@ -276,19 +277,17 @@ def attach(engine, batches: list) -> int:
         raise ConfigError(f"{key}: not with offload_param.device 'nvme' where parameter shards rest on NVMe "
                           "(each is swapped in for its own step; the speculation would need it during the backward)")
     guess = _Guess(engine)
-    n = sum(1 for multi, _ in batches if isinstance(multi, HostStepBatch) and multi.speculate(guess))
-    for shard in engine.shards:  # stage 3's units
-        if queued_alone(shard) and can_speculate(shard):
-            ShardSpeculation(shard, guess, shard.run_later)
-            n += 1
-    if n == 0:
+    out = [multi.speculation for multi, _ in batches if isinstance(multi, HostStepBatch) and multi.speculate(guess)]
+    out += [ShardSpeculation(shard, guess, shard.run_later) for shard in engine.shards  # stage 3's units
+            if queued_alone(shard) and can_speculate(shard)]
+    if not out:
         import warnings
 
         warnings.warn(f"zerocore: {key} is set but no host step can start early here: it needs the host step on "
                       "a worker thread (a GPU, or ZEROCORE_HOST_STEP_THREADS on a CPU device), zerocore's Adam "
                       "(not a client torch optimizer), ratio 1 and, with fp32, parameters not in host memory (on a "
                       "CPU device or with offload_param the fp32 master is the parameter itself)", stacklevel=3)
-    return n
+    return out
 
 
 class _Guess:

@@ -165,7 +165,7 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         self._backward_done = False
         self._dropped = False  # zero_grad() between backward() and step() (named by step())
         self._batches = self._step_batches()  # after the face and _torch_step: the batches use them
-        speculation.attach(self, self._batches)  # offload_optimizer.speculative_step (offload/speculation.py)
+        self._speculations = speculation.attach(self, self._batches)  # offload_optimizer.speculative_step
         self._pending_skip: PendingSkip | None = None
         self.skip_on_overflow(self._checks_overflow)
         self.tput_timer = ThroughputTimer(self.train_batch_size())  # DeepSpeed's samples/s (throughput.py)
