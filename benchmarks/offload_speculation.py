@@ -126,8 +126,7 @@ def main(argv=None) -> dict:
     if offloaded is not None:
         res["t_host"] = summary(host_adam_ms(offloaded, args.rounds))
         res["groups"] = len(offloaded.groups)
-    kept = {k: [(m.speculation.kept, m.speculation.dropped) for m, _ in e._batches
-                if getattr(m, "speculation", None) is not None] for k, e in engines.items()}
+    kept = {k: [(s.kept, s.dropped) for s in getattr(e, "_speculations", [])] for k, e in engines.items()}
     res["speculations_kept_dropped"] = {k: [sum(a for a, _ in v), sum(b for _, b in v)] for k, v in kept.items() if v}
     t_dev = res["step"].get("no_offload", {}).get("median_ms")
     t_host = res.get("t_host", {}).get("median_ms")

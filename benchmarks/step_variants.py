@@ -427,8 +427,9 @@ CPU_DEFAULT = ["ddp_torch_adamw", "ddp_fused_adam", "fsdp2", "zerocore_stage0", 
 CUDA_DEFAULT = ["torch_amp", "fsdp2", "deepspeed_stage1", "deepspeed_stage2", "deepspeed_stage3", "zerocore_stage0",
                 "zerocore_stage1", "zerocore_stage2", "zerocore_stage3"]
 # CPU offload: zerocore's stage 2 with the optimizer on the host beside the same stage without it and DeepSpeed's same configuration
-OFFLOAD = ["zerocore_stage2", "zerocore_stage2_offload", "deepspeed_stage2", "deepspeed_stage2_offload",
-           "zerocore_stage3", "zerocore_stage3_offload", "deepspeed_stage3_offload"]
+OFFLOAD = ["zerocore_stage2", "zerocore_stage2_offload", "zerocore_stage2_offload_speculative", "deepspeed_stage2",
+           "deepspeed_stage2_offload", "zerocore_stage3", "zerocore_stage3_offload",
+           "zerocore_stage3_offload_speculative", "deepspeed_stage3_offload"]
 # NVMe offload: stage 3 with the optimizer state (and the parameter shards) on NVMe beside DeepSpeed's same
 # configuration, with stage 3 in memory and DDP for scale
 NVME = ["ddp_torch_adamw", "zerocore_stage3", "zerocore_stage3_nvme", "deepspeed_stage3_nvme",

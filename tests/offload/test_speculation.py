@@ -85,11 +85,7 @@ def _engine(spec: bool, *, stage=2, bf16=True, clip=2.0, gas=1, scheduler=False,
 
 def _speculations(engine):
     """Each batch's speculation (stages 1/2, stage 3's whole-kept groups) and each stage-3 unit's."""
-    specs = [multi.speculation for multi, _ in engine._batches
-             if isinstance(multi, HostStepBatch) and multi.speculation is not None]
-    seen = {id(x) for x in specs}
-    return specs + [s.speculation for s in engine.shards
-                    if getattr(s, "speculation", None) is not None and id(s.speculation) not in seen]
+    return list(engine._speculations)
 
 
 def _run(engine, steps, *, gas=1, scale=1.0, bad_at=None, between=None):
