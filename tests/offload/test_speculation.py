@@ -271,3 +271,61 @@ def test_deepspeeds_super_offload_config_runs_as_the_speculative_step(worker):
     for a, b in zip(runs[False][1], runs[True][1]):
         assert torch.equal(a, b)
     assert not runs[False][2] and sum(s.kept for s in runs[True][2]) > 0
+
+
+# -- two gloo ranks --------------------------------------------------------------------------------------
+def _w2_cases():
+    from dist_helpers import Case
+
+    out = []
+    for stage, extra in ((1, {}), (2, {}), (3, {**STAGE3, "offload_param": {"device": "cpu"}})):
+        for spec in (False, True):
+            out.append(Case(f"s{stage}_{'spec' if spec else 'base'}", "gpt", stage, steps=6, gas=2, clip=1.0,
+                            dtype="bf16", lr=3e-3, bucket=3000, overlap=True,
+                            zero={"offload_optimizer": {"device": "cpu", "speculative_step": spec}, **extra}))
+    return out
+
+
+def _run_with_worker(case, rank: int, world: int) -> dict:
+    """dist_helpers.run_case with a host-step worker on this CPU rank (stages 1/2 speculate on one), and
+    the counts of kept and dropped speculations."""
+    import os
+
+    import dist_helpers
+
+    os.environ["ZEROCORE_HOST_STEP_THREADS"] = "1"
+    engines = []
+    real = zerocore.initialize
+
+    def initialize(*a, **kw):
+        engine = real(*a, **kw)
+        engines.append(engine)
+        return engine
+
+    dist_helpers.zerocore.initialize = initialize
+    try:
+        out = dist_helpers.run_case(case, rank, world)
+    finally:
+        dist_helpers.zerocore.initialize = real
+    out["kept_dropped"] = [(s.kept, s.dropped) for s in engines[0]._speculations] if engines else []
+    return out
+
+
+def test_two_ranks_train_the_same_bits_with_and_without_speculation(tmp_path):
+    """Every rank decides alone (the guess is checked against the global clip coefficient each rank computed
+    from the same all-reduced norm), so the ranks keep and drop together and the all-gathers after the update
+    (stages 1/2) carry the same values as without speculation."""
+    from dist_helpers import case_results, spawn_cases
+
+    cases = _w2_cases()
+    results = spawn_cases(cases, 2, tmp_path, timeout=300, run=_run_with_worker)
+    for stage in (1, 2, 3):
+        base = case_results(results, cases, f"s{stage}_base")
+        spec = case_results(results, cases, f"s{stage}_spec")
+        for a, b in zip(spec, base):
+            assert a["losses"] == b["losses"] and a["norms"] == b["norms"], stage
+            for k in b["state"]:
+                assert torch.equal(a["state"][k], b["state"][k]), (stage, k)
+        per_rank = [sorted(r["kept_dropped"]) for r in spec]
+        assert per_rank[0] == per_rank[1], per_rank  # the ranks kept and dropped the same steps
+        assert sum(k for k, _ in per_rank[0]) > 0, (stage, per_rank)
