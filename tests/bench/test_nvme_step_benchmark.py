@@ -45,8 +45,11 @@ def test_preset_leaves_out_peers_that_are_not_installed(preset, monkeypatch, cap
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
     a = step.parse_args(["--preset", preset])
     deepspeed = [v for v in sv.PRESETS[preset] if v.startswith("deepspeed")]
-    assert deepspeed and a.skipped == {v: "needs deepspeed (not installed)" for v in deepspeed}
-    assert a.variants == [v for v in sv.PRESETS[preset] if v not in deepspeed]
+    # the preset's variants for another device (the offload preset's speculative ones run on CUDA only)
+    elsewhere = {v: why for v in sv.PRESETS[preset] if v not in deepspeed and (why := sv.unavailable(v, a.device))}
+    assert all("cuda only" in why for why in elsewhere.values()), elsewhere
+    assert deepspeed and a.skipped == {**{v: "needs deepspeed (not installed)" for v in deepspeed}, **elsewhere}
+    assert a.variants == [v for v in sv.PRESETS[preset] if v not in deepspeed and v not in elsewhere]
     err = capsys.readouterr().err
     assert all(f"leaving out {v}: needs deepspeed (not installed)" in err for v in deepspeed)
     with pytest.raises(SystemExit):
