@@ -51,6 +51,13 @@ void check_f32(const at::Tensor& t, int64_t numel, const std::string& op, const 
   ZC_CHECK_VALUE(t.numel() == numel, op, ": '", arg, "' has ", t.numel(), " elements but 'param' has ", numel);
 }
 
+// The per-step fast test of an fp32 state tensor (check_f32 formats its messages, so it runs only
+// when this fails: these tests run per tensor per step).
+bool plain_f32(const at::Tensor& t, int64_t numel) {
+  return t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == at::kFloat && t.numel() == numel &&
+         zc_bind::holds_memory(t);
+}
+
 // `index` < 0 for a single-tensor call; else the position in the list, used only to name
 // the argument in an error as the Python checks do ('grad', or 'grads[3]' for a list; names are
 // built on failure: this runs per tensor per step).
@@ -61,13 +68,9 @@ zc::AdamTensor make_adam_tensor(const at::Tensor& p, const at::Tensor& g, const 
     return index < 0 ? std::string(arg) : std::string(arg) + "s[" + std::to_string(index) + "]";
   };
   const int64_t n = p.numel();
-  auto ok_f32 = [n](const at::Tensor& t) {
-    return t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == at::kFloat && t.numel() == n &&
-           zc_bind::holds_memory(t);
-  };
-  if (!ok_f32(p)) check_f32(p, n, op, name("param"));
-  if (!ok_f32(m)) check_f32(m, n, op, name("exp_avg"));
-  if (!ok_f32(v)) check_f32(v, n, op, name("exp_avg_sq"));
+  if (!plain_f32(p, n)) check_f32(p, n, op, name("param"));
+  if (!plain_f32(m, n)) check_f32(m, n, op, name("exp_avg"));
+  if (!plain_f32(v, n)) check_f32(v, n, op, name("exp_avg_sq"));
   if (!(g.device().is_cpu() && g.is_contiguous() && zc_bind::holds_memory(g)))
     check_cpu_contiguous(g, op, name("grad"));
   const std::optional<zc::DType> known = zc_bind::kernel_dtype(g);
@@ -139,7 +142,8 @@ void adam_step_multi_impl(const std::vector<at::Tensor>& params, const std::vect
       const float* ptrs[3];
       for (int r = 0; r < 3; ++r) {
         const at::Tensor& src = (*sources)[3 * i + r];
-        check_f32(src, numel, "adam_step_multi", std::string(names[r]) + "[" + std::to_string(i) + "]");
+        if (!plain_f32(src, numel))
+          check_f32(src, numel, "adam_step_multi", std::string(names[r]) + "[" + std::to_string(i) + "]");
         spans.add(src, names[r], 5 + r, k);
         ptrs[r] = src.data_ptr<float>();
       }

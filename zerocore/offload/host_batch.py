@@ -23,7 +23,7 @@ import torch
 
 from ..sharding.optimizer import AdamHyper, MultiShardStep
 from .host_shard import HostOptimizerShard
-from .speculation import BatchSpeculation, can_speculate, speculative_src
+from .speculation import BatchSpeculation, can_speculate
 from .stepper import Ready
 
 # Elements of one batch: large enough that the hand-over is a small part of the batch's host Adam
@@ -105,8 +105,7 @@ class HostStepBatch:
         that is the parameter itself)."""
         if not all(can_speculate(s) for s in self.shards):
             return False
-        first = self.shards[0]
-        self.speculation = BatchSpeculation(self.shards, guess, first.run_later)
+        self.speculation = BatchSpeculation(self.shards, guess, self.shards[0].run_later)
         return True
 
     def step(self, grads, hp, *, step: int, grad_scale: float) -> None:
@@ -115,7 +114,7 @@ class HostStepBatch:
         hp = dataclasses.replace(hp) if isinstance(hp, AdamHyper) else [dataclasses.replace(h) for h in hp]
         if self.speculation is not None and self.speculation.take(hp, step, grad_scale):
             # the speculative step was this one: its buffers are the state now, only the copies back are left
-            ev = _copy_back_all(self.shards, speculative_src)
+            ev = _copy_back_all(self.shards, HostOptimizerShard.speculative_src)
             if ev is not None:
                 torch.cuda.current_stream().wait_event(ev)
             return
@@ -142,7 +141,7 @@ def _own_src(s: HostOptimizerShard):
 
 def _copy_back_all(shards: list[HostOptimizerShard], src_of=_own_src):
     """Every shard's updated values (``src_of``: what HostOptimizerShard's own step copies, the 16-bit
-    staging buffer or the fp32 master; a kept speculation's, speculation.speculative_src) into its
+    staging buffer or the fp32 master; a kept speculation's, HostOptimizerShard.speculative_src) into its
     device parameters, on one side stream behind one CUDA event,
     which each shard keeps as its last copy back and which is returned (None where nothing was copied
     or the device is the CPU, where the copies are done when this returns)."""

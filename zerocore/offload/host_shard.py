@@ -145,8 +145,12 @@ class HostOptimizerShard(HostSteppedShard):
         if self.half and g.partitioned and g.param_shard.device.type == "cpu" and g.param_shard.numel() == self.split:
             g.param_shard, self.spec_out = self.spec_out, g.param_shard
             return None
-        src = self.spec_out if self.half else self.master_h
-        return self._copy_back(g.owned_params_raw()[:self.split], src)
+        return self._copy_back(g.owned_params_raw()[:self.split], self.speculative_src())
+
+    def speculative_src(self) -> torch.Tensor:
+        """What a kept speculation puts in the parameters: its 16-bit output, or the fp32 master (now
+        the speculation's output) for fp32 training."""
+        return self.spec_out if self.half else self.master_h
 
     def _device_part(self, grad, plan, step: int, grad_scale: float, target: torch.Tensor) -> None:
         h = self.split

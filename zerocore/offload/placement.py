@@ -114,7 +114,7 @@ class OffloadPlan:
         # the group and the shard call back into this plan weakly: the plan holds the shards
         g.attach_offload(GroupOffload(shard, ready, weak_call(self._note_gather) if queued else None, queued=queued))
         if self.stepper is not None:  # a speculative step goes to the worker at once (offload/speculation.py)
-            shard.run_later = weak_call(self._submit)
+            shard.run_later = weak_call(self.stepper.submit)
         if queued:
             shard.enqueue = weak_call(self._enqueue)
         elif self.stepper is not None:
@@ -189,10 +189,6 @@ class OffloadPlan:
         CUDA the current stream then waits for its copy back (``Ready.wait``)."""
         self.stepper.submit(gi, fn, ready)
         ready.wait_own()
-
-    def _submit(self, gi: int, fn, ready) -> None:
-        """A step for the worker, not waited for here (a speculative one, offload/speculation.py)."""
-        self.stepper.submit(gi, fn, ready)
 
     def launch(self) -> None:
         """Hands the queued host steps to the worker, first-needed first."""

@@ -33,10 +33,12 @@ writes the current state while a speculation is under way (a checkpoint load) dr
 """
 from __future__ import annotations
 
+import dataclasses
+import warnings
+import weakref
 from typing import Callable
 
-import torch
-
+from ..config.options import ConfigError
 from ..sharding.optimizer import MultiShardStep
 from .stepper import Ready
 
@@ -56,9 +58,7 @@ def can_speculate(shard) -> bool:
     """Whether ``shard`` (batchable, or stage 3's queued shard) may take part: a worker steps it, and
     its master is not the parameter itself (fp32 with the parameters in host memory: the speculation
     would write the parameter in use)."""
-    if shard.run_later is None or (shard.run_now is None and shard.enqueue is None):
-        return False
-    return not shard.master_is_param
+    return shard.run_later is not None and not shard.master_is_param  # (run_later: set where a worker is)
 
 
 def queued_alone(shard) -> bool:
@@ -70,19 +70,15 @@ def queued_alone(shard) -> bool:
             and shard.split == shard.group.hi - shard.group.lo and shard.param_swap is None)
 
 
-def plans_spare(config, shard, device) -> bool:
+def plans_spare(config, shard) -> bool:
     """For the planner's dry run (no worker, no engine): whether the engine would give ``shard`` the
     speculation's second state (``HostOptimizerShard.make_spare``), by the rules of ``attach`` and
     ``can_speculate``."""
     from .host_batch import batchable
-    from .host_threads import worker_at_stages_1_2
 
-    z = config.zero_optimization
-    if not (z.offload_optimizer.speculative_step and z.offload_optimizer.device == "cpu"):
-        return False
-    if queued_alone(shard):  # stage 3's units: always a worker
-        return not shard.master_is_param
-    return batchable(shard) and (z.stage == 3 or worker_at_stages_1_2(device)) and not shard.master_is_param
+    opt = config.zero_optimization.offload_optimizer
+    return (bool(opt.speculative_step) and opt.device == "cpu" and (batchable(shard) or queued_alone(shard))
+            and can_speculate(shard))
 
 
 class _SpecPart:
@@ -252,19 +248,12 @@ class ShardSpeculation(BatchSpeculation):
         return keep_or_step
 
 
-def speculative_src(shard) -> torch.Tensor:
-    """What a kept speculation copies into the device parameters: the 16-bit staging buffer, or the
-    fp32 master (now the speculation's output) for fp32 training."""
-    return shard.spec_out if shard.half else shard.master_h
-
-
 def attach(engine, batches: list) -> list:
     """Sets up ``offload_optimizer.speculative_step`` on the engine's host batches (HostStepBatch
     entries of ``Engine._step_batches``) and stage 3's unit shards; returns the speculations, which the
     engine keeps (the shards reach theirs weakly). Refuses the configurations it cannot serve, naming
     the key."""
-    from ..config.options import ConfigError
-    from .host_batch import HostStepBatch
+    from .host_batch import HostStepBatch  # (host_batch imports this module)
 
     z = engine.config.zero_optimization
     if not z.offload_optimizer.speculative_step:
@@ -281,8 +270,6 @@ def attach(engine, batches: list) -> list:
     out += [ShardSpeculation(shard, guess, shard.run_later) for shard in engine.shards  # stage 3's units
             if queued_alone(shard) and can_speculate(shard)]
     if not out:
-        import warnings
-
         warnings.warn(f"zerocore: {key} is set but no host step can start early here: it needs the host step on "
                       "a worker thread (a GPU, or ZEROCORE_HOST_STEP_THREADS on a CPU device), zerocore's Adam "
                       "(not a client torch optimizer), ratio 1 and, with fp32, parameters not in host memory (on a "
@@ -296,23 +283,20 @@ class _Guess:
     the engine weakly (the batches it serves belong to the engine)."""
 
     def __init__(self, engine):
-        import weakref
-
         self._engine = weakref.ref(engine)
         self.cancelled = None  # the step whose guess a batch found wrong (its other batches' jobs skip their work)
         self.confidence = 3  # see worth_it
         self._recorded = None
 
     def __call__(self):
-        import dataclasses
-
         e = self._engine()
         if e is None:
             return None
         hypers = [dataclasses.replace(h) for h in e.optimizer.hypers()]
-        return hypers, e._optimizer_steps + 1, 1.0 / (e.comm.world * e.scaler.scale)
+        return hypers, e._optimizer_steps + 1, self.grad_scale()
 
     def grad_scale(self) -> float | None:
+        """1 / (world x loss scale): Engine.step's coefficient where the clip does not bite (its expression)."""
         e = self._engine()
         return None if e is None else 1.0 / (e.comm.world * e.scaler.scale)
 

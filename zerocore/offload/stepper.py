@@ -49,8 +49,7 @@ class Ready:
         """``wait`` for a step the caller handed over and waits for at once (stages 1/2 on the worker):
         its error is raised as it was raised on the worker, as if the caller had run it, and cleared
         (the caller handles it; a later step may be tried again, as with the step run inline)."""
-        self._done.wait()
-        error, self.error = self.error, None
+        error = self.finish()
         if error is not None:
             raise error
         self._stream_waits()

@@ -1,6 +1,7 @@
 """The functional Adam/AdamW step on one flat fp32 shard: the op the engine calls."""
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -61,11 +62,10 @@ def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, b
     in the CUDA kernel: the engine's deferred Inf/NaN decision (runtime/deferred_skip.py). A
     non-finite number is refused, as ever."""
     params = check_list("adam_step_multi", "params", params)
-    if sources is not None:
-        return _adam_step_multi_from(params, grads, exp_avgs, exp_avg_sqs, sources, steps=steps, lr=lr, betas=betas,
-                                     eps=eps, weight_decay=weight_decay, adamw_mode=adamw_mode,
-                                     grad_scale=grad_scale, param_outs=param_outs)
+    flat_sources = None if sources is None else _sources(params, sources)
     if params and _cuda.routes(params[0]):  # CUDA tensors: zerocore.ops.cuda
+        if flat_sources is not None:
+            raise ValueError("adam_step_multi: sources (an out-of-place step) are for host tensors only")
         from .cuda import kernels
 
         return kernels.adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, steps=steps, lr=lr, betas=betas,
@@ -75,6 +75,10 @@ def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, b
         grad_scale = _scalar_argument(grad_scale)
         if not math.isfinite(grad_scale):
             return  # the update is skipped, as the CUDA kernel skips it (the engine's deferred Inf/NaN decision)
+    native = _loader.load("adam")
+    # the binding's call: in place, or reading the old master, m, v from the sources
+    call = (native.adam_step_multi if flat_sources is None else
+            functools.partial(native.adam_step_multi_from, flat_sources))
     refused = False
     if params and type(params[0]) in PLAIN and type(steps) in (list, tuple) and type(grad_scale) in (float, int) \
             and steps_plain(steps):
@@ -83,8 +87,7 @@ def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, b
         # refuses, the Python checks below name the problem exactly as they always did.
         try:
             hyper = check_adam_hyper(lr, betas, eps, weight_decay)
-            _loader.load("adam").adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, *hyper,
-                                                 bool(adamw_mode), float(grad_scale))
+            call(params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, *hyper, bool(adamw_mode), float(grad_scale))
             return
         except (TypeError, ValueError):
             refused = True  # the full checks (no fast path) name what the binding refused
@@ -93,34 +96,26 @@ def adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, *, steps, lr: float, b
         fast=not refused)
     lr, beta1, beta2, eps, weight_decay = check_adam_hyper(lr, betas, eps, weight_decay)
     grad_scale = check_number("grad_scale", grad_scale, low=float("-inf"))
-    _loader.load("adam").adam_step_multi(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps,
-                                         weight_decay, bool(adamw_mode), grad_scale)
+    call(params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1, beta2, eps, weight_decay, bool(adamw_mode),
+         grad_scale)
 
 
-def _adam_step_multi_from(params, grads, exp_avgs, exp_avg_sqs, sources, *, steps, lr, betas, eps, weight_decay,
-                          adamw_mode, grad_scale, param_outs) -> None:
-    """adam_step_multi out of place (``sources``): the host kernels only."""
+_SOURCE_NAMES = ("source params", "source exp_avgs", "source exp_avg_sqs")
+
+
+def _sources(params: list, sources) -> list[torch.Tensor]:
+    """adam_step_multi's ``sources`` (three lists) checked as lists, as the binding takes them: master,
+    m, v of tensor 0, then of tensor 1, ... (each tensor is checked by the binding, naming it)."""
     op = "adam_step_multi"
     if not (isinstance(sources, (list, tuple)) and len(sources) == 3):
         raise TypeError(f"{op}: sources must be three lists (masters, exp_avgs, exp_avg_sqs), got {type(sources).__name__}")
-    srcs = [check_list(op, name, lst) for name, lst in zip(("source params", "source exp_avgs", "source exp_avg_sqs"),
-                                                            sources)]
-    for name, lst in zip(("source params", "source exp_avgs", "source exp_avg_sqs"), srcs):
+    srcs = [check_list(op, name, lst) for name, lst in zip(_SOURCE_NAMES, sources)]
+    for name, lst in zip(_SOURCE_NAMES, srcs):
         if len(lst) != len(params):
             raise ValueError(f"{op}: {name} has {len(lst)} tensors but params has {len(params)}")
-    if any(t.device.type != "cpu" for lst in (params, *srcs) for t in lst):
+    if any(t.device.type != "cpu" for lst in srcs for t in lst):
         raise ValueError(f"{op}: sources (an out-of-place step) are for host tensors only")
-    if isinstance(grad_scale, torch.Tensor):
-        grad_scale = _scalar_argument(grad_scale)
-        if not math.isfinite(grad_scale):
-            return
-    params, grads, exp_avgs, exp_avg_sqs, outs, steps = adam_multi_args(
-        op, params, grads, exp_avgs, exp_avg_sqs, param_outs, steps, cuda=False)
-    lr, beta1, beta2, eps, weight_decay = check_adam_hyper(lr, betas, eps, weight_decay)
-    grad_scale = check_number("grad_scale", grad_scale, low=float("-inf"))
-    flat = [t for triple in zip(*srcs) for t in triple]  # master, m, v per tensor
-    _loader.load("adam").adam_step_multi_from(flat, params, grads, exp_avgs, exp_avg_sqs, outs, steps, lr, beta1,
-                                              beta2, eps, weight_decay, bool(adamw_mode), grad_scale)
+    return [t for triple in zip(*srcs) for t in triple]
 
 
 def _scalar_argument(t: torch.Tensor) -> float:

@@ -246,7 +246,7 @@ def build_states(specs, config: ZeroConfig, rank: int, device: torch.device):
         flat = init if dtype == torch.float32 else torch.empty(spec.layout.padded, dtype=dtype, device=device)
         g = ShardedGroup(spec.layout, spec.params, spec.policy, rank, device, param_flat=flat)
         shards.append(offload.make_shard(g, init, tile) if offload is not None else OptimizerShard(g, init, tile=tile))
-        if offload is not None and plans_spare(config, shards[-1], device):  # offload/speculation.py's second state
+        if offload is not None and plans_spare(config, shards[-1]):  # offload/speculation.py's second state
             shards[-1].make_spare()
         g.bind_params()
         if g.partitioned:
