@@ -6,6 +6,7 @@ import ctypes
 import json
 import os
 import platform
+import random
 import statistics
 import tempfile
 
@@ -135,3 +136,35 @@ def spawn_ranks(worker, ranks: int, args):
                            start_method="spawn")
         with open(out) as f:
             return json.load(f)
+
+
+def host_step_args(ap, *, ctx: int, batch: int, bucket: float, rounds: int) -> None:
+    """The arguments of the CPU-offload step benchmarks on a TinyGPT (offload_host_batch.py,
+    offload_speculation.py): model size, device, group size, the host worker's threads, the rounds."""
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--dim", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--ctx", type=int, default=ctx)
+    ap.add_argument("--batch", type=int, default=batch)
+    ap.add_argument("--bucket", type=float, default=bucket, help="reduce_bucket_size: the groups' size")
+    ap.add_argument("--threads", type=int, default=1, help="the host step's OpenMP threads (ZEROCORE_HOST_STEP_THREADS)")
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--steps", type=int, default=5, help="steps per variant per round")
+
+
+def interleaved(engines: dict, one, rounds: int, steps: int, warmup: int = 3) -> dict[str, list]:
+    """``one(engine)`` ``warmup`` times per engine, then ``rounds`` rounds of ``steps`` calls per engine, the
+    engines in a fresh order each round (random.Random(round)); each engine's results in call order."""
+    for e in engines.values():
+        for _ in range(warmup):
+            one(e)
+    out = {k: [] for k in engines}
+    for r in range(rounds):
+        order = list(engines)
+        random.Random(r).shuffle(order)
+        for k in order:
+            for _ in range(steps):
+                out[k].append(one(engines[k]))
+    return out

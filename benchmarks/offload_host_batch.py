@@ -13,15 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import statistics
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import machine_info, summary  # noqa: E402
+from _common import host_step_args, interleaved, machine_info, summary  # noqa: E402
 
 
 def build(args, batched: bool):
@@ -48,17 +46,7 @@ def build(args, batched: bool):
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--dim", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--ctx", type=int, default=32)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--bucket", type=float, default=5e4, help="reduce_bucket_size: the groups' size")
-    ap.add_argument("--threads", type=int, default=1, help="the host step's OpenMP threads (ZEROCORE_HOST_STEP_THREADS)")
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--steps", type=int, default=5, help="steps per variant per round")
+    host_step_args(ap, ctx=32, batch=2, bucket=5e4, rounds=20)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     os.environ["ZEROCORE_HOST_STEP_THREADS"] = str(args.threads)
@@ -78,19 +66,9 @@ def main(argv=None) -> dict:
         t2 = time.perf_counter()
         return t2 - t1, t2 - t0
 
-    for e in engines.values():
-        for _ in range(3):
-            one(e)
-    opt = {k: [] for k in engines}
-    whole = {k: [] for k in engines}
-    for r in range(args.rounds):
-        order = list(engines)
-        random.Random(r).shuffle(order)
-        for k in order:
-            for _ in range(args.steps):
-                a, b = one(engines[k])
-                opt[k].append(a)
-                whole[k].append(b)
+    timed = interleaved(engines, one, args.rounds, args.steps)
+    opt = {k: [a for a, _ in v] for k, v in timed.items()}
+    whole = {k: [b for _, b in v] for k, v in timed.items()}
     res = {"machine": machine_info(), "args": vars(args),
            "groups": len(engines["batched"].groups),
            "params": sum(p.numel() for p in engines["batched"].module.parameters()),

@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import machine_info, summary  # noqa: E402
+from _common import host_step_args, interleaved, machine_info, summary  # noqa: E402
 
 VARIANTS = {  # name: (offload, speculative_step, gradient_clipping)
     "no_offload": (False, False, 1e6),
@@ -79,18 +78,8 @@ def host_adam_ms(engine, reps: int) -> list[float]:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    host_step_args(ap, ctx=64, batch=4, bucket=1e6, rounds=10)
     ap.add_argument("--stage", type=int, choices=(1, 2, 3), default=2)
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--dim", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--ctx", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--bucket", type=float, default=1e6, help="reduce_bucket_size: the groups' size")
-    ap.add_argument("--threads", type=int, default=1, help="the host step's OpenMP threads (ZEROCORE_HOST_STEP_THREADS)")
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--steps", type=int, default=5, help="steps per variant per round")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--out")
     args = ap.parse_args(argv)
@@ -109,16 +98,7 @@ def main(argv=None) -> dict:
         sync()
         return time.perf_counter() - t0
 
-    for e in engines.values():
-        for _ in range(3):
-            one(e)
-    times = {k: [] for k in engines}
-    for r in range(args.rounds):
-        order = list(engines)
-        random.Random(r).shuffle(order)
-        for k in order:
-            for _ in range(args.steps):
-                times[k].append(one(engines[k]))
+    times = interleaved(engines, one, args.rounds, args.steps)
     res = {"machine": machine_info(), "args": vars(args), "step": {k: summary(v) for k, v in times.items()},
            # (the owned ranges: at stage 3 the module's own parameters are empty outside a gather)
            "params": sum(g.hi - g.lo for g in next(iter(engines.values())).groups)}
