@@ -76,11 +76,58 @@ def host_adam_ms(engine, reps: int) -> list[float]:
     return out
 
 
+class Timeline:
+    """Per step: the forward+backward's time (to the device's end), step()'s, and each host Adam call
+    (MultiShardStep.step of the engine's batches and speculations, on whichever thread) against them."""
+
+    def __init__(self, engine):
+        from zerocore.offload.host_batch import HostStepBatch
+
+        self.calls: list[tuple[float, float]] = []
+        self.steps: list[dict] = []
+        multis = [m._multi for m, _ in engine._batches if isinstance(m, HostStepBatch)]
+        multis += [m for s in getattr(engine, "_speculations", []) for m in s._multi.values()]
+        for m in multis:
+            self._wrap(m)
+
+    def _wrap(self, multi) -> None:
+        inner, calls = multi.step, self.calls
+
+        def step(*a, **k):
+            t = time.perf_counter()
+            try:
+                return inner(*a, **k)
+            finally:
+                calls.append((t, time.perf_counter()))
+        multi.step = step
+
+    def close_step(self, t0: float, t_bwd: float, t1: float) -> None:
+        mine = [c for c in self.calls if c[0] >= t0 - 1e-3 and c[1] <= t1 + 1e-3]
+        self.calls[:] = [c for c in self.calls if c[1] > t1 + 1e-3]  # (stage 3: calls running on into the next step)
+        ms = 1e3
+        d = {"fwd_bwd": (t_bwd - t0) * ms, "step": (t1 - t_bwd) * ms, "adam_calls": len(mine),
+             "adam_sum": sum(b - a for a, b in mine) * ms,
+             "adam_before_bwd_end": sum(max(0.0, min(b, t_bwd) - a) for a, b in mine) * ms}
+        if mine:
+            d["first_adam_start"] = (min(a for a, _ in mine) - t0) * ms
+            d["last_adam_end_after_bwd"] = (max(b for _, b in mine) - t_bwd) * ms
+        self.steps.append(d)
+
+    def summary(self) -> dict:
+        import statistics
+
+        keys = {k for d in self.steps for k in d}
+        return {k: statistics.median(d[k] for d in self.steps if k in d) for k in sorted(keys)}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     host_step_args(ap, ctx=64, batch=4, bucket=1e6, rounds=10)
     ap.add_argument("--stage", type=int, choices=(1, 2, 3), default=2)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--trace", action="store_true",
+                    help="a timeline of each step (the device synchronised after the backward, which the step then "
+                         "does not overlap): when each host Adam call ran against the backward's end")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     os.environ["ZEROCORE_HOST_STEP_THREADS"] = str(args.threads)
@@ -90,13 +137,23 @@ def main(argv=None) -> dict:
     x = torch.randint(0, args.vocab, (args.batch, args.ctx + 1), device=args.device)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
 
+    traces = {k: Timeline(e) for k, e in engines.items()} if args.trace else {}
+    names = {id(e): k for k, e in engines.items()}
+
     def one(e) -> float:
         t0 = time.perf_counter()
         loss = torch.nn.functional.cross_entropy(e(x[:, :-1]).flatten(0, 1).float(), x[:, 1:].flatten())
         e.backward(loss)
+        tl = traces.get(names[id(e)])
+        if tl is not None:
+            sync()
+            t_bwd = time.perf_counter()
         e.step()
         sync()
-        return time.perf_counter() - t0
+        t1 = time.perf_counter()
+        if tl is not None:
+            tl.close_step(t0, t_bwd, t1)
+        return t1 - t0
 
     times = interleaved(engines, one, args.rounds, args.steps)
     res = {"machine": machine_info(), "args": vars(args), "step": {k: summary(v) for k, v in times.items()},
@@ -125,6 +182,14 @@ def main(argv=None) -> dict:
               f"{'' if vs_ref is None else f'{vs_ref:.3f}x':>19}{'' if vs_max is None else f'{vs_max:.3f}x':>20}")
     if res["speculations_kept_dropped"]:
         print("speculations kept / dropped:", res["speculations_kept_dropped"])
+    if traces:
+        res["trace"] = {k: tl.summary() for k, tl in traces.items()}
+        print("timeline (medians over the timed steps, ms; the device synchronised after the backward)")
+        cols = ("fwd_bwd", "step", "adam_calls", "adam_sum", "adam_before_bwd_end", "first_adam_start",
+                "last_adam_end_after_bwd")
+        print(f"{'variant':<22}" + "".join(f"{c:>24}" for c in cols))
+        for k, d in res["trace"].items():
+            print(f"{k:<22}" + "".join(f"{d.get(c, float('nan')):>24.2f}" for c in cols))
     for e in engines.values():
         e.destroy()
     if args.out:

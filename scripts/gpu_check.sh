@@ -25,7 +25,7 @@
 #            group's host step handed over on its own against consecutive groups as one job (the default)
 #   speculation  benchmarks/offload_speculation.py on the same GPT: stage 2 + CPU offload with the host Adam started
 #            during the backward (offload_optimizer.speculative_step; kept, and always dropped) against the step as
-#            before, beside T_device and T_host
+#            before, beside T_device and T_host; speculation3: the same at stage 3; SPECULATION_EXTRA: more arguments
 # Python packages the image lacks (DeepSpeed and its pydantic, hjson) travel as wheels in .whl/ (carry it):
 # installed into /tmp/site first. Made here with `echo /.whl/ >> .git/info/exclude` and, for each of
 # deepspeed==0.19.8 pydantic pydantic_core annotated-types typing-inspection hjson (the versions pydantic pins):
@@ -94,10 +94,12 @@ CPUAdamBuilder().load(); FusedAdamBuilder().load(); print('DeepSpeed ops built')
       run hostbatch "${T_HOSTBATCH:-150}" "$PY" benchmarks/offload_host_batch.py --device cuda --dim 1024 --layers 24 \
         --heads 16 --ctx 128 --batch 8 --vocab 8192 --bucket 2.5e6 --threads "$(( $(nproc) - 1 ))" --rounds 8 \
         --steps 3 --out "$W/offload_host_batch.json" ;;
-    speculation)  # stage 2 + CPU offload: the host Adam during the backward (kept / dropped) vs after it
-      run speculation "${T_SPECULATION:-150}" "$PY" benchmarks/offload_speculation.py --device cuda --dim 1024 \
+    speculation|speculation3)  # stage 2 (3) + CPU offload: the host Adam during the backward (kept / dropped) vs after it
+      stage=2; [ $s = speculation3 ] && stage=3
+      # SPECULATION_EXTRA: more arguments (later ones win), e.g. "--trace --rounds 3 --variants after_backward speculative"
+      run $s "${T_SPECULATION:-150}" "$PY" benchmarks/offload_speculation.py --device cuda --dim 1024 \
         --layers 24 --heads 16 --ctx 128 --batch 8 --vocab 8192 --bucket 2.5e6 --threads "$(( $(nproc) - 1 ))" \
-        --rounds 5 --steps 3 --out "$W/offload_speculation.json" ;;
+        --rounds 5 --steps 3 --stage $stage ${SPECULATION_EXTRA:-} --out "$W/offload_$s.json" ;;
     kernels)
       run kernels "${T_KERNELS:-120}" "$PY" benchmarks/gpu_proof.py --steps bench --rounds "${KERNEL_ROUNDS:-10}" \
         --out-dir "$W" ;;

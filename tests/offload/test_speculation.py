@@ -50,6 +50,37 @@ def test_out_of_place_adam_writes_the_in_place_bits_and_leaves_the_sources(gdtyp
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("kernel_isa", ops.supported_isas())
+@pytest.mark.parametrize("out_dtype", [None, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("offsets", [(0, 0, 0, 0), (3, 3, 3, 3), (0, 5, 0, 0), (1, 1, 1, 2)])
+def test_out_of_place_adam_streams_long_spans_with_the_same_bits(kernel_isa, out_dtype, offsets):
+    """Long out-of-place spans write with streaming stores where the destinations share the master's
+    alignment (adam_range): destination views at offsets that align them all, some, or none the same way
+    (then the ordinary stores), each against the in-place step's bits, on every ISA this CPU runs."""
+    g = torch.Generator().manual_seed(5)
+    n = 300_007  # > kStreamMinElems per thread chunk, an odd tail
+    p0, m0 = torch.randn(n, generator=g), torch.randn(n, generator=g) * 0.1
+    v0 = torch.rand(n, generator=g) * 1e-2
+    grad = torch.randn(n, generator=g).bfloat16()
+    kw = dict(steps=[7], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, adamw_mode=True, grad_scale=0.25)
+
+    def view(off, dtype=torch.float32):  # n elements starting `off` elements into a fresh buffer
+        return torch.full((n + 16,), float("nan"), dtype=dtype)[off:off + n]
+
+    with ops.force_isa(kernel_isa):
+        ref = [t.clone() for t in (p0, m0, v0)]
+        ref_out = None if out_dtype is None else torch.empty(n, dtype=out_dtype)
+        ops.adam_step_multi([ref[0]], [grad], [ref[1]], [ref[2]], param_outs=None if ref_out is None else [ref_out], **kw)
+        dst = [view(off) for off in offsets[:3]]
+        out = None if out_dtype is None else view(offsets[3], out_dtype)
+        ops.adam_step_multi([dst[0]], [grad], [dst[1]], [dst[2]], param_outs=None if out is None else [out],
+                            sources=([p0], [m0], [v0]), **kw)
+    for a, b in zip(ref, dst):
+        assert torch.equal(a, b)
+    if out is not None:
+        assert torch.equal(ref_out, out)
+
+
 def test_out_of_place_adam_refuses_sources_it_cannot_use():
     p, m, v, gr = (torch.zeros(8) for _ in range(4))
     kw = dict(steps=[1], lr=1e-3)
