@@ -4,7 +4,8 @@ the same run with the variants interleaved.
 
 Cases: N parameters (default 10M and 100M) as one flat tensor and as ~200 tensors of mixed
 sizes; fp32 (28 bytes/param: read p,g,m,v, write p,m,v) and mixed precision (bf16 grads in,
-fp32 master/m/v, bf16 params out). zerocore's mixed path is one pass (28 B/param); its peers
+fp32 master/m/v, bf16 params out). zerocore's mixed path is one pass (28 B/param), also out of place
+(``zerocore_out_of_place``: the host speculation's step, writing a second master/m/v); its peers
 do it "the usual way": up-cast the grads, an fp32 step, down-cast the params (40 B/param).
 The roofline is a stream kernel of ours reading four fp32 arrays and writing three (28 B).
 
@@ -101,6 +102,20 @@ def make_variants(st: State, mixed: bool, deepspeed_cls) -> dict:
                             param_outs=st.p16, adamw_mode=True, **hp)
 
     variants["zerocore"] = (zerocore_one_pass, BYTES_ONE_PASS)
+    # The same step out of place (offload/speculation.py's speculative step): reads this state, writes a
+    # second set of master/m/v (not in cache: the kernel streams its stores); the same bytes moved.
+    spare = [[torch.empty_like(t) for t in group] for group in ([p.data for p in st.params], st.m, st.v)]
+    for group in spare:
+        for t in group:
+            t.zero_()  # first touch here, not in the timed calls
+
+    def zerocore_out_of_place():
+        counter["step"] += 1
+        ops.adam_step_multi(spare[0], st.g16, spare[1], spare[2], steps=[counter["step"]] * len(st.m),
+                            param_outs=st.p16, adamw_mode=True, sources=([p.data for p in st.params], st.m, st.v),
+                            **hp)
+
+    variants["zerocore_out_of_place"] = (zerocore_out_of_place, BYTES_ONE_PASS)
     for name, opt in peers.items():
         if name == "torch_foreach":
             continue  # the usual way is built on the fastest fp32 step; foreach is far slower

@@ -29,3 +29,31 @@ def test_tiny_run_reports_every_variant_and_the_speculations(stage, tmp_path, mo
     assert kept > 0 and dropped == 0
     kept, dropped = res["speculations_kept_dropped"]["speculative_dropped"]
     assert kept == 0 and dropped > 0
+
+
+def test_trace_times_each_host_adam_call_against_the_backward(tmp_path, monkeypatch):
+    """--trace: per step, the host Adam calls the engines made (after the backward without speculation, during
+    it with, where the threads allow), their time and how much of it ran before the backward's end."""
+    monkeypatch.setenv("ZEROCORE_HOST_STEP_THREADS", "1")
+    res = offload_speculation.main(["--dim", "32", "--layers", "2", "--heads", "2", "--ctx", "8", "--batch", "2",
+                                    "--vocab", "64", "--bucket", "2000", "--rounds", "1", "--steps", "2", "--trace",
+                                    "--variants", "no_offload", "after_backward", "speculative"])
+    tr = res["trace"]
+    assert tr["no_offload"]["adam_calls"] == 0 and tr["no_offload"]["fwd_bwd"] > 0
+    after, spec = tr["after_backward"], tr["speculative"]
+    assert after["adam_calls"] >= 1 and after["adam_sum"] > 0
+    assert after["adam_before_bwd_end"] == 0  # the step's Adam starts once the backward has ended
+    # (whether the speculation ran before the backward's end depends on the threads' timing: only its columns)
+    assert spec["adam_calls"] >= 1 and spec["adam_sum"] > 0 and "last_adam_end_after_bwd" in spec
+
+
+def test_fused_adam_benchmark_times_the_out_of_place_step_beside_the_in_place_one():
+    """benchmarks/fused_adam.py's mixed case has the speculation's out-of-place step as a variant, timed over
+    the same state, its bytes counted as the in-place step's."""
+    import fused_adam
+
+    c = fused_adam.run_case(5000, "tensors", True, "hot", 1, False, None, lambda: None)
+    r = c["results"]
+    assert {"roofline", "zerocore", "zerocore_out_of_place"} <= set(r)
+    assert r["zerocore_out_of_place"]["bytes_per_param"] == r["zerocore"]["bytes_per_param"]
+    assert r["zerocore_out_of_place"]["median_ms"] > 0 and "vs_zerocore_out_of_place" in c["zerocore_speedup"]
