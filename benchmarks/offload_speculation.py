@@ -165,6 +165,9 @@ def main(argv=None) -> dict:
         res["groups"] = len(offloaded.groups)
     kept = {k: [(s.kept, s.dropped) for s in getattr(e, "_speculations", [])] for k, e in engines.items()}
     res["speculations_kept_dropped"] = {k: [sum(a for a, _ in v), sum(b for _, b in v)] for k, v in kept.items() if v}
+    # stage 3: a unit's speculation not started by step() is withdrawn and the unit steps in the forward's order
+    res["speculations_withdrawn"] = {k: sum(s.withdrawn for s in getattr(e, "_speculations", []))
+                                     for k, e in engines.items() if getattr(e, "_speculations", None)}
     t_dev = res["step"].get("no_offload", {}).get("median_ms")
     t_host = res.get("t_host", {}).get("median_ms")
     ref = res["step"].get("after_backward", {}).get("median_ms")
@@ -181,7 +184,8 @@ def main(argv=None) -> dict:
         print(f"{k:<22}{s['median_ms']:>11.2f}{s['min_ms']:>8.2f}-{s['max_ms']:<8.2f}"
               f"{'' if vs_ref is None else f'{vs_ref:.3f}x':>19}{'' if vs_max is None else f'{vs_max:.3f}x':>20}")
     if res["speculations_kept_dropped"]:
-        print("speculations kept / dropped:", res["speculations_kept_dropped"])
+        print("speculations kept / dropped:", res["speculations_kept_dropped"], "withdrawn:",
+              res["speculations_withdrawn"])
     if traces:
         res["trace"] = {k: tl.summary() for k, tl in traces.items()}
         print("timeline (medians over the timed steps, ms; the device synchronised after the backward)")

@@ -131,10 +131,23 @@ def _run(engine, steps, *, gas=1, scale=1.0, bad_at=None, between=None):
         engine.backward(loss)
         if between is not None:
             between(engine, k)
+        _drain(engine)
         engine.step()
         if (k + 1) % gas == 0:
             norms.append(float(engine.get_global_grad_norm()))
     return norms
+
+
+def _drain(engine):
+    """Lets the worker run what is queued (the speculations) before step(). On this CPU a tiny model's
+    backward can end before the worker thread gets the GIL, and stage 3's step() would then withdraw every
+    speculation (test_stage3_withdraws_...): the tests of kept and dropped speculations make them run."""
+    if engine._speculations:
+        from zerocore.offload.stepper import Ready
+
+        done = Ready()
+        engine.offload.stepper.submit(0, lambda: None, done)  # one worker, in submission order
+        done.wait()
 
 
 def _params(engine):
@@ -212,6 +225,43 @@ def test_speculation_with_accumulation_a_skipped_step_and_a_load_between_backwar
     assert sum(s.kept for s in specs) > 0 and sum(s.dropped for s in specs) >= 2  # the skip and the load
 
 
+def test_stage3_withdraws_speculations_not_started_by_step_and_steps_those_units_in_forward_order(worker):
+    """Stage 3: a unit's speculation the worker has not started when step() queues the unit's step is
+    withdrawn (else it would run first and hold back the next forward's first units, whose gradients land
+    last); that unit takes its own host step instead. On alternate steps the worker is held busy through the
+    backward, so every speculation of that step is still queued at step(): all withdrawn, the same bits."""
+    import threading
+
+    from zerocore.offload.stepper import Ready
+
+    runs = {}
+    for spec in (False, True):
+        e = _engine(spec, stage=3, clip=0.0, **STAGE3)
+        g = torch.Generator().manual_seed(1)
+        try:
+            for k in range(6):
+                x, y = torch.randn(4, 32, generator=g, dtype=torch.bfloat16), torch.randn(4, 4, generator=g)
+                loss = (e(x).float() - y).square().mean()
+                gate = threading.Event()
+                if k % 2:  # the worker busy until after step(): nothing of this backward's speculation starts
+                    e.offload.stepper.submit(0, gate.wait, Ready())
+                e.backward(loss)
+                if not k % 2:
+                    _drain(e)  # every speculation has run: kept
+                e.step()
+                gate.set()
+            runs[spec] = (_params(e), _speculations(e))
+        finally:
+            e.destroy()
+    (p0, _), (p1, specs) = runs[False], runs[True]
+    for a, b in zip(p0, p1):
+        assert torch.equal(a, b)
+    assert len(specs) > 1
+    withdrawn, kept = sum(s.withdrawn for s in specs), sum(s.kept for s in specs)
+    assert withdrawn == 3 * len(specs), (withdrawn, kept)  # every unit on each of the 3 held steps
+    assert kept == 3 * len(specs) and sum(s.dropped for s in specs) == 0  # and kept on the others
+
+
 def test_speculation_refuses_what_it_cannot_serve(tmp_path):
     with pytest.raises(ConfigError,
                        match=r"speculative_step \(DeepSpeed: super_offload\): not with offload_param.device 'nvme'"):
@@ -259,6 +309,7 @@ def test_a_clip_that_bites_every_step_stops_the_speculation_and_one_that_stops_b
         for _ in range(steps):
             x, y = torch.randn(4, 32, generator=g, dtype=torch.bfloat16), torch.randn(4, 4, generator=g)
             engine.backward((engine(x).float() - y).square().mean() * mult)
+            _drain(engine)
             engine.step()
 
     runs = {}
