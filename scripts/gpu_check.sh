@@ -19,6 +19,8 @@
 #   compile  benchmarks/compile_stage3.py --device cuda: engine.compile() against eager at stages 2 and 3
 #   dsjit    (in the background) DeepSpeed's CPU Adam and fused Adam JIT-built, so that cpuoffload's DeepSpeed rows
 #            time steps, not nvcc; cpuoffload waits for it
+#   hostadam benchmarks/fused_adam.py on the host (300M, bf16-mixed, cold, every core but one): the host Adam in and
+#            out of place against the host's memory roofline
 #   kernels  benchmarks/gpu_proof.py --steps bench: Adam, cast, pack/unpack, sum of squares beside torch and copy
 #   variants benchmarks/cuda_variants.py: the cast and Adam kernels' device time beside other launch layouts
 #   hostbatch  benchmarks/offload_host_batch.py on a 337M GPT: stage 2 + CPU offload's engine.step() with each
@@ -33,7 +35,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl NAME
 # (DeepSpeed's own wheel: `DS_BUILD_OPS=0 pip wheel --no-deps deepspeed==0.19.8`, a py3-none-any build.)
 # Environment: PY (default python3), ZC_ARCH (default 9.0); step limits in seconds T_BUILD, T_TESTS, T_STEP,
-# T_OFFLOAD, T_CPUOFFLOAD, T_LLAMA, T_COMPILE, T_KERNELS, T_VARIANTS, T_HOSTBATCH, T_SPECULATION; B_TESTS (the tests' budget), GPU_TEST_FILES,
+# T_OFFLOAD, T_CPUOFFLOAD, T_LLAMA, T_COMPILE, T_KERNELS, T_VARIANTS, T_HOSTBATCH, T_SPECULATION, T_HOSTADAM; B_TESTS (the tests' budget), GPU_TEST_FILES,
 # LLAMA_ROUNDS, KERNEL_ROUNDS, CPUOFFLOAD_VARIANTS, CPUOFFLOAD_PROFILE.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -100,6 +102,10 @@ CPUAdamBuilder().load(); FusedAdamBuilder().load(); print('DeepSpeed ops built')
       run $s "${T_SPECULATION:-150}" "$PY" benchmarks/offload_speculation.py --device cuda --dim 1024 \
         --layers 24 --heads 16 --ctx 128 --batch 8 --vocab 8192 --bucket 2.5e6 --threads "$(( $(nproc) - 1 ))" \
         --rounds 5 --steps 3 --stage $stage ${SPECULATION_EXTRA:-} --out "$W/offload_$s.json" ;;
+    hostadam)  # the host Adam against this host's memory roofline (T_host's floor), in and out of place
+      run hostadam "${T_HOSTADAM:-120}" env OMP_NUM_THREADS="$(( $(nproc) - 1 ))" "$PY" benchmarks/fused_adam.py \
+        --sizes 3e8 --layouts flat,tensors --precisions mixed --protocols cold --reps 5 --no-deepspeed \
+        --out "$W/fused_adam_host.json" ;;
     kernels)
       run kernels "${T_KERNELS:-120}" "$PY" benchmarks/gpu_proof.py --steps bench --rounds "${KERNEL_ROUNDS:-10}" \
         --out-dir "$W" ;;
