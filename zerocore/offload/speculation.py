@@ -246,8 +246,8 @@ class ShardSpeculation(BatchSpeculation):
             # Not started yet: withdrawn, and the unit steps in the next forward's order as without speculation.
             # The units whose gradients land last in the backward are the ones the forward needs first; their
             # speculations, still queued on the worker, would run before any unit's step (one worker, in
-            # submission order) and hold the whole forward back (on an H100, stage 3 with speculation took
-            # 1.44x the step without it). (The job sees the claim taken and returns at once.)
+            # submission order) and hold the whole forward back for all of them, where the host Adam is slower
+            # than the backward. (The job sees the claim taken and returns at once.)
             self.withdrawn += 1
             return host_step
         shard = self.shards[0]
