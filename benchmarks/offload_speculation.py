@@ -120,6 +120,29 @@ class Timeline:
         return {k: statistics.median(d[k] for d in self.steps if k in d) for k in sorted(keys)}
 
 
+def profile_variants(engines: dict, one, args, params: int) -> dict:
+    """``args.profile_steps`` steps of each engine under torch.profiler (step_profile.py): per step, the wall
+    and device-busy time and each copy direction's device time, with the rate it moved the 16-bit gradients
+    (to the host) and parameters (back) at: whether the host Adam beside them slows the copies."""
+    from step_profile import profile_steps
+
+    sync = torch.cuda.synchronize if args.device == "cuda" else None
+    out = {}
+    print(f"profiled ({args.profile_steps} steps, per step)  wall ms  busy ms  DtoH ms (GB/s)  HtoD ms (GB/s)")
+    for k, e in engines.items():
+        p = profile_steps(lambda inputs, targets, e=e: one(e), [torch.zeros(1, 2)], args.profile_steps, args.profile,
+                          k, sync=sync)
+        rate = {}
+        for direction, prefix in (("dtoh", "Memcpy DtoH"), ("htod", "Memcpy HtoD")):
+            ms = sum(v for name, v in p.get("memcpy_ms", {}).items() if name.startswith(prefix))
+            rate[direction] = (ms, 2 * params / (ms * 1e-3) / 1e9 if ms else None)  # 2 bytes a parameter
+        p["copy_rate_gbps"] = {d: r for d, (_, r) in rate.items()}
+        out[k] = p
+        cells = "".join(f"{ms:>9.2f} ({'-' if r is None else f'{r:.1f}'})" for ms, r in rate.values())
+        print(f"{k:<34}{p['wall_ms']:>8.1f}{p['device_busy_ms']:>9.1f}{cells}")
+    return out
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     host_step_args(ap, ctx=64, batch=4, bucket=1e6, rounds=10)
@@ -128,6 +151,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--trace", action="store_true",
                     help="a timeline of each step (the device synchronised after the backward, which the step then "
                          "does not overlap): when each host Adam call ran against the backward's end")
+    ap.add_argument("--profile", metavar="DIR", help="after the timed rounds, --profile-steps steps of each variant "
+                    "under torch.profiler (tables and traces in DIR): the host-device copies' device time and rate")
+    ap.add_argument("--profile-steps", type=int, default=2)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     os.environ["ZEROCORE_HOST_STEP_THREADS"] = str(args.threads)
@@ -186,6 +212,8 @@ def main(argv=None) -> dict:
     if res["speculations_kept_dropped"]:
         print("speculations kept / dropped:", res["speculations_kept_dropped"], "withdrawn:",
               res["speculations_withdrawn"])
+    if args.profile:
+        res["profile"] = profile_variants(engines, one, args, res["params"])
     if traces:
         res["trace"] = {k: tl.summary() for k, tl in traces.items()}
         print("timeline (medians over the timed steps, ms; the device synchronised after the backward)")

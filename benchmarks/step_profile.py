@@ -8,7 +8,8 @@ caches, allocator and compiled graphs are warm) and writes to ``out_dir``:
 
 It returns, per step: wall ms, device busy ms (the union of kernel/memcpy/memset intervals on any
 stream), kernel launches, host<->device memcpys by direction, and the host-blocking calls the CUDA
-runtime saw (stream/device/event synchronisations, synchronous memcpys). ``device_idle_share`` =
+runtime saw (stream/device/event synchronisations, synchronous memcpys), and each memcpy direction's
+summed device time (``memcpy_ms``). ``device_idle_share`` =
 1 - busy / wall: the share of the step the GPU waited for the host (a short step that is host-bound
 shows it here, not in its kernels)."""
 from __future__ import annotations
@@ -45,13 +46,14 @@ def _is_device(evt) -> bool:
 
 def summarize(events, n: int, wall_s: float) -> dict:
     """Per-step figures from a profile's FunctionEvents (``prof.events()``) of ``n`` steps."""
-    busy, launches, blocking, memcpy = [], 0, {}, {}
+    busy, launches, blocking, memcpy, memcpy_us = [], 0, {}, {}, {}
     for e in events:
         name = e.name
         if _is_device(e):
             busy.append((e.time_range.start, e.time_range.end))
             if name.startswith("Memcpy"):
                 memcpy[name] = memcpy.get(name, 0) + 1
+                memcpy_us[name] = memcpy_us.get(name, 0.0) + (e.time_range.end - e.time_range.start)
         elif name in LAUNCH:
             launches += 1
         elif name in BLOCKING or (name.startswith("cudaMemcpy") and "Async" not in name):
@@ -61,7 +63,9 @@ def summarize(events, n: int, wall_s: float) -> dict:
     return {"steps": n, "wall_ms": wall_ms, "device_busy_ms": busy_ms,
             "device_idle_share": max(0.0, 1 - busy_ms / wall_ms) if wall_ms else None,
             "launches": launches / n, "blocking_calls": {k: v / n for k, v in sorted(blocking.items())},
-            "memcpy": {k: v / n for k, v in sorted(memcpy.items())}}
+            "memcpy": {k: v / n for k, v in sorted(memcpy.items())},
+            # each direction's copies' summed device time: over the bytes a step moves, the rate they ran at
+            "memcpy_ms": {k: v / 1e3 / n for k, v in sorted(memcpy_us.items())}}
 
 
 def _table(prof, key: str, limit: int = 40) -> str:

@@ -36,7 +36,7 @@
 # (DeepSpeed's own wheel: `DS_BUILD_OPS=0 pip wheel --no-deps deepspeed==0.19.8`, a py3-none-any build.)
 # Environment: PY (default python3), ZC_ARCH (default 9.0); step limits in seconds T_BUILD, T_TESTS, T_STEP,
 # T_OFFLOAD, T_CPUOFFLOAD, T_LLAMA, T_COMPILE, T_KERNELS, T_VARIANTS, T_HOSTBATCH, T_SPECULATION, T_HOSTADAM; B_TESTS (the tests' budget), GPU_TEST_FILES,
-# LLAMA_ROUNDS, KERNEL_ROUNDS, CPUOFFLOAD_VARIANTS, CPUOFFLOAD_PROFILE.
+# LLAMA_ROUNDS, KERNEL_ROUNDS, CPUOFFLOAD_VARIANTS, CPUOFFLOAD_PROFILE, SPECULATION_EXTRA, SPECULATION_PROFILE.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a folder for the results}
@@ -98,10 +98,12 @@ CPUAdamBuilder().load(); FusedAdamBuilder().load(); print('DeepSpeed ops built')
         --steps 3 --out "$W/offload_host_batch.json" ;;
     speculation|speculation3)  # stage 2 (3) + CPU offload: the host Adam during the backward (kept / dropped) vs after it
       stage=2; [ $s = speculation3 ] && stage=3
-      # SPECULATION_EXTRA: more arguments (later ones win), e.g. "--trace --rounds 3 --variants after_backward speculative"
+      # SPECULATION_EXTRA: more arguments (later ones win), e.g. "--trace --rounds 3 --variants after_backward speculative";
+      # SPECULATION_PROFILE=1: 2 steps of each variant profiled (the copies' device time and rate beside the host Adam)
+      prof=(); [ "${SPECULATION_PROFILE:-0}" = 1 ] && prof=(--profile "$W/profile_$s")
       run $s "${T_SPECULATION:-150}" "$PY" benchmarks/offload_speculation.py --device cuda --dim 1024 \
         --layers 24 --heads 16 --ctx 128 --batch 8 --vocab 8192 --bucket 2.5e6 --threads "$(( $(nproc) - 1 ))" \
-        --rounds 5 --steps 3 --stage $stage ${SPECULATION_EXTRA:-} --out "$W/offload_$s.json" ;;
+        --rounds 5 --steps 3 --stage $stage ${SPECULATION_EXTRA:-} "${prof[@]}" --out "$W/offload_$s.json" ;;
     hostadam)  # the host Adam against this host's memory roofline (T_host's floor), in and out of place
       run hostadam "${T_HOSTADAM:-120}" env OMP_NUM_THREADS="$(( $(nproc) - 1 ))" "$PY" benchmarks/fused_adam.py \
         --sizes 3e8 --layouts flat,tensors --precisions mixed --protocols cold --reps 5 --no-deepspeed \

@@ -329,6 +329,7 @@ def test_profile_summary_counts_per_step():
     assert s["wall_ms"] == 2.0 and s["device_busy_ms"] == 1.0 and s["device_idle_share"] == 0.5
     assert s["launches"] == 1 and s["blocking_calls"] == {"cudaMemcpy": 0.5, "cudaStreamSynchronize": 0.5}
     assert s["memcpy"] == {"Memcpy DtoH (Device -> Pinned)": 0.5}
+    assert s["memcpy_ms"] == {"Memcpy DtoH (Device -> Pinned)": 0.25}  # 500 us over 2 steps
 
 
 def test_interleaved_runner_times_every_variant_each_round_and_frees_them_all(group):

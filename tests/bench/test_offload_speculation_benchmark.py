@@ -57,3 +57,16 @@ def test_fused_adam_benchmark_times_the_out_of_place_step_beside_the_in_place_on
     assert {"roofline", "zerocore", "zerocore_out_of_place"} <= set(r)
     assert r["zerocore_out_of_place"]["bytes_per_param"] == r["zerocore"]["bytes_per_param"]
     assert r["zerocore_out_of_place"]["median_ms"] > 0 and "vs_zerocore_out_of_place" in c["zerocore_speedup"]
+
+
+def test_profile_writes_each_variants_tables_and_copy_times(tmp_path, monkeypatch):
+    """--profile DIR: each variant's steps under torch.profiler, a table per variant in DIR and per-step
+    figures with the copy directions' rates (none on a CPU device: nothing is copied to a device)."""
+    monkeypatch.setenv("ZEROCORE_HOST_STEP_THREADS", "1")
+    res = offload_speculation.main(["--dim", "32", "--layers", "2", "--heads", "2", "--ctx", "8", "--batch", "2",
+                                    "--vocab", "64", "--bucket", "2000", "--rounds", "1", "--steps", "1",
+                                    "--variants", "after_backward", "speculative", "--profile", str(tmp_path)])
+    for k in ("after_backward", "speculative"):
+        p = res["profile"][k]
+        assert p["steps"] == 2 and p["wall_ms"] > 0 and p["copy_rate_gbps"] == {"dtoh": None, "htod": None}
+        assert "by self host time" in (tmp_path / f"profile_{k}.txt").read_text()
