@@ -75,7 +75,8 @@ import swap_probe  # noqa: E402
 
 VARIANTS = list(sv.REGISTRY)
 # a GPU variant's memory in the JSON: the absolute baseline, then the figures net of it (step_cuda.py)
-MEMORY_KEYS = ("baseline_GiB", "peak_GiB", "between_steps_GiB", "left_after_del_GiB", "left_after_gc_GiB")
+MEMORY_KEYS = ("baseline_GiB", "peak_GiB", "between_steps_GiB", "left_after_del_GiB", "left_after_gc_GiB", "pinned_GiB",
+               "host_GiB")
 
 
 def build(variant: str, args, vocab: int, ctx: "sv.Ctx"):
@@ -375,9 +376,10 @@ def main(argv=None) -> dict:
     tokens = args.ranks * args.batch * args.ctx
     if cuda:
         print("memory: GiB net of each variant's baseline (allocated before it was built: the batches); "
-              "left/del: still allocated after its close() and del, left/gc: after gc.collect() too")
+              "left/del: still allocated after its close() and del, left/gc: after gc.collect() too; pinned: page-locked "
+              "host memory it holds, host: the process's resident host memory beyond the baseline (RSS)")
     print(f"{'variant':<24}{'median ms':>10}{'min':>8}{'p25':>8}{'p75':>8}{'max':>8}{'tokens/s':>11}{'peak GiB':>9}"
-          f"{'held GiB':>9}{'left/del':>9}{'left/gc':>9}")
+          f"{'held GiB':>9}{'left/del':>9}{'left/gc':>9}{'pinned':>9}{'host':>9}")
     for v in args.variants:
         s = summary(flat[v])
         q = statistics.quantiles(flat[v], n=4) if len(flat[v]) > 1 else [flat[v][0]] * 3

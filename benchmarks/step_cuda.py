@@ -4,7 +4,9 @@ each built, warmed up, timed, torn down, and checked to have given its memory ba
 Memory is read from the caching allocator (``memory_allocated``: bytes in live tensors) and
 reported net of the variant's *baseline*, what was allocated just before it was built (the
 batches, and whatever an earlier variant still held after a collection; kept absolute in the JSON
-as ``baseline_GiB``): ``peak_GiB`` over the timed steps, ``between_steps_GiB`` after the last one.
+as ``baseline_GiB``): ``peak_GiB`` over the timed steps, ``between_steps_GiB`` after the last one, and
+``pinned_GiB``: page-locked host memory the variant holds (CPU offload's buffers), ``host_GiB``: the
+process's resident host memory (RSS) beyond its baseline, both between steps.
 Then the variant is torn down the way a user would: ``step.close()`` (its library's teardown:
 zerocore's or DeepSpeed's ``engine.destroy()``; torch's objects have none) and ``del``, and the
 allocator is read without ``gc.collect()`` (``left_after_del_GiB``: what a user's process keeps
@@ -28,6 +30,7 @@ as in any NCCL job.) Whatever the variant allocated is freed as above before the
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 
@@ -64,6 +67,28 @@ class CudaMemory:
 
     def empty_cache(self) -> None:
         torch.cuda.empty_cache()
+
+    def pinned(self) -> int | None:
+        """Bytes of page-locked host memory handed out: by torch's host allocator (``pin_memory``: DeepSpeed's
+        offload buffers, in its power-of-two blocks) and by zerocore's (its offloaded state, sized to the page:
+        zerocore/offload/host_memory.py); None where this torch does not count its own."""
+        try:
+            n = int(torch.cuda.host_memory_stats()["active_bytes.current"])
+        except (AttributeError, KeyError, RuntimeError):
+            return None
+        from zerocore.offload import host_memory
+
+        pool = host_memory._exact_pool
+        return n + (pool.stats()["in_use_bytes"] if pool else 0)
+
+    @staticmethod
+    def host_rss() -> int | None:
+        """This process's resident host memory (bytes): what the machine runs out of, pinned or not."""
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return None
 
     def prime(self) -> None:
         """Runs a matrix product forward and backward, fp32 and bf16, with and without a bias, so that
@@ -102,7 +127,7 @@ def run_variants(variants, build, batches, args, mem, rank: int, world: int) -> 
 def _run_one(v, build, batches, args, mem, world):
     """(why skipped or None, step times, losses, memory) of one variant, torn down and collected."""
     _collect(mem)
-    base = mem.allocated()
+    base, base_pinned, base_rss = mem.allocated(), mem.pinned(), mem.host_rss()
     memory = {"baseline_GiB": base / GIB}
     step, flat, losses, why = None, [], [], None
     try:
@@ -120,6 +145,11 @@ def _run_one(v, build, batches, args, mem, world):
         try:
             flat, losses, peak, held = _timed(step, batches, args.steps * args.rounds, mem)
             memory.update(peak_GiB=(peak - base) / GIB, between_steps_GiB=(held - base) / GIB)
+            pinned, rss = mem.pinned(), mem.host_rss()
+            if pinned is not None and base_pinned is not None:  # the offloaded state's page-locked buffers
+                memory["pinned_GiB"] = (pinned - base_pinned) / GIB
+            if rss is not None and base_rss is not None:  # all the host memory it holds (the offloaded state)
+                memory["host_GiB"] = (rss - base_rss) / GIB
         except Exception as e:  # noqa: BLE001
             why = _reason("failed in a timed step", e)
         why = _agree(why, world)

@@ -391,7 +391,7 @@ void register_cuda(pybind11::module_& m) {
   m.def("cuda_pinned_block_bytes", &zcc::pinned_block_bytes, "bytes the pinned pool reserves for a request");
 
   py::class_<zcc::PinnedPool, std::shared_ptr<zcc::PinnedPool>>(m, "CudaPinnedPool")
-      .def(py::init<int64_t>(), py::arg("limit_bytes") = 0)
+      .def(py::init<int64_t, bool>(), py::arg("limit_bytes") = 0, py::arg("cache") = true)
       .def("tensor", &pool_tensor, py::arg("nbytes"), "a uint8 CPU tensor over a pinned block of the pool")
       .def(
           "record_use",

@@ -117,10 +117,12 @@ void sum_squares(const void* src, DType dtype, int64_t n, double* workspace, dou
 // again only once every copy recorded on it (record_use) has finished, so a buffer can be
 // released right after queueing a copy. Sizes are rounded up to 4 KiB pages (blocks are
 // page aligned, as O_DIRECT needs) and to at most 1/8 above the request, never to the next
-// power of two. limit_bytes > 0 caps what the pool holds.
+// power of two. limit_bytes > 0 caps what the pool holds. cache = false: for long-lived buffers
+// (offloaded optimizer state), sizes are rounded to pages only and a released block whose
+// copies are done goes back to the system at once (one with copies pending waits for trim()).
 class PinnedPool {
  public:
-  explicit PinnedPool(int64_t limit_bytes = 0);
+  explicit PinnedPool(int64_t limit_bytes = 0, bool cache = true);
   ~PinnedPool();
   PinnedPool(const PinnedPool&) = delete;
   PinnedPool& operator=(const PinnedPool&) = delete;

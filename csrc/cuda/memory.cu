@@ -38,6 +38,7 @@ struct PinnedPool::Impl {
   std::map<uintptr_t, Block> blocks;               // by address
   std::multimap<int64_t, uintptr_t> idle;          // by size
   int64_t limit = 0, reserved = 0, in_use = 0, peak = 0, hits = 0, misses = 0;
+  bool cache = true;  // keep released blocks for reuse (else free them once their copies are done)
 
   // Drops the completed events; true when none is pending.
   static bool done(Block& b) {
@@ -82,9 +83,10 @@ struct PinnedPool::Impl {
   }
 };
 
-PinnedPool::PinnedPool(int64_t limit_bytes) : impl_(new Impl) {
+PinnedPool::PinnedPool(int64_t limit_bytes, bool cache) : impl_(new Impl) {
   if (limit_bytes < 0) throw std::invalid_argument("PinnedPool: limit_bytes must be >= 0 (0: no limit)");
   impl_->limit = limit_bytes;
+  impl_->cache = cache;
 }
 
 PinnedPool::~PinnedPool() {
@@ -101,9 +103,9 @@ PinnedPool::~PinnedPool() {
 
 void* PinnedPool::acquire(int64_t nbytes) {
   if (nbytes < 0) throw std::invalid_argument("PinnedPool.acquire: negative size");
-  const int64_t size = pinned_block_bytes(nbytes);
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl& m = *impl_;
+  const int64_t size = m.cache ? pinned_block_bytes(nbytes) : ceil_div(nbytes > 0 ? nbytes : 1, int64_t{4096}) * 4096;
   for (auto it = m.idle.lower_bound(size); it != m.idle.end() && it->first <= size + size / 8; ++it) {
     Impl::Block& b = m.blocks.at(it->second);
     if (!Impl::done(b)) continue;
@@ -147,6 +149,13 @@ void PinnedPool::release(void* ptr) {
     throw std::invalid_argument("PinnedPool.release: pointer is not a buffer handed out by this pool");
   it->second.in_use = false;
   m.in_use -= it->second.bytes;
+  if (!m.cache && Impl::done(it->second)) {  // back to the system now (cudaFreeHost waits for the device)
+    (void)cudaFreeHost(reinterpret_cast<void*>(it->first));
+    (void)cudaGetLastError();  // (at interpreter exit the runtime may be unloading: nothing to do then)
+    m.reserved -= it->second.bytes;
+    m.blocks.erase(it);
+    return;
+  }
   m.idle.emplace(it->second.bytes, it->first);
 }
 

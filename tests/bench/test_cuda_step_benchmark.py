@@ -110,6 +110,17 @@ class FakeMemory:
     def empty_cache(self):
         pass
 
+    # page-locked host bytes handed out (CudaMemory.pinned); None: a torch that does not count them
+    pinned_bytes = None
+
+    def pinned(self):
+        return self.pinned_bytes
+
+    rss_bytes = None  # the process's resident memory (CudaMemory.host_rss); None: not read
+
+    def host_rss(self):
+        return self.rss_bytes
+
     # torch's per-process library memory (cuBLAS workspaces): made by the first matrix product, kept for good
     workspace = None
 
@@ -196,6 +207,36 @@ def test_the_libraries_own_memory_is_made_before_the_first_baseline(group):
         assert mem.workspace is not None
         for v, m in res["memory"].items():
             assert not step_cuda.leak_warnings(v, m), (runner.__name__, v, m)
+
+
+def test_runner_reports_the_pinned_host_memory_a_variant_holds(group):
+    """pinned_GiB: the page-locked host memory held during the timed steps, net of what was pinned before the
+    variant was built (CPU offload's buffers); host_GiB: the process's resident memory likewise; absent where
+    they cannot be read."""
+    class Pinning(StandIn):
+        def __init__(self, mem, log, mib):
+            super().__init__(mem, log)
+            mem.pinned_bytes += mib * MIB
+            mem.rss_bytes += 2 * mib * MIB  # its pinned buffers and as much unpinned host state
+            self.mib = mib
+
+        def close(self, failed=False):
+            super().close(failed)
+            self.mem.pinned_bytes -= self.mib * MIB
+            self.mem.rss_bytes -= 2 * self.mib * MIB
+
+    mem, log = FakeMemory(), []
+    mem.pinned_bytes, mem.rss_bytes = 5 * MIB, 700 * MIB  # before the run (the batches' staging, the interpreter)
+    args = argparse.Namespace(warmup=1, steps=1, rounds=1)
+    sizes = {"small": 30, "large": 300}
+    res = step_cuda.run_variants(list(sizes), lambda v: Pinning(mem, log, sizes[v]),
+                                 [torch.zeros(2, 9, dtype=torch.long)], args, mem, 0, 1)
+    assert {v: round(res["memory"][v]["pinned_GiB"] * step_cuda.GIB / MIB) for v in sizes} == sizes
+    assert {v: round(res["memory"][v]["host_GiB"] * step_cuda.GIB / MIB) for v in sizes} == {"small": 60, "large": 600}
+    mem.pinned_bytes = mem.rss_bytes = None
+    res = step_cuda.run_variants(["small"], lambda v: StandIn(mem, log), [torch.zeros(2, 9, dtype=torch.long)], args,
+                                 mem, 0, 1)
+    assert "pinned_GiB" not in res["memory"]["small"] and "host_GiB" not in res["memory"]["small"]
 
 
 def test_runner_skips_failures_frees_and_measures_net_of_the_baseline(group, capsys):

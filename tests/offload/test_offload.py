@@ -335,6 +335,33 @@ def test_bad_offload_settings_name_the_key(cfg, error, named):
         zerocore.initialize(make_model("mlp", 0), cfg)
 
 
+def test_large_pinned_buffers_come_from_the_page_sized_allocator(monkeypatch):
+    """host_memory.host_empty: a page-locked buffer of EXACT_PIN_BYTES or more comes from zerocore's allocator
+    sized to the page (torch's pin_memory rounds to a power of two); a smaller or unpinned one from torch; and
+    where zerocore's allocator is unavailable (no CUDA extension), torch pins it (not reached here: this CPU
+    cannot pin)."""
+    from zerocore.offload import host_memory
+
+    asked = []
+
+    class Pool:  # stands in for ops.cuda.PinnedBufferPool(cache=False)
+        def empty(self, n, dtype):
+            asked.append((n, dtype))
+            return torch.full((n,), 7, dtype=dtype)
+
+    monkeypatch.setattr(host_memory, "_exact_pool", Pool())
+    big = host_memory.EXACT_PIN_BYTES // 2  # bf16 elements: exactly the threshold
+    t = host_memory.host_empty(big, torch.bfloat16, True)
+    assert asked == [(big, torch.bfloat16)] and t.numel() == big and bool((t == 7).all())
+    assert host_memory.host_zeros(big, torch.bfloat16, True).abs().sum() == 0  # zeros, from the pool too
+    assert len(asked) == 2
+    host_memory.host_empty(big, torch.bfloat16, False)  # not pinned: plain torch memory
+    host_memory.host_empty(big // 2 - 1, torch.float32, False)
+    assert len(asked) == 2
+    monkeypatch.setattr(host_memory, "_exact_pool", False)  # (unavailable: torch's pin_memory, tried here only
+    assert host_memory._exact_pinned(big, torch.bfloat16) is None  # where it would not need CUDA)
+
+
 def test_cpu_only_machine_uses_plain_host_memory_without_error(caplog):
     engine = zerocore.initialize(make_model("mlp", 0), OffCase("pin", "mlp", 2).config())
     for s in engine.offload.shards.values():

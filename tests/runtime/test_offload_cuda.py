@@ -123,3 +123,69 @@ def test_a_speculative_host_step_on_a_gpu_trains_bit_for_bit_as_without(nccl_wor
     if stage < 3:
         assert HostStepBatch.__name__ in batches
     assert report["host_spare_master"] > 0  # the second state is there (and counted)
+
+
+@pytest.mark.parametrize("stage, params", [(2, False), (3, True)])
+def test_offloaded_state_is_pinned_to_the_page_and_given_back_with_the_engine(nccl_world_of_one, stage, params):
+    """The offloaded state's page-locked buffers of 1 MiB and more come from zerocore's allocator sized to the
+    page (zerocore/offload/host_memory.py; torch's pin_memory rounds each up to a power of two): every such
+    buffer of the engine is in it, no block larger than its page-rounded size, the run equals the same stage
+    without offload bit for bit, and the memory goes back to the system when the engine is destroyed."""
+    from zerocore.offload import host_memory
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512)).cuda()
+
+    def run(offload):
+        z = {"stage": stage, "reduce_bucket_size": 600_000, **offload}
+        if stage == 3:
+            z.update({"stage3_param_persistence_threshold": 0, "stage3_unit_min_params": 1})
+        cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0, "bf16": {"enabled": True},
+               "zero_optimization": z, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+        engine = zerocore.initialize(model(), cfg)
+        g = torch.Generator().manual_seed(1)
+        try:
+            for _ in range(3):
+                x = torch.randn(4, 512, generator=g).bfloat16().cuda()
+                engine.backward(engine(x).float().square().mean())
+                engine.step()
+            torch.cuda.synchronize()
+            pool = host_memory._exact_pool
+            held = pool.stats() if pool else None
+            state = {k: v.detach().float().cpu() for k, v in engine.full_state_dict().items()}
+            return state, held
+        finally:
+            engine.destroy()
+
+    want, _ = run({})
+    offload = {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    if params:
+        offload["offload_param"] = {"device": "cpu", "pin_memory": True}
+    got, held = run(offload)
+    for name, t in want.items():
+        assert torch.equal(got[name], t), name
+    assert held is not None, "zerocore's pinned allocator was not used (is the CUDA extension built?)"
+    # the fp32 master, m and v of a 512x1024 group (2 MiB each) at least; each block its size to the page
+    assert held["in_use_bytes"] >= 3 * 512 * 1024 * 4 and held["in_use_bytes"] % 4096 == 0
+    assert held["reserved_bytes"] == held["in_use_bytes"]  # nothing cached beside the buffers in use
+    stats = host_memory._exact_pool.stats()
+    assert stats["in_use_bytes"] == 0 and stats["reserved_bytes"] == 0, stats  # back to the system with the engine
+
+
+def test_the_page_sized_pinned_pool_frees_at_once_and_copies_asynchronously(nccl_world_of_one):
+    """PinnedBufferPool(cache=False): a block sized to the page, page-locked (a non-blocking copy from the device
+    lands in it), returned to the system when its tensor dies."""
+    from zerocore.ops import cuda as zcuda
+
+    pool = zcuda.PinnedBufferPool(cache=False)
+    n = 3_000_007
+    t = pool.empty((n,), torch.float32)
+    assert t.is_pinned() and t.data_ptr() % 4096 == 0
+    assert pool.stats()["reserved_bytes"] == -(-n * 4 // 4096) * 4096
+    src = torch.randn(n, device="cuda")
+    t.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(t, src.cpu())
+    del t
+    assert pool.stats()["reserved_bytes"] == 0

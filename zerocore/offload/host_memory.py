@@ -27,9 +27,37 @@ def should_pin(pin_memory: bool, device: torch.device) -> bool:
     return False
 
 
+# Page-locked buffers from this size up come from zerocore's own pinned allocator, sized to the page: torch's
+# (``pin_memory=True``) rounds every block up to the next power of two, which for the offloaded state of a
+# 311M-parameter GPT cost 1.14-1.42x the bytes asked (its groups' sizes, in benchmarks/results/
+# cpu_2026-11-27_issue35_stop43), pinned host memory a user's machine runs out of. Smaller buffers (a step's
+# few flags and norms) stay with torch's allocator, which caches them across steps.
+EXACT_PIN_BYTES = 1 << 20
+_exact_pool = None
+
+
+def _exact_pinned(numel: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """``numel`` elements of page-locked memory sized to the page (freed to the system with the tensor),
+    or None where zerocore's CUDA extension is not available (then torch pins it)."""
+    global _exact_pool
+    if _exact_pool is None:
+        try:
+            from ..ops.cuda import PinnedBufferPool
+
+            _exact_pool = PinnedBufferPool(cache=False)
+        except Exception as e:  # noqa: BLE001 - an extension built without CUDA, or none: torch's pinning works too
+            log.debug("zerocore offload: pinned buffers from torch's allocator (%s)", e)
+            _exact_pool = False
+    return _exact_pool.empty(numel, dtype) if _exact_pool else None
+
+
 def host_empty(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
     """An uninitialised host tensor (page-locked when ``pin``), known as host memory to
     ``zerocore.debug.host_waits`` (which on a CPU device counts every other tensor as device memory)."""
+    if pin and numel * torch.empty((), dtype=dtype).element_size() >= EXACT_PIN_BYTES:
+        t = _exact_pinned(numel, dtype)
+        if t is not None:
+            return mark_host(t)
     return mark_host(torch.empty(numel, dtype=dtype, device="cpu", pin_memory=pin))
 
 

@@ -99,7 +99,9 @@ class ShardedGroup:
     def offload_params(self, pin: bool) -> None:
         """Stage-3 parameter offload: the owned shard moves to host memory (page-locked when ``pin``)."""
         assert self.partitioned
-        host = torch.empty(self.param_shard.numel(), dtype=self.param_shard.dtype, device="cpu", pin_memory=pin)
+        from ..offload.host_memory import host_empty  # (page-locked buffers sized to the page)
+
+        host = host_empty(self.param_shard.numel(), self.param_shard.dtype, pin)
         host.copy_(self.param_shard)
         self.param_shard = host
         self.params_on_host = True

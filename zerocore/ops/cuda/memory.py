@@ -19,10 +19,12 @@ from ._lib import lib
 
 class PinnedBufferPool:
     """Pinned host memory, cached. ``limit_bytes`` > 0 caps what the pool holds (a request over
-    it raises RuntimeError after idle blocks are freed)."""
+    it raises RuntimeError after idle blocks are freed). ``cache=False``: for long-lived buffers
+    (offloaded state, zerocore.offload.host_memory): sizes rounded to 4 KiB pages only, and a
+    buffer freed with no copy recorded on it pending goes back to the system at once."""
 
-    def __init__(self, limit_bytes: int = 0):
-        self._pool = lib().CudaPinnedPool(int(limit_bytes))
+    def __init__(self, limit_bytes: int = 0, *, cache: bool = True):
+        self._pool = lib().CudaPinnedPool(int(limit_bytes), bool(cache))
 
     def empty(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A pinned CPU tensor of ``shape`` and ``dtype`` (contents undefined). Its block goes
