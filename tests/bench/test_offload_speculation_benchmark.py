@@ -70,3 +70,20 @@ def test_profile_writes_each_variants_tables_and_copy_times(tmp_path, monkeypatc
         p = res["profile"][k]
         assert p["steps"] == 2 and p["wall_ms"] > 0 and p["copy_rate_gbps"] == {"dtoh": None, "htod": None}
         assert "by self host time" in (tmp_path / f"profile_{k}.txt").read_text()
+
+
+def test_pinned_rounding_counts_the_offloaded_buffers_as_a_gpu_run_allocates_them():
+    """benchmarks/pinned_rounding.py: the host buffers of each case (stage 2: per group the landed gradient,
+    the 16-bit staging a GPU run adds, master, m, v; stage 3 with parameter offload: the host parameter shard
+    instead of the staging), what torch's power-of-two blocks would hold for them and what zerocore's do."""
+    import pinned_rounding
+
+    res = pinned_rounding.main(["--vocab", "64", "--dim", "32", "--layers", "2", "--heads", "2",
+                                "--cases", "2:2000", "3p:2000"])
+    two, three = res["cases"]["2:2000"], res["cases"]["3p:2000"]
+    assert two["buffers"] == 5 * two["groups"] and three["buffers"] == 5 * three["groups"]
+    n = two["params"]
+    assert two["asked_GiB"] * 2 ** 30 == n * (2 + 2 + 4 + 4 + 4)  # bf16 gradient and staging, fp32 master/m/v
+    for r in (two, three):
+        assert r["torch_over_asked"] >= r["zerocore_over_asked"] >= 1.0
+    assert pinned_rounding.pow2(5000) == 8192 and pinned_rounding.page(5000) == 8192 and pinned_rounding.page(4096) == 4096

@@ -29,8 +29,8 @@ def should_pin(pin_memory: bool, device: torch.device) -> bool:
 
 # Page-locked buffers from this size up come from zerocore's own pinned allocator, sized to the page: torch's
 # (``pin_memory=True``) rounds every block up to the next power of two, which for the offloaded state of a
-# 311M-parameter GPT cost 1.14-1.42x the bytes asked (its groups' sizes, in benchmarks/results/
-# cpu_2026-11-27_issue35_stop43), pinned host memory a user's machine runs out of. Smaller buffers (a step's
+# 311M-parameter GPT held 1.16-1.73x the bytes asked (8.00 GiB for 4.63 with DeepSpeed's default bucket:
+# benchmarks/pinned_rounding.py), pinned host memory a user's machine runs out of. Smaller buffers (a step's
 # few flags and norms) stay with torch's allocator, which caches them across steps.
 EXACT_PIN_BYTES = 1 << 20
 _exact_pool = None
