@@ -1,7 +1,8 @@
 """Host buffers for offloaded state: page-locked when a CUDA device will copy to/from them
 (``pin_memory`` true and CUDA present), plain host memory otherwise. On a CPU-only machine the
 training device *is* host memory, so there is nothing to pin: said once in a log line, never
-an error."""
+an error. Page-locked buffers of ``EXACT_PIN_BYTES`` and more are sized to the page by zerocore's
+own allocator (torch's rounds them up to a power of two), see below."""
 from __future__ import annotations
 
 import logging
