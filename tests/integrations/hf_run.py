@@ -171,6 +171,12 @@ def main():
         result["weights"] = {k: v.reshape(-1)[:64].tolist() for k, v in sd.items()}
         with open(out, "w") as f:
             json.dump(result, f)
+    if o["backend"] != "zerocore" and torch.distributed.is_initialized():
+        # torch's own teardown for the DDP reference run: a rank leaving while its peer's gloo threads still talk
+        # to it can abort it at exit ("terminate called without an active exception"; seen in CI for
+        # lightning_run.py and hf_gen_run.py); zerocore's engines tear their groups down themselves
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
