@@ -138,6 +138,14 @@ def spawn_ranks(worker, ranks: int, args):
             return json.load(f)
 
 
+def write_json(path: str | None, obj) -> None:
+    """``obj`` as indented JSON at ``path`` (its folder made), when a path is given (a benchmark's --out)."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=2)
+
+
 def host_step_args(ap, *, ctx: int, batch: int, bucket: float, rounds: int) -> None:
     """The arguments of the CPU-offload step benchmarks on a TinyGPT (offload_host_batch.py,
     offload_speculation.py): model size, device, group size, the host worker's threads, the rounds."""

@@ -16,7 +16,6 @@ round; the host step on the worker thread (``ZEROCORE_HOST_STEP_THREADS``, as on
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import host_step_args, interleaved, machine_info, summary  # noqa: E402
+from _common import host_step_args, interleaved, machine_info, summary, write_json  # noqa: E402
 
 VARIANTS = {  # name: (offload, speculative_step, gradient_clipping)
     "no_offload": (False, False, 1e6),
@@ -224,10 +223,7 @@ def main(argv=None) -> dict:
             print(f"{k:<22}" + "".join(f"{d.get(c, float('nan')):>24.2f}" for c in cols))
     for e in engines.values():
         e.destroy()
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=2)
+    write_json(args.out, res)
     return res
 
 

@@ -12,14 +12,13 @@ allocate pinned memory). What a GPU process holds is measured by step.py's ``pin
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import machine_info  # noqa: E402
+from _common import machine_info, write_json  # noqa: E402
 
 PAGE = 4096
 
@@ -111,10 +110,7 @@ def main(argv=None) -> dict:
               f"{r['torch_pin_memory_GiB']:>10.2f} ({r['torch_over_asked']:.2f}x)"
               f"{r['zerocore_GiB']:>8.2f} ({r['zerocore_over_asked']:.3f}x)")
     res = {"machine": machine_info(), "args": vars(args), "cases": rows}
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=2)
+    write_json(args.out, res)
     return res
 
 
