@@ -55,7 +55,7 @@ def _exact_pinned(numel: int, dtype: torch.dtype) -> torch.Tensor | None:
 def host_empty(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
     """An uninitialised host tensor (page-locked when ``pin``), known as host memory to
     ``zerocore.debug.host_waits`` (which on a CPU device counts every other tensor as device memory)."""
-    if pin and numel * torch.empty((), dtype=dtype).element_size() >= EXACT_PIN_BYTES:
+    if pin and numel * dtype.itemsize >= EXACT_PIN_BYTES:  # (itemsize: no tensor made; fetch calls this a step)
         t = _exact_pinned(numel, dtype)
         if t is not None:
             return mark_host(t)
