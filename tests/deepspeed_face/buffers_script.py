@@ -5,6 +5,7 @@ with the real DeepSpeed or zerocore.deepspeed (ZC_FACE picks, as in train_script
 show which dtype each buffer trained in. Writes, per rank, the buffers' dtypes after initialize
 and every micro-step's loss. ``--cases``: JSON list of {"name", "stage", "data_types", "zero_init"}."""
 import argparse
+import datetime
 import json
 import os
 
@@ -93,7 +94,9 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--cases", required=True)
     args = parser.parse_args()
-    deepspeed.init_distributed(dist_backend="gloo")
+    # 120 s, not gloo's default: a rank that never joins a collective (DeepSpeed's own stage-3 trace check
+    # once hung so in CI) fails the run in two minutes instead of costing CI ten
+    deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=120))
     rank = deepspeed.comm.get_rank()
     for case in json.loads(args.cases):
         run_case(case, args.out, rank)

@@ -7,6 +7,7 @@ dtypes) to ``--out``, with what each tensor constructor makes inside Init, after
 Init left by an exception. ``ZC_FACE=deepspeed|zerocore`` picks the library, nothing else differs.
 One process, one rank (gloo): the values do not depend on the world size (every rank takes rank 0's)."""
 import argparse
+import datetime
 import os
 
 import torch
@@ -148,7 +149,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    deepspeed.init_distributed(dist_backend="gloo")
+    # 120 s, not gloo's default: a rank that never joins a collective (DeepSpeed's own stage-3 trace check
+    # once hung so in CI) fails the run in two minutes instead of costing CI ten
+    deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=120))
     acc = deepspeed.accelerator.get_accelerator()
     result = {}
     for name, (inits, accelerator_change) in CASES.items():

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -30,6 +31,14 @@ def launch(face: str, out: str, cases: list[dict], timeout: int = 1500, script: 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), "--master_port",
            str(_free_port()), script, "--out", out, "--cases", json.dumps(cases)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0 and face == "deepspeed":
+        # DeepSpeed's own run is the reference, not what is under test: it once hung in CI in its
+        # stage-3 trace check (a rank never joined the collective; the same cases passed on rerun).
+        # It gets one more try, said aloud; zerocore's run never does.
+        warnings.warn(f"the DeepSpeed reference run failed (rc {proc.returncode}), retried once:\n"
+                      f"{proc.stderr[-1500:]}")
+        cmd[cmd.index("--master_port") + 1] = str(_free_port())
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         pytest.fail(f"{face} run failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return {c["name"]: [json.load(open(os.path.join(out, c["name"], f"rank{r}.json"))) for r in range(WORLD)]

@@ -14,6 +14,7 @@ default); ``--inf_at N`` puts an Inf into one gradient element on every rank at 
 boundary index, from 0), and the record then also holds each boundary's ``skipped`` (engine.skipped_steps).
 """
 import argparse
+import datetime
 import json
 import os
 
@@ -192,7 +193,9 @@ def main():
     parser.add_argument("--cases", default='[{"name": "run"}]')
     parser = deepspeed.add_config_arguments(parser)
     base = parser.parse_args()
-    deepspeed.init_distributed(dist_backend="gloo")
+    # 120 s, not gloo's default: a rank that never joins a collective (DeepSpeed's own stage-3 trace check
+    # once hung so in CI) fails the run in two minutes instead of costing CI ten
+    deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=120))
     for case in json.loads(base.cases):
         args = argparse.Namespace(**{**vars(base), **case})
         args.out = os.path.join(base.out, case["name"])
