@@ -59,16 +59,20 @@ def main(argv=None) -> dict:
                    key=lambda v: v["gbps"])
         report["cast_best_gbps"] = best["gbps"]
         print(f"zerocore cast {cast['gbps']:.0f} GB/s; best bit-exact layout {best['gbps']:.0f} GB/s")
-    adam200 = results.get("adam_fp32_200_tensors")
+    if copy:
+        # the production call on each layout (flat, and the 200 tensors packed, 512-byte aligned, whole chunks)
+        report["adam_pct_of_copy"] = {k[len("adam_fp32_"):]: 100 * v["gbps"] / copy["gbps"]
+                                      for k, v in results.items() if k.startswith("adam_fp32_")}
+        if "200_tensors" in report["adam_pct_of_copy"]:
+            report["adam_200_pct_of_copy"] = report["adam_pct_of_copy"]["200_tensors"]  # the name stops 40-43 used
+        print("zerocore Adam, % of the copy rate: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in report["adam_pct_of_copy"].items()))
     lookups = {k: v for k, v in results.items() if k.startswith("adam_200_") and v["ok"].endswith("bit-exact")}
-    if adam200 and copy:
-        best = max(lookups, key=lambda k: lookups[k]["gbps"], default=None)
-        report["adam_200_pct_of_copy"] = 100 * adam200["gbps"] / copy["gbps"]
-        line = f"zerocore Adam, 200 tensors: {report['adam_200_pct_of_copy']:.1f}% of the copy rate"
-        if best is not None:
-            report["adam_200_best_lookup"] = {"name": best, "pct_of_copy": 100 * lookups[best]["gbps"] / copy["gbps"]}
-            line += f"; best bit-exact lookup variant {best}: {report['adam_200_best_lookup']['pct_of_copy']:.1f}%"
-        print(line)
+    if lookups and copy:  # the variants run on the 512-byte layout
+        best = max(lookups, key=lambda k: lookups[k]["gbps"])
+        report["adam_200_best_lookup"] = {"name": best, "pct_of_copy": 100 * lookups[best]["gbps"] / copy["gbps"]}
+        print(f"best bit-exact lookup variant (512-byte layout) {best}: "
+              f"{report['adam_200_best_lookup']['pct_of_copy']:.1f}% of the copy rate")
     wrong = sorted(k for k, v in results.items() if v["ok"] == "WRONG")
     if wrong:
         print("WRONG (not the production kernel's bytes): " + ", ".join(wrong))

@@ -14,15 +14,21 @@
 //   them): a faster variant that computes something else is reported as wrong, not timed.
 // - references: cudaMemcpyAsync of the same fp32 array (8 bytes moved per element) and of its
 //   bf16 half (4 bytes per element).
-// - Adam (zc::cuda::adam_step_multi), fp32, 100M parameters as one tensor and as 200 tensors of
-//   lognormal sizes (gpu_proof.py's layout): device time between events around the call (the
-//   call's host work is the C++ launch planning only). On the 200 tensors also the same kernel
-//   (csrc/cuda/adam_kernel.cuh) with another block -> tensor lookup or occupancy bound: the binary
-//   search of the production table (launched here, to check this launch path times as the call
-//   does), a coarse index (HintedAdamTable: two dependent reads instead of log2(200) ~ 8), and each
-//   of them with __launch_bounds__(256, 8) (registers capped at 32: 8 blocks per SM instead of 6).
-//   Each variant's p, m and v after one step are compared byte for byte with the production
-//   kernel's from the same state: a variant computing something else is reported WRONG.
+// - Adam (zc::cuda::adam_step_multi), fp32, 100M parameters: one tensor, and 200 tensors of lognormal
+//   sizes (gpu_proof.py's) in three layouts: packed at 16 bytes (the only one before stop 44), at 512
+//   bytes (separate tensors from torch's caching allocator: what users' parameter lists are), and
+//   rounded up to whole 16 KB chunks (no partial chunk, every block's range line-aligned: what is left
+//   of the gap to one tensor is the block -> tensor lookup). Device time between events around the
+//   call (its host work is the C++ launch planning only). On the 512-byte layout also the same
+//   kernel (csrc/cuda/adam_kernel.cuh) with another lookup or occupancy bound: the binary search of
+//   the production table (launched here, to check this launch path times as the call does), a coarse
+//   index (HintedAdamTable: two dependent reads instead of log2(200) ~ 8), each of them with
+//   __launch_bounds__(256, 8) (registers capped at 32: 8 blocks per SM instead of 6), and the
+//   resident grid (adam_kernel_resident: the lookup paid once per block, not per chunk) at 6 and 8
+//   blocks per SM. Each variant's p, m and v after one step are compared byte for byte with the
+//   production call's on the same layout from the same state: a variant computing something else is
+//   reported WRONG. (Stop 43's check compared floats from a state with negative second moments: NaNs,
+//   never equal to themselves, so every variant read WRONG whatever it wrote.)
 //
 // Output: one line per measurement, `name  median_ms  GB/s  ok`, and a JSON object on the last
 // line (the Python driver parses it).
@@ -176,6 +182,26 @@ std::function<void()> adam_variant(const std::vector<zc::AdamTensor>& ts, const 
         <<<blocks, zc::cuda::kAdamThreads>>>(*tab, s, nullptr);
   };
 }
+// The resident-grid candidate (adam_kernel.cuh's adam_kernel_resident): as many blocks as the device
+// holds at once (the occupancy query, with the table's first-chunk indices in shared memory).
+template <class Table, int MIN_BLOCKS>
+std::function<void()> adam_resident(const std::vector<zc::AdamTensor>& ts, const zc::cuda::AdamLaunch& l) {
+  auto tab = std::make_shared<Table>();
+  zc::cuda::fill_adam_table(*tab, ts.data(), l);
+  const zc::AdamScalars s = ts[l.tensors[0]].s;
+  const auto kernel = zc::cuda::adam_kernel_resident<float, zc::no_out_t, false, Table, MIN_BLOCKS>;
+  const size_t smem = static_cast<size_t>(tab->count) * sizeof(int32_t);
+  int per_sm = 0, sms = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, zc::cuda::kAdamThreads, smem));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(l.chunks, static_cast<int64_t>(per_sm) * sms));
+  std::printf("resident grid (min blocks %d): %d blocks/SM x %d SMs -> %u blocks for %lld chunks\n", MIN_BLOCKS,
+              per_sm, sms, blocks, static_cast<long long>(l.chunks));
+  const int32_t chunks = static_cast<int32_t>(l.chunks);
+  return [tab, s, blocks, smem, chunks, kernel] {
+    kernel<<<blocks, zc::cuda::kAdamThreads, smem>>>(*tab, chunks, s, nullptr);
+  };
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -241,73 +267,143 @@ int main(int argc, char** argv) {
   CK(cudaFree(out));
 
   // ---- Adam -------------------------------------------------------------------------------
+  // One pool of four arrays (p, g, m, v), each with room for the layouts' padding. Values from a hash
+  // of the index (fast to make for 400M floats); v >= 0 as a second moment is (a negative v makes NaNs,
+  // and the stop-43 check compared floats, where NaN != NaN: every variant read WRONG).
   const int64_t params = 100'000'000;
+  const int64_t C = zc::cuda::kAdamChunkElems;
+  const int64_t stride = params + 201 * C;
   float* pool;
-  CK(cudaMalloc(&pool, params * 4 * 4 + 4096 * 4 * 4));
-  std::vector<float> init(params);
-  for (auto& x : init) x = std::uniform_real_distribution<float>(-1e-2f, 1e-2f)(rng);
-  for (int k = 0; k < 4; ++k) CK(cudaMemcpy(pool + k * (params + 4096), init.data(), params * 4, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&pool, stride * 4 * sizeof(float)));
+  float* const P = pool;
+  float* const G = pool + stride;
+  float* const M = pool + 2 * stride;
+  float* const V = pool + 3 * stride;
+  auto unit = [](uint64_t i, uint64_t salt) {  // splitmix64 -> [0, 1)
+    uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ salt;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return static_cast<float>((z ^ (z >> 31)) >> 40) * (1.0f / 16777216.0f);
+  };
+  std::vector<float> init_p(stride), init_g(stride), init_m(stride), init_v(stride);
+  for (int64_t i = 0; i < stride; ++i) {
+    init_p[i] = 2.0f * unit(i, 1) - 1.0f;
+    init_g[i] = 0.02f * unit(i, 2) - 0.01f;
+    init_m[i] = 0.02f * unit(i, 3) - 0.01f;
+    init_v[i] = 1e-4f * unit(i, 4) + 1e-8f;
+  }
+  CK(cudaMemcpy(G, init_g.data(), stride * 4, cudaMemcpyHostToDevice));
+  auto reset = [&] {
+    CK(cudaMemcpy(P, init_p.data(), stride * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(M, init_m.data(), stride * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(V, init_v.data(), stride * 4, cudaMemcpyHostToDevice));
+  };
   const zc::AdamScalars sc = zc::adam_scalars(1e-4, 0.9, 0.999, 1e-8, 0.01, 10, true, 1.0);
-  auto tensors_of = [&](const std::vector<int64_t>& sizes) {
+  // The layouts: each tensor starts at a multiple of `align` elements; whole_chunks rounds each size up
+  // to whole chunks (no partial last chunk). Returns the tensors and the elements they span.
+  auto tensors_of = [&](const std::vector<int64_t>& sizes, int64_t align, bool whole_chunks) {
     std::vector<zc::AdamTensor> ts;
     int64_t off = 0;
     for (int64_t sz : sizes) {
+      off = (off + align - 1) / align * align;
       zc::AdamTensor t{};
-      t.param = pool + off;
-      t.grad = pool + (params + 4096) + off;
-      t.exp_avg = pool + 2 * (params + 4096) + off;
-      t.exp_avg_sq = pool + 3 * (params + 4096) + off;
+      t.param = P + off;
+      t.grad = G + off;
+      t.exp_avg = M + off;
+      t.exp_avg_sq = V + off;
       t.grad_dtype = zc::DType::F32;
-      t.numel = sz;
+      t.numel = whole_chunks ? (sz + C - 1) / C * C : sz;
       t.s = sc;
       ts.push_back(t);
-      off += (sz + 3) / 4 * 4;  // 16-byte aligned, as separate allocations are
+      off += t.numel;
     }
-    return ts;
+    if (off > stride) {
+      std::fprintf(stderr, "cuda_variants: a layout spans %lld elements, more than the pool's %lld\n",
+                   static_cast<long long>(off), static_cast<long long>(stride));
+      std::exit(2);
+    }
+    return std::make_pair(ts, off);
   };
-  auto flat = tensors_of({params});
-  auto many = tensors_of(lognormal_sizes(params - 200 * 4, 200, 0));
-  std::vector<std::pair<const char*, std::function<void()>>> adams = {
-      {"adam_fp32_flat", [&] { zc::cuda::adam_step_multi(flat.data(), 1, nullptr, 0, nullptr); }},
-      {"adam_fp32_200_tensors", [&] {
-         zc::cuda::adam_step_multi(many.data(), static_cast<int64_t>(many.size()), nullptr, 0, nullptr);
-       }}};
+  const std::vector<int64_t> sizes200 = lognormal_sizes(params - 200 * 4, 200, 0);
+  struct Layout {
+    const char* name;
+    std::vector<zc::AdamTensor> ts;
+    int64_t span;
+  };
+  std::vector<Layout> layouts;
+  auto add_layout = [&](const char* name, const std::vector<int64_t>& sizes, int64_t align, bool whole) {
+    auto [ts, span] = tensors_of(sizes, align, whole);
+    layouts.push_back({name, ts, span});
+  };
+  add_layout("flat", {params}, 4, false);
+  add_layout("packed16", sizes200, 4, false);      // 16-byte aligned, packed: earlier sessions' only 200 layout
+  add_layout("aligned512", sizes200, 128, false);  // 512-byte aligned: separate tensors from torch's allocator
+  add_layout("whole_chunks", sizes200, C, true);   // whole 16 KB chunks: what is left is the lookup
+  const Layout& real = layouts[2];
+
+  struct AdamRun {
+    const char* name;
+    const Layout* layout;
+    std::function<void()> f;
+    bool production;  // zc::cuda::adam_step_multi itself: its layout's reference
+  };
+  auto production = [](const Layout& L) {
+    return [&L] { zc::cuda::adam_step_multi(L.ts.data(), static_cast<int64_t>(L.ts.size()), nullptr, 0, nullptr); };
+  };
+  std::vector<AdamRun> adams = {
+      {"adam_fp32_flat", &layouts[0], production(layouts[0]), true},
+      {"adam_fp32_200_tensors", &layouts[1], production(layouts[1]), true},
+      {"adam_fp32_200_aligned512", &layouts[2], production(layouts[2]), true},
+      {"adam_fp32_200_whole_chunks", &layouts[3], production(layouts[3]), true}};
   const std::vector<zc::cuda::AdamLaunch> plan =
-      zc::cuda::plan_adam(many.data(), static_cast<int64_t>(many.size()), zc::cuda::kAdamTableLarge);
+      zc::cuda::plan_adam(real.ts.data(), static_cast<int64_t>(real.ts.size()), zc::cuda::kAdamTableLarge);
   const bool one_launch = zc::cuda::large_kernel_params() && plan.size() == 1;
   if (one_launch) {
-    adams.push_back({"adam_200_search", adam_variant<Searched, 0>(many, plan[0])});
-    adams.push_back({"adam_200_search_occ8", adam_variant<Searched, 8>(many, plan[0])});
-    adams.push_back({"adam_200_hinted", adam_variant<Hinted, 0>(many, plan[0])});
-    adams.push_back({"adam_200_hinted_occ8", adam_variant<Hinted, 8>(many, plan[0])});
+    adams.push_back({"adam_200_search", &real, adam_variant<Searched, 0>(real.ts, plan[0]), false});
+    adams.push_back({"adam_200_search_occ8", &real, adam_variant<Searched, 8>(real.ts, plan[0]), false});
+    adams.push_back({"adam_200_hinted", &real, adam_variant<Hinted, 0>(real.ts, plan[0]), false});
+    adams.push_back({"adam_200_hinted_occ8", &real, adam_variant<Hinted, 8>(real.ts, plan[0]), false});
+    adams.push_back({"adam_200_resident_occ6", &real, adam_resident<Searched, 6>(real.ts, plan[0]), false});
+    adams.push_back({"adam_200_resident_occ8", &real, adam_resident<Searched, 8>(real.ts, plan[0]), false});
   }
-  // correctness: every variant steps the same state once; its p, m, v must equal the production call's
-  const size_t state_bytes = static_cast<size_t>(params + 4096) * 4;
-  std::vector<float> want_state, got_state;
-  auto reset = [&] {
-    CK(cudaMemcpy(pool, init.data(), params * 4, cudaMemcpyHostToDevice));                        // p
-    CK(cudaMemcpy(pool + 2 * (params + 4096), init.data(), params * 4, cudaMemcpyHostToDevice));  // m
-    CK(cudaMemcpy(pool + 3 * (params + 4096), init.data(), params * 4, cudaMemcpyHostToDevice));  // v
-  };
-  auto state = [&](std::vector<float>& to) {
+  // correctness: each variant steps its layout's state once from the same values; its p, m and v must
+  // be the production call's bytes on that layout
+  auto state = [&](const Layout& L) {
     CK(cudaDeviceSynchronize());
-    to.resize(3 * (params + 4096));
-    for (int k : {0, 2, 3})
-      CK(cudaMemcpy(to.data() + (k == 0 ? 0 : k - 1) * (params + 4096), pool + k * (params + 4096), state_bytes,
-                    cudaMemcpyDeviceToHost));
+    std::vector<float> to(3 * static_cast<size_t>(L.span));
+    float* const arrays[3] = {P, M, V};
+    for (int k = 0; k < 3; ++k)
+      CK(cudaMemcpy(to.data() + k * L.span, arrays[k], L.span * 4, cudaMemcpyDeviceToHost));
+    return to;
   };
-  std::vector<std::string> adam_ok(adams.size(), "device time");
-  for (size_t k = 1; k < adams.size(); ++k) {
+  std::vector<std::string> adam_ok;
+  for (const AdamRun& a : adams) {
+    if (a.production) {
+      adam_ok.push_back("device time");
+      continue;
+    }
+    const AdamRun* ref = nullptr;
+    for (const AdamRun& r : adams)
+      if (r.production && r.layout == a.layout) ref = &r;
     reset();
-    adams[k].second();
+    ref->f();
     CK(cudaGetLastError());
-    state(k == 1 ? want_state : got_state);
-    if (k > 1) adam_ok[k] = got_state == want_state ? "device time, bit-exact" : "WRONG";
+    const std::vector<float> want_state = state(*a.layout);
+    reset();
+    a.f();
+    CK(cudaGetLastError());
+    const std::vector<float> got_state = state(*a.layout);
+    const bool same = std::memcmp(want_state.data(), got_state.data(), want_state.size() * sizeof(float)) == 0;
+    adam_ok.push_back(same ? "device time, bit-exact" : "WRONG");
   }
   std::vector<std::function<void()>> afs;
-  for (auto& a : adams) afs.push_back(a.second);
+  for (auto& a : adams) afs.push_back(a.f);
   const std::vector<double> am = timed(afs, rounds);
-  for (size_t k = 0; k < adams.size(); ++k) row(adams[k].first, am[k], 28.0 * params, adam_ok[k].c_str());
+  for (size_t k = 0; k < adams.size(); ++k) {
+    int64_t numel = 0;
+    for (const zc::AdamTensor& t : adams[k].layout->ts) numel += t.numel;
+    row(adams[k].name, am[k], 28.0 * static_cast<double>(numel), adam_ok[k].c_str());
+  }
   if (!one_launch) std::printf("(lookup variants not run: the 200 tensors are not one launch of the large table)\n");
   CK(cudaFree(pool));
   std::printf("%s}\n", json.c_str());

@@ -15,6 +15,20 @@
 namespace zc {
 namespace cuda {
 
+// The tensor holding `chunk` among entries [lo, count) of a launch's first-chunk indices `starts`
+// (starts[lo] <= chunk): a binary search, log2(count - lo) dependent reads. AdamTable::find searches
+// from 0; the resident-grid variant (csrc/bench/cuda_variants.cu) searches its block's copy of the
+// indices in shared memory from the tensor of the block's previous chunk.
+ZC_HD int find_chunk(const int32_t* starts, int lo, int count, int32_t chunk) {
+  int hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (starts[mid] <= chunk) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
 // The launch's tensors in the kernel arguments (see adam.cu's header for why there): five addresses,
 // the size and the index of the first chunk of each.
 template <int N>
@@ -31,15 +45,7 @@ struct AdamTable {
 
   // The tensor holding `chunk`: a binary search over the first-chunk indices (log2(count) dependent
   // reads of the parameter space before the block's first memory access).
-  ZC_HD int find(int32_t chunk) const {
-    int lo = 0, hi = count - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (chunk_start[mid] <= chunk) lo = mid;
-      else hi = mid - 1;
-    }
-    return lo;
-  }
+  ZC_HD int find(int32_t chunk) const { return find_chunk(chunk_start, 0, count, chunk); }
 };
 
 // AdamTable plus a coarse index: hint[c] is the tensor holding chunk c << shift, so a block reads one

@@ -10,6 +10,7 @@
 // Where a device exists: the kernels themselves against the CPU kernels (Adam and casts bit
 // for bit, sum of squares to 1e-12, pack/unpack exactly), on raw cudaMalloc memory, no
 // torch involved; and the pinned pool's reuse rule.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -142,13 +143,29 @@ bool lookups_agree(const std::vector<int64_t>& sizes) {
   auto tab = std::make_unique<Table>();
   for (const auto& l : plan) {
     zc::cuda::fill_adam_table(*tab, ts.data(), l);
-    int owner = 0;
-    for (int32_t c = 0; c < l.chunks; ++c) {
-      while (owner + 1 < tab->count && tab->chunk_start[owner + 1] <= c) ++owner;
-      if (tab->find(c) != owner) {
+    std::vector<int> owner(static_cast<size_t>(l.chunks));
+    for (int32_t c = 0, k = 0; c < l.chunks; ++c) {
+      while (k + 1 < tab->count && tab->chunk_start[k + 1] <= c) ++k;
+      owner[c] = k;
+      if (tab->find(c) != k) {
         std::fprintf(stderr, "  chunk %d of %lld: found tensor %d, lies in %d\n", c, static_cast<long long>(l.chunks),
-                     tab->find(c), owner);
+                     tab->find(c), k);
         return false;
+      }
+    }
+    // the resident grid's walk (adam_kernel_resident): block b takes chunks b, b + G, ..., each found
+    // from the tensor of the block's previous chunk
+    for (int64_t grid : {int64_t(1), int64_t(7), int64_t(792), l.chunks}) {
+      for (int64_t b = 0; b < std::min<int64_t>(grid, 64); ++b) {
+        int k = 0;
+        for (int64_t c = b; c < l.chunks; c += grid) {
+          k = zc::cuda::find_chunk(tab->chunk_start, k, tab->count, static_cast<int32_t>(c));
+          if (k != owner[c]) {
+            std::fprintf(stderr, "  grid %lld block %lld chunk %lld: found tensor %d, lies in %d\n",
+                         static_cast<long long>(grid), static_cast<long long>(b), static_cast<long long>(c), k, owner[c]);
+            return false;
+          }
+        }
       }
     }
   }

@@ -208,3 +208,20 @@ def test_cuda_buckets_pack_their_gradients_through_one_binding_call(recorder, mo
     name, args = recorder.calls[-1]
     assert name == "cuda_pack_grads" and args[0] is ps and args[1] == [0] and args[2] is flat and args[3] == 1234
     assert params.pack_grads_on(torch.device("cpu")) is params.param_ops().pack_grads
+
+
+@pytest.mark.slow
+def test_cuda_variants_benchmark_builds(tmp_path):
+    """benchmarks/cuda_variants.py's binary (csrc/bench/cuda_variants.cu, run only on a lent GPU) compiles
+    and links here: a compile error found on the GPU machine costs minutes of its 15."""
+    if NVCC is None:
+        pytest.skip("no nvcc here")
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import cuda_variants
+    finally:
+        sys.path.pop(0)
+    exe = cuda_variants.build(str(tmp_path))
+    assert os.path.isfile(exe) and os.access(exe, os.X_OK)
