@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -77,17 +78,62 @@ def host_adam_ms(engine, reps: int) -> list[float]:
 
 class Timeline:
     """Per step: the forward+backward's time (to the device's end), step()'s, and each host Adam call
-    (MultiShardStep.step of the engine's batches and speculations, on whichever thread) against them."""
+    (MultiShardStep.step of the engine's batches and speculations, on whichever thread) against them.
+    Also where the backward's host time goes on the offloaded path: each shard's ``land`` (the gradient's
+    copy to the host, its norm kernel, events: host time on the thread that runs the backward's hooks) and,
+    inside it, the waits for the worker (``ready.wait``: the host step still reading the last landed
+    gradient; ``before_land``: a speculation still reading it); and when the forward and the backward calls
+    returned on the host (``fwd_host``, ``bwd_host``: the host's issue time, against the device's end)."""
 
     def __init__(self, engine):
         from zerocore.offload.host_batch import HostStepBatch
 
         self.calls: list[tuple[float, float]] = []
+        self.lands: list[tuple[float, float]] = []
+        self.waits: list[tuple[float, float]] = []  # the waits for the worker inside land
         self.steps: list[dict] = []
         multis = [m._multi for m, _ in engine._batches if isinstance(m, HostStepBatch)]
         multis += [m for s in getattr(engine, "_speculations", []) for m in s._multi.values()]
         for m in multis:
             self._wrap(m)
+        plan = getattr(engine, "offload", None)
+        for shard in (plan.shards.values() if plan is not None else ()):
+            self._wrap_land(shard)
+
+    @staticmethod
+    def _timed(fn, into: list):
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                into.append((t, time.perf_counter()))
+        return timed
+
+    def _wrap_land(self, shard) -> None:
+        inner_land, ready = shard.land, shard.ready
+        inner_wait, waits, lands = ready.wait, self.waits, self.lands
+        in_land = threading.local()
+
+        def wait():
+            if not getattr(in_land, "on", False):
+                return inner_wait()
+            return self._timed(inner_wait, waits)()
+
+        def land(grad):
+            in_land.on = True
+            spec = shard.speculation
+            before = spec.before_land if spec is not None else None
+            if before is not None:
+                spec.before_land = self._timed(before, waits)
+            try:
+                return self._timed(inner_land, lands)(grad)
+            finally:
+                in_land.on = False
+                if before is not None:
+                    del spec.before_land  # the class's method again
+        ready.wait = wait
+        shard.land = land
 
     def _wrap(self, multi) -> None:
         inner, calls = multi.step, self.calls
@@ -100,13 +146,24 @@ class Timeline:
                 calls.append((t, time.perf_counter()))
         multi.step = step
 
-    def close_step(self, t0: float, t_bwd: float, t1: float) -> None:
+    def close_step(self, t0: float, t_bwd: float, t1: float, t_fwd_host: float | None = None,
+                   t_bwd_host: float | None = None) -> None:
         mine = [c for c in self.calls if c[0] >= t0 - 1e-3 and c[1] <= t1 + 1e-3]
         self.calls[:] = [c for c in self.calls if c[1] > t1 + 1e-3]  # (stage 3: calls running on into the next step)
         ms = 1e3
         d = {"fwd_bwd": (t_bwd - t0) * ms, "step": (t1 - t_bwd) * ms, "adam_calls": len(mine),
              "adam_sum": sum(b - a for a, b in mine) * ms,
              "adam_before_bwd_end": sum(max(0.0, min(b, t_bwd) - a) for a, b in mine) * ms}
+        for name, spans in (("land", self.lands), ("land_wait", self.waits)):
+            own = [c for c in spans if c[0] >= t0 - 1e-3 and c[1] <= t1 + 1e-3]
+            spans[:] = [c for c in spans if c[1] > t1 + 1e-3]
+            if own:
+                d[f"{name}_calls"] = len(own)
+                d[f"{name}_ms"] = sum(b - a for a, b in own) * ms
+        if t_fwd_host is not None:
+            d["fwd_host"] = (t_fwd_host - t0) * ms
+        if t_bwd_host is not None:
+            d["bwd_host"] = (t_bwd_host - t0) * ms
         if mine:
             d["first_adam_start"] = (min(a for a, _ in mine) - t0) * ms
             d["last_adam_end_after_bwd"] = (max(b for _, b in mine) - t_bwd) * ms
@@ -168,16 +225,18 @@ def main(argv=None) -> dict:
     def one(e) -> float:
         t0 = time.perf_counter()
         loss = torch.nn.functional.cross_entropy(e(x[:, :-1]).flatten(0, 1).float(), x[:, 1:].flatten())
+        t_fwd_host = time.perf_counter()
         e.backward(loss)
         tl = traces.get(names[id(e)])
         if tl is not None:
+            t_bwd_host = time.perf_counter()
             sync()
             t_bwd = time.perf_counter()
         e.step()
         sync()
         t1 = time.perf_counter()
         if tl is not None:
-            tl.close_step(t0, t_bwd, t1)
+            tl.close_step(t0, t_bwd, t1, t_fwd_host, t_bwd_host)
         return t1 - t0
 
     times = interleaved(engines, one, args.rounds, args.steps)
@@ -216,11 +275,12 @@ def main(argv=None) -> dict:
     if traces:
         res["trace"] = {k: tl.summary() for k, tl in traces.items()}
         print("timeline (medians over the timed steps, ms; the device synchronised after the backward)")
-        cols = ("fwd_bwd", "step", "adam_calls", "adam_sum", "adam_before_bwd_end", "first_adam_start",
-                "last_adam_end_after_bwd")
-        print(f"{'variant':<22}" + "".join(f"{c:>24}" for c in cols))
-        for k, d in res["trace"].items():
-            print(f"{k:<22}" + "".join(f"{d.get(c, float('nan')):>24.2f}" for c in cols))
+        for cols in (("fwd_bwd", "step", "adam_calls", "adam_sum", "adam_before_bwd_end", "first_adam_start",
+                      "last_adam_end_after_bwd"),
+                     ("fwd_host", "bwd_host", "land_calls", "land_ms", "land_wait_calls", "land_wait_ms")):
+            print(f"{'variant':<22}" + "".join(f"{c:>24}" for c in cols))
+            for k, d in res["trace"].items():
+                print(f"{k:<22}" + "".join(f"{d.get(c, float('nan')):>24.2f}" for c in cols))
     for e in engines.values():
         e.destroy()
     write_json(args.out, res)
