@@ -24,11 +24,12 @@
 //   the production table (launched here, to check this launch path times as the call does), a coarse
 //   index (HintedAdamTable: two dependent reads instead of log2(200) ~ 8), each of them with
 //   __launch_bounds__(256, 8) (registers capped at 32: 8 blocks per SM instead of 6), and the
-//   resident grid (adam_kernel_resident: the lookup paid once per block, not per chunk) at 6 and 8
-//   blocks per SM. Each variant's p, m and v after one step are compared byte for byte with the
-//   production call's on the same layout from the same state: a variant computing something else is
-//   reported WRONG. (Stop 43's check compared floats from a state with negative second moments: NaNs,
-//   never equal to themselves, so every variant read WRONG whatever it wrote.)
+//   resident grid (adam_kernel_resident: a contiguous run of chunks per block, the search paid once
+//   per block, not per chunk) at 6 and 8 blocks per SM. Each variant's p, m and v after one step are
+//   compared byte for byte with the production call's on the same layout from the same state: a
+//   variant computing something else is reported WRONG. (Stop 43's check compared floats from a state
+//   with negative second moments: NaNs, never equal to themselves, so every variant read WRONG whatever
+//   it wrote.)
 //
 // Output: one line per measurement, `name  median_ms  GB/s  ok`, and a JSON object on the last
 // line (the Python driver parses it).
@@ -183,24 +184,21 @@ std::function<void()> adam_variant(const std::vector<zc::AdamTensor>& ts, const 
   };
 }
 // The resident-grid candidate (adam_kernel.cuh's adam_kernel_resident): as many blocks as the device
-// holds at once (the occupancy query, with the table's first-chunk indices in shared memory).
+// holds at once (the occupancy query), each a contiguous run of chunks.
 template <class Table, int MIN_BLOCKS>
 std::function<void()> adam_resident(const std::vector<zc::AdamTensor>& ts, const zc::cuda::AdamLaunch& l) {
   auto tab = std::make_shared<Table>();
   zc::cuda::fill_adam_table(*tab, ts.data(), l);
   const zc::AdamScalars s = ts[l.tensors[0]].s;
   const auto kernel = zc::cuda::adam_kernel_resident<float, zc::no_out_t, false, Table, MIN_BLOCKS>;
-  const size_t smem = static_cast<size_t>(tab->count) * sizeof(int32_t);
   int per_sm = 0, sms = 0;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, zc::cuda::kAdamThreads, smem));
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, zc::cuda::kAdamThreads, 0));
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(l.chunks, static_cast<int64_t>(per_sm) * sms));
   std::printf("resident grid (min blocks %d): %d blocks/SM x %d SMs -> %u blocks for %lld chunks\n", MIN_BLOCKS,
               per_sm, sms, blocks, static_cast<long long>(l.chunks));
   const int32_t chunks = static_cast<int32_t>(l.chunks);
-  return [tab, s, blocks, smem, chunks, kernel] {
-    kernel<<<blocks, zc::cuda::kAdamThreads, smem>>>(*tab, chunks, s, nullptr);
-  };
+  return [tab, s, blocks, chunks, kernel] { kernel<<<blocks, zc::cuda::kAdamThreads>>>(*tab, chunks, s, nullptr); };
 }
 }  // namespace
 

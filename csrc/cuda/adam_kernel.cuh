@@ -82,25 +82,23 @@ __global__ void __launch_bounds__(kAdamThreads, MIN_BLOCKS) adam_kernel(const __
 }
 
 // A candidate layout measured by csrc/bench/cuda_variants.cu, not launched by adam.cu: a resident grid
-// (as many blocks as the device holds at once, `chunks` launch-wide) whose block b updates chunks b,
-// b + gridDim.x, ... The block copies the table's first-chunk indices to shared memory once (dynamic
-// shared memory of count int32) and finds each next chunk's tensor there, searching from the tensor
-// of its previous chunk: the per-block start (log2(count) dependent reads of the parameter space, before
-// the block's first memory access, for every 4096 elements) is paid once per block instead.
+// (as many blocks as the device holds at once) whose block b updates a contiguous run of the launch's
+// chunks (resident_run). The block finds its first chunk's tensor once (the binary search) and walks
+// forward from there: the next chunk's tensor is the same one or a later neighbour, one read of the
+// table whose address rarely changes (a constant-cache hit) instead of a search per 4096 elements, and
+// the tensor's five addresses and size are re-read from the same table entry, not from a new one.
 template <class GT, class OT, bool L2, class Table, int MIN_BLOCKS>
 __global__ void __launch_bounds__(kAdamThreads, MIN_BLOCKS) adam_kernel_resident(const __grid_constant__ Table tab,
                                                                                  const int32_t chunks,
                                                                                  const AdamScalars s,
                                                                                  const float* device_grad_scale) {
-  extern __shared__ int32_t starts[];
-  for (int i = threadIdx.x; i < tab.count; i += kAdamThreads) starts[i] = tab.chunk_start[i];
-  __syncthreads();
-  int k = 0;
-  const int32_t step = static_cast<int32_t>(gridDim.x);
-  for (int32_t chunk = static_cast<int32_t>(blockIdx.x); chunk < chunks; chunk += step) {
-    k = find_chunk(starts, k, tab.count, chunk);
+  int32_t chunk, end;
+  resident_run(chunks, static_cast<int32_t>(gridDim.x), static_cast<int32_t>(blockIdx.x), chunk, end);
+  if (chunk >= end) return;
+  int k = tab.find(chunk);
+  for (; chunk < end; ++chunk) {
+    k = next_owner(tab.chunk_start, k, tab.count, chunk);
     adam_chunk<GT, OT, L2>(tab, k, chunk, s, device_grad_scale);
-    if (chunks - chunk <= step) break;  // the next chunk is past the end: stop before chunk + step can overflow
   }
 }
 

@@ -15,18 +15,22 @@
 namespace zc {
 namespace cuda {
 
-// The tensor holding `chunk` among entries [lo, count) of a launch's first-chunk indices `starts`
-// (starts[lo] <= chunk): a binary search, log2(count - lo) dependent reads. AdamTable::find searches
-// from 0; the resident-grid variant (csrc/bench/cuda_variants.cu) searches its block's copy of the
-// indices in shared memory from the tensor of the block's previous chunk.
-ZC_HD int find_chunk(const int32_t* starts, int lo, int count, int32_t chunk) {
-  int hi = count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (starts[mid] <= chunk) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
+// The resident-grid candidate's work split (adam_kernel.cuh's adam_kernel_resident): block b of `grid`
+// takes chunks [first, end) of the launch's `chunks`, runs of ceil(chunks / grid) one after another
+// (the last blocks' runs shorter or empty). 64-bit products: b * run may pass INT32_MAX.
+ZC_HD void resident_run(int32_t chunks, int32_t grid, int32_t b, int32_t& first, int32_t& end) {
+  const int64_t run = (static_cast<int64_t>(chunks) + grid - 1) / grid;
+  const int64_t lo = static_cast<int64_t>(b) * run;
+  const int64_t hi = lo + run;
+  first = static_cast<int32_t>(lo < chunks ? lo : chunks);
+  end = static_cast<int32_t>(hi < chunks ? hi : chunks);
+}
+
+// The tensor holding `chunk` when `k` holds chunk - 1 (or chunk): k, or the next tensor with chunks
+// (tensors of no chunks are not in a launch: plan_adam leaves them out).
+ZC_HD int next_owner(const int32_t* starts, int k, int count, int32_t chunk) {
+  while (k + 1 < count && starts[k + 1] <= chunk) ++k;
+  return k;
 }
 
 // The launch's tensors in the kernel arguments (see adam.cu's header for why there): five addresses,
@@ -45,7 +49,15 @@ struct AdamTable {
 
   // The tensor holding `chunk`: a binary search over the first-chunk indices (log2(count) dependent
   // reads of the parameter space before the block's first memory access).
-  ZC_HD int find(int32_t chunk) const { return find_chunk(chunk_start, 0, count, chunk); }
+  ZC_HD int find(int32_t chunk) const {
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (chunk_start[mid] <= chunk) lo = mid;
+      else hi = mid - 1;
+    }
+    return lo;
+  }
 };
 
 // AdamTable plus a coarse index: hint[c] is the tensor holding chunk c << shift, so a block reads one

@@ -153,19 +153,27 @@ bool lookups_agree(const std::vector<int64_t>& sizes) {
         return false;
       }
     }
-    // the resident grid's walk (adam_kernel_resident): block b takes chunks b, b + G, ..., each found
-    // from the tensor of the block's previous chunk
-    for (int64_t grid : {int64_t(1), int64_t(7), int64_t(792), l.chunks}) {
-      for (int64_t b = 0; b < std::min<int64_t>(grid, 64); ++b) {
-        int k = 0;
-        for (int64_t c = b; c < l.chunks; c += grid) {
-          k = zc::cuda::find_chunk(tab->chunk_start, k, tab->count, static_cast<int32_t>(c));
+    // the resident grid's walk (adam_kernel_resident): block b of G takes a run of chunks, finds the
+    // first one's tensor and walks on; every chunk once, each with its tensor
+    for (int64_t grid : {int64_t(1), int64_t(7), int64_t(792), l.chunks, l.chunks + 5}) {
+      std::vector<int> seen(static_cast<size_t>(l.chunks), 0);
+      for (int32_t b = 0; b < grid; ++b) {
+        int32_t c, end;
+        zc::cuda::resident_run(static_cast<int32_t>(l.chunks), static_cast<int32_t>(grid), b, c, end);
+        if (c >= end) continue;
+        for (int k = tab->find(c); c < end; ++c) {
+          k = zc::cuda::next_owner(tab->chunk_start, k, tab->count, c);
+          ++seen[c];
           if (k != owner[c]) {
-            std::fprintf(stderr, "  grid %lld block %lld chunk %lld: found tensor %d, lies in %d\n",
-                         static_cast<long long>(grid), static_cast<long long>(b), static_cast<long long>(c), k, owner[c]);
+            std::fprintf(stderr, "  grid %lld block %d chunk %d: found tensor %d, lies in %d\n",
+                         static_cast<long long>(grid), b, c, k, owner[c]);
             return false;
           }
         }
+      }
+      if (std::count(seen.begin(), seen.end(), 1) != l.chunks) {
+        std::fprintf(stderr, "  grid %lld: the runs do not cover every chunk once\n", static_cast<long long>(grid));
+        return false;
       }
     }
   }
