@@ -25,9 +25,10 @@
 //   index (HintedAdamTable: two dependent reads instead of log2(200) ~ 8), each of them with
 //   __launch_bounds__(256, 8) (registers capped at 32: 8 blocks per SM instead of 6), and the
 //   resident grid (adam_kernel_resident: a contiguous run of chunks per block, the search paid once
-//   per block, not per chunk) at 6 and 8 blocks per SM. Each variant's p, m and v after one step are
-//   compared byte for byte with the production call's on the same layout from the same state: a
-//   variant computing something else is reported WRONG. (Stop 43's check compared floats from a state
+//   per block, not per chunk) at 6 and 8 blocks per SM. On the packed layout, the production kernel
+//   with each tensor's chunk grid moved onto 128-byte lines (LineAlignedAdamTable). Each variant's p,
+//   m and v after one step are compared byte for byte with the production call's on the same layout
+//   from the same state: a variant computing something else is reported WRONG. (Stop 43's check compared floats from a state
 //   with negative second moments: NaNs, never equal to themselves, so every variant read WRONG whatever
 //   it wrote.)
 //
@@ -183,6 +184,23 @@ std::function<void()> adam_variant(const std::vector<zc::AdamTensor>& ts, const 
         <<<blocks, zc::cuda::kAdamThreads>>>(*tab, s, nullptr);
   };
 }
+// The line-aligned chunk grid (adam_table.h's LineAlignedAdamTable) with the production kernel: its own
+// chunk count (one more than the plan's for some tensors).
+using LineAligned = zc::cuda::LineAlignedAdamTable<zc::cuda::kAdamTableLarge>;
+static_assert(sizeof(LineAligned) + sizeof(zc::AdamScalars) + sizeof(float*) <= 32764,
+              "the line-aligned table must stay under the 32,764-byte parameter limit of CUDA >= 12.1");
+
+std::function<void()> adam_line_aligned(const std::vector<zc::AdamTensor>& ts, const zc::cuda::AdamLaunch& l) {
+  auto tab = std::make_shared<LineAligned>();
+  zc::cuda::fill_adam_table(*tab, ts.data(), l);
+  const zc::AdamScalars s = ts[l.tensors[0]].s;
+  const unsigned blocks = static_cast<unsigned>(tab->chunks);
+  return [tab, s, blocks] {
+    zc::cuda::adam_kernel<float, zc::no_out_t, false, LineAligned, 0><<<blocks, zc::cuda::kAdamThreads>>>(*tab, s,
+                                                                                                        nullptr);
+  };
+}
+
 // The resident-grid candidate (adam_kernel.cuh's adam_kernel_resident): as many blocks as the device
 // holds at once (the occupancy query), each a contiguous run of chunks.
 template <class Table, int MIN_BLOCKS>
@@ -355,8 +373,13 @@ int main(int argc, char** argv) {
       {"adam_fp32_200_whole_chunks", &layouts[3], production(layouts[3]), true}};
   const std::vector<zc::cuda::AdamLaunch> plan =
       zc::cuda::plan_adam(real.ts.data(), static_cast<int64_t>(real.ts.size()), zc::cuda::kAdamTableLarge);
-  const bool one_launch = zc::cuda::large_kernel_params() && plan.size() == 1;
+  const Layout& packed = layouts[1];
+  const std::vector<zc::cuda::AdamLaunch> packed_plan =
+      zc::cuda::plan_adam(packed.ts.data(), static_cast<int64_t>(packed.ts.size()), zc::cuda::kAdamTableLarge);
+  const bool one_launch = zc::cuda::large_kernel_params() && plan.size() == 1 && packed_plan.size() == 1;
   if (one_launch) {
+    // on the packed layout: each tensor's chunks moved onto 128-byte lines
+    adams.push_back({"adam_200_packed_line_aligned", &packed, adam_line_aligned(packed.ts, packed_plan[0]), false});
     adams.push_back({"adam_200_search", &real, adam_variant<Searched, 0>(real.ts, plan[0]), false});
     adams.push_back({"adam_200_search_occ8", &real, adam_variant<Searched, 8>(real.ts, plan[0]), false});
     adams.push_back({"adam_200_hinted", &real, adam_variant<Hinted, 0>(real.ts, plan[0]), false});

@@ -14,17 +14,16 @@
 namespace zc {
 namespace cuda {
 
-// Elements [begin, begin + kAdamChunkElems) of tensor k (fewer at its end). Blocks whose pointers are
-// all 16-byte aligned (fp32 arrays; 8-byte for 16-bit ones) use vector accesses of 4 elements, the
-// others go one by one. A non-finite device coefficient skips the update: nothing is written (the
+// Elements [begin, begin + n) of tensor k (the table's span: kAdamChunkElems, fewer at its end).
+// Blocks whose pointers are all 16-byte aligned (fp32 arrays; 8-byte for 16-bit ones) use vector
+// accesses of 4 elements, the others go one by one. A non-finite device coefficient skips the update: nothing is written (the
 // engine's deferred Inf/NaN decision, zerocore/runtime/deferred_skip.py; a host scale is checked
 // finite before the launch).
 template <class GT, class OT, bool L2, class Table>
 __device__ __forceinline__ void adam_chunk(const Table& tab, int k, int32_t chunk, const AdamScalars& s,
                                            const float* device_grad_scale) {
-  const int64_t begin = static_cast<int64_t>(chunk - tab.chunk_start[k]) * kAdamChunkElems;
-  const int64_t rest = tab.numel[k] - begin;
-  const int64_t n = rest < kAdamChunkElems ? rest : kAdamChunkElems;
+  int64_t begin, n;
+  tab.span(k, chunk, begin, n);
   float* p = tab.p[k] + begin;
   const GT* g = static_cast<const GT*>(tab.g[k]) + begin;
   float* m = tab.m[k] + begin;

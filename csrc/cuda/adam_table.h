@@ -49,6 +49,14 @@ struct AdamTable {
 
   // The tensor holding `chunk`: a binary search over the first-chunk indices (log2(count) dependent
   // reads of the parameter space before the block's first memory access).
+  // Elements [begin, begin + n) of tensor k are chunk `chunk`'s: consecutive kAdamChunkElems from the
+  // tensor's first element, the last chunk shorter.
+  ZC_HD void span(int k, int32_t chunk, int64_t& begin, int64_t& n) const {
+    begin = static_cast<int64_t>(chunk - chunk_start[k]) * kAdamChunkElems;
+    const int64_t rest = numel[k] - begin;
+    n = rest < kAdamChunkElems ? rest : kAdamChunkElems;
+  }
+
   ZC_HD int find(int32_t chunk) const {
     int lo = 0, hi = count - 1;
     while (lo < hi) {
@@ -72,6 +80,27 @@ struct HintedAdamTable : AdamTable<N> {
     int k = hint[chunk >> shift];
     while (k + 1 < this->count && this->chunk_start[k + 1] <= chunk) ++k;
     return k;
+  }
+};
+
+// AdamTable with each tensor's chunk grid moved back by `shift[k]` elements (its parameter's address
+// modulo 128 bytes, in elements), so that every chunk but the first starts on a 128-byte line: the
+// first chunk is kAdamChunkElems - shift elements long. For tensors packed at 16 bytes (views into one
+// buffer), whose chunks otherwise all start 16-112 bytes into a line and make every warp's 512-byte
+// access touch 5 lines instead of 4. The gradient, moments and output are aligned alike when they are
+// laid out alike (views at the same offsets); where they are not, only the parameter's lines are. A
+// candidate measured by csrc/bench/cuda_variants.cu (`chunks`: the launch's chunk count with the
+// shifts, which may exceed the plan's by one per tensor).
+template <int N>
+struct LineAlignedAdamTable : AdamTable<N> {
+  int32_t shift[N];
+  int32_t chunks;
+
+  ZC_HD void span(int k, int32_t chunk, int64_t& begin, int64_t& n) const {
+    const int64_t start = static_cast<int64_t>(chunk - this->chunk_start[k]) * kAdamChunkElems - shift[k];
+    begin = start > 0 ? start : 0;
+    const int64_t stop = start + kAdamChunkElems < this->numel[k] ? start + kAdamChunkElems : this->numel[k];
+    n = stop - begin;
   }
 };
 
@@ -107,6 +136,22 @@ inline void fill_adam_table(HintedAdamTable<N, H>& tab, const AdamTensor* tensor
     while (k + 1 < tab.count && tab.chunk_start[k + 1] <= first) ++k;
     tab.hint[c] = static_cast<uint16_t>(k);
   }
+}
+
+// fill_adam_table with the shifts: each tensor's first-chunk index and the launch's chunk count from its
+// shifted grid.
+template <int N>
+inline void fill_adam_table(LineAlignedAdamTable<N>& tab, const AdamTensor* tensors, const AdamLaunch& l) {
+  std::memset(&tab, 0, sizeof(tab));  // the shifts past `count` too: the kernel arguments are these bytes
+  fill_adam_table<AdamTable<N>>(tab, tensors, l);
+  int32_t chunk = 0;
+  for (int k = 0; k < tab.count; ++k) {
+    const int64_t line_elems = 128 / static_cast<int64_t>(sizeof(float));
+    tab.shift[k] = static_cast<int32_t>((reinterpret_cast<uintptr_t>(tab.p[k]) / sizeof(float)) % line_elems);
+    tab.chunk_start[k] = chunk;
+    chunk += static_cast<int32_t>((tab.numel[k] + tab.shift[k] + kAdamChunkElems - 1) / kAdamChunkElems);
+  }
+  tab.chunks = chunk;
 }
 
 }  // namespace cuda

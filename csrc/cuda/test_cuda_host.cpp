@@ -206,6 +206,53 @@ void test_adam_table_lookups() {
   }
 }
 
+// The line-aligned chunk grid (LineAlignedAdamTable, a candidate cuda_variants measures): for tensors at
+// every element offset within a line and sizes around the chunk size, each tensor's chunks cover its
+// elements once, in order, none empty or longer than a chunk; every chunk after the first starts on a
+// 128-byte line; the lookup finds each chunk's tensor; the launch's chunk count is the sum.
+void test_line_aligned_spans() {
+  using Table = zc::cuda::LineAlignedAdamTable<zc::cuda::kAdamTableLarge>;
+  const int64_t C = zc::cuda::kAdamChunkElems;
+  const zc::AdamScalars s = zc::adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.0, 1, true, 1.0);
+  const std::vector<int64_t> sizes = {1, 3, 4, C - 33, C - 32, C - 1, C, C + 1, 2 * C - 5, 3 * C + 31, 10 * C};
+  alignas(128) static float buffer[64 + 11 * C];
+  std::vector<zc::AdamTensor> ts;
+  for (int64_t off = 0; off < 32; off += 1)  // every element offset in a line: 16-byte aligned ones and not
+    for (int64_t n : sizes) ts.push_back({buffer + off, buffer, buffer, buffer, nullptr, n, zc::DType::F32,
+                                          zc::DType::F32, s});
+  const auto plan = zc::cuda::plan_adam(ts.data(), static_cast<int64_t>(ts.size()), Table::kCapacity);
+  auto tab = std::make_unique<Table>();
+  int64_t checked = 0;
+  for (const auto& l : plan) {
+    zc::cuda::fill_adam_table(*tab, ts.data(), l);
+    int32_t total = 0;
+    for (int k = 0; k < tab->count; ++k) {
+      const int32_t first = tab->chunk_start[k];
+      const int32_t last = k + 1 < tab->count ? tab->chunk_start[k + 1] : tab->chunks;
+      int64_t next = 0;
+      for (int32_t c = first; c < last; ++c) {
+        int64_t begin, n;
+        tab->span(k, c, begin, n);
+        const uintptr_t addr = reinterpret_cast<uintptr_t>(tab->p[k] + begin);
+        CHECK(begin == next && n > 0 && n <= C, "tensor %d chunk %d: [%lld, +%lld), expected to start at %lld", k, c,
+              static_cast<long long>(begin), static_cast<long long>(n), static_cast<long long>(next));
+        CHECK(c == first || addr % 128 == 0, "tensor %d chunk %d starts %d bytes into a line", k, c,
+              static_cast<int>(addr % 128));
+        CHECK(tab->find(c) == k, "chunk %d: found tensor %d, lies in %d", c, tab->find(c), k);
+        next = begin + n;
+      }
+      CHECK(next == tab->numel[k], "tensor %d: chunks cover %lld of %lld elements", k, static_cast<long long>(next),
+            static_cast<long long>(tab->numel[k]));
+      total += last - first;
+      ++checked;
+    }
+    CHECK(total == tab->chunks, "launch of %d tensors: %d chunks counted, the table says %d", tab->count, total,
+          tab->chunks);
+  }
+  CHECK(checked == static_cast<int64_t>(ts.size()), "%lld of %zu tensors checked", static_cast<long long>(checked),
+        ts.size());
+}
+
 void test_plan_adam() {
   const zc::AdamScalars s1 = zc::adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.01, 1, true, 1.0);
   const zc::AdamScalars s2 = zc::adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.01, 2, true, 1.0);
@@ -550,6 +597,7 @@ int main() {
   test_adam_element();
   test_plan_adam();
   test_adam_table_lookups();
+  test_line_aligned_spans();
   test_plan_pack();
   test_pool_rounding();
   test_build_info();
