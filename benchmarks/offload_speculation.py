@@ -210,6 +210,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--profile", metavar="DIR", help="after the timed rounds, --profile-steps steps of each variant "
                     "under torch.profiler (tables and traces in DIR): the host-device copies' device time and rate")
     ap.add_argument("--profile-steps", type=int, default=2)
+    ap.add_argument("--sample", type=int, default=0, metavar="STEPS",
+                    help="last, STEPS untraced steps of each variant with every thread's Python stack sampled "
+                         "(host_sampler.py): which lines the training thread, autograd's and the worker spend on")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     os.environ["ZEROCORE_HOST_STEP_THREADS"] = str(args.threads)
@@ -281,6 +284,18 @@ def main(argv=None) -> dict:
             print(f"{'variant':<22}" + "".join(f"{c:>24}" for c in cols))
             for k, d in res["trace"].items():
                 print(f"{k:<22}" + "".join(f"{d.get(c, float('nan')):>24.2f}" for c in cols))
+    if args.sample:
+        from host_sampler import StackSampler, print_report
+
+        traces.clear()  # untraced steps: no synchronisation after the backward
+        res["sample"] = {}
+        for k, e in engines.items():
+            with StackSampler() as sampler:
+                for _ in range(args.sample):
+                    one(e)
+            res["sample"][k] = sampler.report()
+            print(f"{k}: {args.sample} steps sampled, {sampler.wall * 1e3 / args.sample:.1f} ms a step")
+            print_report(res["sample"][k])
     for e in engines.values():
         e.destroy()
     write_json(args.out, res)

@@ -45,6 +45,57 @@ def test_trace_times_each_host_adam_call_against_the_backward(tmp_path, monkeypa
     assert after["adam_before_bwd_end"] == 0  # the step's Adam starts once the backward has ended
     # (whether the speculation ran before the backward's end depends on the threads' timing: only its columns)
     assert spec["adam_calls"] >= 1 and spec["adam_sum"] > 0 and "last_adam_end_after_bwd" in spec
+    # the landing's host time: every offloaded group lands once a step (the bucket makes several groups)
+    for d in (after, spec):
+        assert d["land_calls"] >= 2 and d["land_ms"] > 0 and d["land_wait_calls"] >= d["land_calls"]
+        assert 0 < d["fwd_host"] <= d["bwd_host"] <= d["fwd_bwd"] + 1e-6
+    assert "land_calls" not in tr["no_offload"]
+
+
+def test_sample_names_the_lines_each_thread_spends_its_steps_on(monkeypatch):
+    """--sample STEPS: untraced steps of each variant with every thread's stack sampled; the training thread's
+    report holds the engine's backward (on a CPU device the backward runs on it), the worker's its loop."""
+    monkeypatch.setenv("ZEROCORE_HOST_STEP_THREADS", "1")
+    res = offload_speculation.main(["--dim", "32", "--layers", "2", "--heads", "2", "--ctx", "8", "--batch", "2",
+                                    "--vocab", "64", "--bucket", "2000", "--rounds", "1", "--steps", "1",
+                                    "--variants", "after_backward", "--sample", "8"])
+    rep = res["sample"]["after_backward"]
+    assert rep["sweeps"] > 0 and rep["wall_s"] > 0
+    main = next(v for k, v in rep["threads"].items() if k.startswith("MainThread@"))
+    worker = next(v for k, v in rep["threads"].items() if k.startswith("zerocore-host-step@"))
+    assert main["samples"] > 0 and "zerocore/runtime/engine.py backward" in main["inclusive"]
+    assert "zerocore/offload/stepper.py _worker" in worker["inclusive"]
+    assert all(0 < share <= 1 for share in main["leaves"].values())
+
+
+def test_host_sampler_attributes_a_threads_time_to_its_function():
+    """host_sampler.StackSampler on a thread that spends its time in one known function (spinning in Python,
+    then blocked in a native sleep): both show, with shares of that thread's samples."""
+    import threading
+    import time
+
+    from host_sampler import StackSampler
+
+    def spin_here(until):
+        while time.perf_counter() < until:
+            pass
+
+    def sleep_here(s):
+        time.sleep(s)
+
+    def work():
+        spin_here(time.perf_counter() + 0.15)
+        sleep_here(0.15)
+
+    t = threading.Thread(target=work, name="probe")
+    with StackSampler(focus=("tests/",)) as sampler:
+        t.start()
+        t.join()
+    rep = sampler.report()
+    probe = next(v for k, v in rep["threads"].items() if k.startswith("probe@"))
+    inc = {k.rsplit(" ", 1)[-1]: share for k, share in probe["inclusive"].items()}
+    assert inc["work"] > 0.9 and inc["spin_here"] > 0.2 and inc["sleep_here"] > 0.2
+    assert any(k.endswith(" sleep_here") for k in probe["leaves"])
 
 
 def test_fused_adam_benchmark_times_the_out_of_place_step_beside_the_in_place_one():
