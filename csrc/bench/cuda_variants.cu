@@ -28,9 +28,9 @@
 //   per block, not per chunk) at 6 and 8 blocks per SM. On the packed layout, the production kernel
 //   with each tensor's chunk grid moved onto 128-byte lines (LineAlignedAdamTable). Each variant's p,
 //   m and v after one step are compared byte for byte with the production call's on the same layout
-//   from the same state: a variant computing something else is reported WRONG. (Stop 43's check compared floats from a state
-//   with negative second moments: NaNs, never equal to themselves, so every variant read WRONG whatever
-//   it wrote.)
+//   from the same state: a variant computing something else is reported WRONG. (Stop 43's check
+//   compared floats from a state with negative second moments: NaNs, never equal to themselves, so
+//   every variant read WRONG whatever it wrote.)
 //
 // Output: one line per measurement, `name  median_ms  GB/s  ok`, and a JSON object on the last
 // line (the Python driver parses it).
@@ -184,6 +184,7 @@ std::function<void()> adam_variant(const std::vector<zc::AdamTensor>& ts, const 
         <<<blocks, zc::cuda::kAdamThreads>>>(*tab, s, nullptr);
   };
 }
+
 // The line-aligned chunk grid (adam_table.h's LineAlignedAdamTable) with the production kernel: its own
 // chunk count (one more than the plan's for some tensors).
 using LineAligned = zc::cuda::LineAlignedAdamTable<zc::cuda::kAdamTableLarge>;

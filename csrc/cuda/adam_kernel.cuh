@@ -16,9 +16,9 @@ namespace cuda {
 
 // Elements [begin, begin + n) of tensor k (the table's span: kAdamChunkElems, fewer at its end).
 // Blocks whose pointers are all 16-byte aligned (fp32 arrays; 8-byte for 16-bit ones) use vector
-// accesses of 4 elements, the others go one by one. A non-finite device coefficient skips the update: nothing is written (the
-// engine's deferred Inf/NaN decision, zerocore/runtime/deferred_skip.py; a host scale is checked
-// finite before the launch).
+// accesses of 4 elements, the others go one by one. A non-finite device coefficient skips the
+// update: nothing is written (the engine's deferred Inf/NaN decision,
+// zerocore/runtime/deferred_skip.py; a host scale is checked finite before the launch).
 template <class GT, class OT, bool L2, class Table>
 __device__ __forceinline__ void adam_chunk(const Table& tab, int k, int32_t chunk, const AdamScalars& s,
                                            const float* device_grad_scale) {

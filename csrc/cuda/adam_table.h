@@ -47,8 +47,6 @@ struct AdamTable {
   int32_t chunk_start[N];
   int32_t count;
 
-  // The tensor holding `chunk`: a binary search over the first-chunk indices (log2(count) dependent
-  // reads of the parameter space before the block's first memory access).
   // Elements [begin, begin + n) of tensor k are chunk `chunk`'s: consecutive kAdamChunkElems from the
   // tensor's first element, the last chunk shorter.
   ZC_HD void span(int k, int32_t chunk, int64_t& begin, int64_t& n) const {
@@ -57,6 +55,8 @@ struct AdamTable {
     n = rest < kAdamChunkElems ? rest : kAdamChunkElems;
   }
 
+  // The tensor holding `chunk`: a binary search over the first-chunk indices (log2(count) dependent
+  // reads of the parameter space before the block's first memory access).
   ZC_HD int find(int32_t chunk) const {
     int lo = 0, hi = count - 1;
     while (lo < hi) {
