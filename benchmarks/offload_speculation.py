@@ -136,15 +136,7 @@ class Timeline:
         shard.land = land
 
     def _wrap(self, multi) -> None:
-        inner, calls = multi.step, self.calls
-
-        def step(*a, **k):
-            t = time.perf_counter()
-            try:
-                return inner(*a, **k)
-            finally:
-                calls.append((t, time.perf_counter()))
-        multi.step = step
+        multi.step = self._timed(multi.step, self.calls)
 
     def close_step(self, t0: float, t_bwd: float, t1: float, t_fwd_host: float | None = None,
                    t_bwd_host: float | None = None) -> None:
