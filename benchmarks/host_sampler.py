@@ -27,9 +27,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _where(code) -> str:
+    """The file of ``code`` as the report names it: under site-packages from there ("torch/_ops.py", even
+    in a virtual environment inside the repository), else relative to the repository, else as it is."""
     path = code.co_filename
-    rel = os.path.relpath(path, ROOT) if path.startswith(ROOT) else path.rsplit("site-packages/", 1)[-1]
-    return rel
+    if "site-packages/" in path:
+        return path.rsplit("site-packages/", 1)[-1]
+    return os.path.relpath(path, ROOT) if path.startswith(ROOT) else path
 
 
 class StackSampler:
