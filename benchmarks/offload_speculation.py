@@ -78,7 +78,8 @@ def host_adam_ms(engine, reps: int) -> list[float]:
 
 class Timeline:
     """Per step: the forward+backward's time (to the device's end), step()'s, and each host Adam call
-    (MultiShardStep.step of the engine's batches and speculations, on whichever thread) against them.
+    (MultiShardStep.step of the engine's batches and speculations, on whichever thread; at stage 3 also each
+    unit's queued step, which runs while the next forward waits for it) against them.
     Also where the backward's host time goes on the offloaded path: each shard's ``land`` (the gradient's
     copy to the host, its norm kernel, events: host time on the thread that runs the backward's hooks) and,
     inside it, the waits for the worker (``ready.wait``: the host step still reading the last landed
@@ -99,6 +100,8 @@ class Timeline:
         plan = getattr(engine, "offload", None)
         for shard in (plan.shards.values() if plan is not None else ()):
             self._wrap_land(shard)
+            if getattr(shard, "enqueue", None) is not None:  # stage 3: each unit's host step queued for the worker
+                self._wrap_enqueue(shard)
 
     @staticmethod
     def _timed(fn, into: list):
@@ -135,13 +138,24 @@ class Timeline:
         ready.wait = wait
         shard.land = land
 
+    def _wrap_enqueue(self, shard) -> None:
+        """Stage 3's unit steps do not go through a HostStepBatch: the step each unit queues at step() (its
+        host Adam, or the commit of a kept speculation) is timed as it runs on the worker, with the calls."""
+        inner = shard.enqueue
+
+        def enqueue(index, job, ready):
+            return inner(index, self._timed(job, self.calls), ready)
+        shard.enqueue = enqueue
+
     def _wrap(self, multi) -> None:
         multi.step = self._timed(multi.step, self.calls)
 
     def close_step(self, t0: float, t_bwd: float, t1: float, t_fwd_host: float | None = None,
                    t_bwd_host: float | None = None) -> None:
-        mine = [c for c in self.calls if c[0] >= t0 - 1e-3 and c[1] <= t1 + 1e-3]
-        self.calls[:] = [c for c in self.calls if c[1] > t1 + 1e-3]  # (stage 3: calls running on into the next step)
+        # the calls that ended by this step's end, those begun in the last step included (first_adam_start < 0);
+        # the ones still running go to the next step
+        mine = [c for c in self.calls if c[1] <= t1 + 1e-3]
+        self.calls[:] = [c for c in self.calls if c[1] > t1 + 1e-3]
         ms = 1e3
         d = {"fwd_bwd": (t_bwd - t0) * ms, "step": (t1 - t_bwd) * ms, "adam_calls": len(mine),
              "adam_sum": sum(b - a for a, b in mine) * ms,

@@ -52,6 +52,17 @@ def test_trace_times_each_host_adam_call_against_the_backward(tmp_path, monkeypa
     assert "land_calls" not in tr["no_offload"]
 
 
+def test_trace_at_stage_3_times_each_units_queued_step(monkeypatch):
+    """Stage 3's unit steps are queued at step() and run on the worker while the next forward waits for them:
+    the timeline counts them with the host Adam calls (no HostStepBatch there)."""
+    monkeypatch.setenv("ZEROCORE_HOST_STEP_THREADS", "1")
+    res = offload_speculation.main(["--stage", "3", "--dim", "32", "--layers", "2", "--heads", "2", "--ctx", "8",
+                                    "--batch", "2", "--vocab", "64", "--bucket", "2000", "--rounds", "1", "--steps",
+                                    "2", "--trace", "--variants", "after_backward"])
+    after = res["trace"]["after_backward"]
+    assert after["adam_calls"] >= 2 and after["adam_sum"] > 0 and after["land_calls"] >= 2
+
+
 def test_sample_names_the_lines_each_thread_spends_its_steps_on(monkeypatch):
     """--sample STEPS: untraced steps of each variant with every thread's stack sampled; the training thread's
     report holds the engine's backward (on a CPU device the backward runs on it), the worker's its loop."""
