@@ -29,7 +29,7 @@
 #            during the backward (offload_optimizer.speculative_step; kept, and always dropped) against the step as
 #            before, beside T_device and T_host; speculation3: the same at stage 3; SPECULATION_EXTRA: more arguments
 # Python packages the image lacks (DeepSpeed and its pydantic, hjson) travel as wheels in .whl/ (carry it):
-# installed into /tmp/site first. Made here with `echo /.whl/ >> .git/info/exclude` and, for each of
+# installed into /tmp/site first (once per machine: a later call on the warm machine skips it). Made here with `echo /.whl/ >> .git/info/exclude` and, for each of
 # deepspeed==0.19.8 pydantic pydantic_core annotated-types typing-inspection hjson (the versions pydantic pins):
 #   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl NAME
@@ -46,8 +46,15 @@ mkdir -p "$W"
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(build env tests step offload)
 if compgen -G ".whl/*.whl" >/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" || echo "gpu_check: the wheels in .whl did not install" >&2
+  # a later call on the same (warm) machine finds them installed: no second install of its device time
+  if [ -f /tmp/site/.zc_wheels ] && cmp -s /tmp/site/.zc_wheels <(ls .whl); then
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  elif "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; then
+    ls .whl > /tmp/site/.zc_wheels
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  else
+    echo "gpu_check: the wheels in .whl did not install" >&2
+  fi
 fi
 # one arch for zerocore's build and DeepSpeed's JIT ops (its cache key includes the flags)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TORCH_CUDA_ARCH_LIST="${ZC_ARCH:-9.0}"
