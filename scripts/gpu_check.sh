@@ -29,7 +29,8 @@
 #            during the backward (offload_optimizer.speculative_step; kept, and always dropped) against the step as
 #            before, beside T_device and T_host; speculation3: the same at stage 3; SPECULATION_EXTRA: more arguments
 # Python packages the image lacks (DeepSpeed and its pydantic, hjson) travel as wheels in .whl/ (carry it):
-# installed into /tmp/site first (once per machine: a later call on the warm machine skips it). Made here with `echo /.whl/ >> .git/info/exclude` and, for each of
+# installed into /tmp/site first (once per machine: a later call on the warm machine skips it). Made here
+# with `echo /.whl/ >> .git/info/exclude` and, for each of
 # deepspeed==0.19.8 pydantic pydantic_core annotated-types typing-inspection hjson (the versions pydantic pins):
 #   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl NAME
