@@ -81,7 +81,7 @@ class StackSampler:
                 name = names.get(tid)
                 if name is None:  # a thread started since the last look, or a native one (autograd's device thread)
                     names = self._names()
-                    name = names.get(tid, f"native-{tid}")
+                    name = names.setdefault(tid, f"native@{tid}")  # (kept: no second look for it)
                 self._take(name, frame)
             del frames
             time.sleep(self.interval)

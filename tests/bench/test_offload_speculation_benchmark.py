@@ -149,3 +149,26 @@ def test_pinned_rounding_counts_the_offloaded_buffers_as_a_gpu_run_allocates_the
     for r in (two, three):
         assert r["torch_over_asked"] >= r["zerocore_over_asked"] >= 1.0
     assert pinned_rounding.pow2(5000) == 8192 and pinned_rounding.page(5000) == 8192 and pinned_rounding.page(4096) == 4096
+
+
+def test_host_sampler_names_threads_the_threading_module_does_not_know():
+    """A thread not started by ``threading`` (as autograd's device threads are, from C++) is reported as
+    native@<ident>, its functions attributed as any other thread's."""
+    import _thread
+    import threading
+    import time
+
+    from host_sampler import StackSampler
+
+    done = threading.Event()
+
+    def spin_natively(until):
+        while time.perf_counter() < until:
+            pass
+        done.set()
+
+    with StackSampler(focus=("tests/",)) as sampler:
+        _thread.start_new_thread(spin_natively, (time.perf_counter() + 0.2,))
+        assert done.wait(10)
+    natives = [v for k, v in sampler.report()["threads"].items() if k.startswith("native@")]
+    assert any(any(k.endswith(" spin_natively") for k in v["inclusive"]) for v in natives)
