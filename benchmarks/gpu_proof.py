@@ -141,7 +141,7 @@ def step_native(args) -> dict:
     exe = os.path.join(out_dir, "test_cuda_host")
     host_flags = [f for f in build_spec.CXX_FLAGS if not f.startswith("-std")]
     srcs = [os.path.join(ROOT, s) for s in cfg["sources"] if s.endswith(".cu")]
-    srcs += [os.path.join(ROOT, "csrc", "cuda", "test_cuda_host.cpp")]
+    srcs += [os.path.join(ROOT, "csrc", "cuda", name) for name in ("test_cuda_host.cpp", "test_adam_plan_host.cpp")]
     srcs += [os.path.join(ROOT, s) for s in build_spec.KERNEL_SOURCES]
     cmd = [nvcc, *cfg["extra_cuda_args"], "-I", os.path.join(ROOT, "csrc"), "-Xcompiler", ",".join(host_flags),
            *srcs, "-o", exe, "-lgomp"]

@@ -48,7 +48,8 @@ target_include_directories(zerocore_cuda PUBLIC csrc)
 target_compile_options(zerocore_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-O3 -Xcompiler=-Wall,-Wextra>)
 set_target_properties(zerocore_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON CUDA_ARCHITECTURES "${ZC_CUDA_ARCHS}")
 
-add_executable(test_cuda_host csrc/cuda/test_cuda_host.cpp $<TARGET_OBJECTS:zerocore_cuda>)
+add_executable(test_cuda_host csrc/cuda/test_cuda_host.cpp csrc/cuda/test_adam_plan_host.cpp
+               $<TARGET_OBJECTS:zerocore_cuda>)
 target_include_directories(test_cuda_host PRIVATE csrc)
 target_compile_options(test_cuda_host PRIVATE -O2 -Wall -Wextra -Wno-psabi)
 target_link_libraries(test_cuda_host PRIVATE zerocore_kernels CUDA::cudart_static)
