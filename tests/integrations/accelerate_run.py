@@ -10,6 +10,8 @@ from torch import nn
 
 from accelerate import Accelerator
 
+from ddp_teardown import end_reference_group  # (this folder: the script's own, first on sys.path)
+
 
 def main():
     kind, stage, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -50,12 +52,8 @@ def main():
         with open(out, "w") as f:
             json.dump({"losses": losses, "lrs": lrs, "grad_norms": norms,
                        "weights": {k: v.reshape(-1).tolist() for k, v in sd.items()}}, f)
-    if kind != "zerocore" and torch.distributed.is_initialized():
-        # torch's own teardown for the DDP reference run: a rank leaving while its peer's gloo threads still talk
-        # to it can abort it at exit ("terminate called without an active exception"; seen in CI for
-        # lightning_run.py and hf_gen_run.py); zerocore's engines tear their groups down themselves
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    if kind != "zerocore":
+        end_reference_group()
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from transformers import LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_run import VOCAB, Tokens, tiny_model  # noqa: E402
+from ddp_teardown import end_reference_group  # noqa: E402
 
 EOS, PAD = 1, 0
 
@@ -211,11 +212,7 @@ def main():
         with open(out, "w") as f:
             json.dump(result, f)
     if o["backend"] != "zerocore":
-        # torch's own teardown for the DDP reference run: a rank leaving while its peer's gloo threads still
-        # talk to it aborted it at exit ("terminate called without an active exception", once in CI);
-        # zerocore's engines tear their groups down at exit themselves (zerocore/comm/lifetime.py)
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+        end_reference_group()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ import lightning.pytorch as pl
 
 import zerocore.integrations.lightning  # noqa: F401  (registers the zerocore_* strategies)
 
+from ddp_teardown import end_reference_group  # (this folder: the script's own, first on sys.path)
+
 
 class Net(pl.LightningModule):
     def __init__(self):
@@ -88,13 +90,8 @@ def main():
             json.dump({"losses": model.losses, "lrs": model.lrs, "grad_norms": model.norms,
                        "global_step": trainer.global_step,
                        "weights": {k: v.reshape(-1).tolist() for k, v in sd.items()}}, f)
-    if strategy == "ddp" and torch.distributed.is_initialized():
-        # torch's own teardown for the DDP reference run: a rank leaving while its peer's gloo threads still talk
-        # to it aborted it at exit ("terminate called without an active exception", once in CI, after the run
-        # had written its results), as hf_gen_run.py's DDP run did; zerocore's strategies tear their groups
-        # down themselves (zerocore/comm/lifetime.py)
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    if strategy == "ddp":
+        end_reference_group()
 
 
 if __name__ == "__main__":
