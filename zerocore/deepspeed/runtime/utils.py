@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import gc
 
-import psutil
 import torch
 import torch.distributed as dist
 
@@ -23,5 +22,23 @@ def see_memory_usage(message: str, force: bool = False) -> None:
               f"GB  CA {torch.cuda.memory_reserved() / _GiB:.2f} GB  Max_CA "
               f"{torch.cuda.max_memory_reserved() / _GiB:.2f} GB")
         torch.cuda.reset_peak_memory_stats()
+    total, available = host_memory()
+    used = total - available
+    print(f"CPU Virtual Memory:  used = {used / _GiB:.2f} GB, percent = {round(100 * used / total, 1)}%")
+
+
+def host_memory() -> tuple[int, int]:
+    """(total, available) bytes of the host's memory, as psutil.virtual_memory() says them. psutil is not
+    one of zerocore's requirements (DeepSpeed brings it; a user of this face may have none): without it
+    Linux's /proc/meminfo (MemTotal, MemAvailable), which psutil reads on Linux too."""
+    try:
+        import psutil
+    except ImportError:
+        fields = {}
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, value = line.split(":", 1)
+                fields[key] = int(value.split()[0]) * 1024  # kB
+        return fields["MemTotal"], fields["MemAvailable"]
     vm = psutil.virtual_memory()
-    print(f"CPU Virtual Memory:  used = {(vm.total - vm.available) / _GiB:.2f} GB, percent = {vm.percent}%")
+    return vm.total, vm.available
