@@ -80,7 +80,7 @@ setup(
     package_data={"zerocore": ["data/*.txt"]},
     ext_modules=[ext],
     cmdclass={"build_ext": BuildExt},
-    python_requires=">=3.9",
+    python_requires=">=3.10",  # torch 2.13 has wheels for 3.10-3.14; tested on 3.11, 3.12 (GPU), 3.13
     # The extension is compiled against this exact torch; another version may not load it.
     install_requires=[f"torch=={torch_base}", "tqdm"],
     extras_require={"test": ["pytest>=7", "numpy", "safetensors", "crc32c"], "bench": ["deepspeed", "matplotlib"],

@@ -31,8 +31,10 @@ def test_nvme_offload_rss_is_below_cpu_offload_by_the_moments(tmp_path):
     for point, key in [("step2", "VmRSS"), ("step2", "VmHWM"), ("step1", "VmRSS")]:
         saved = cpu["points"][point][key] - nvme["points"][point][key]
         assert saved >= expected - 6 * MIB, (point, key, saved / MIB, expected / MIB)
-    # after the first step NVMe's RSS does not grow (no fp32 staging copy of the parameters appears)
-    grown = nvme["points"]["step2"]["VmRSS"] - nvme["points"]["initialized"]["VmRSS"]
+    # after the first step NVMe's RSS does not grow (no fp32 staging copy of the parameters appears). Counted in
+    # anonymous memory, where such a copy would be: the first step also maps in more of torch's own code (file
+    # pages, 7-8 MiB with torch's CPU build, 14.5 with its CUDA build on a machine without a GPU)
+    grown = nvme["points"]["step2"]["RssAnon"] - nvme["points"]["initialized"]["RssAnon"]
     assert grown < 2 * n, grown / MIB
 
 
