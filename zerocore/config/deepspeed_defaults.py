@@ -6,6 +6,8 @@ DeepSpeed's, and why that does not change what a DeepSpeed config trains.
 """
 from __future__ import annotations
 
+from .schema import DEFAULT_LEAF_CLASSES
+
 ONLY_ZEROCORE = object()
 
 DEEPSPEED_DEFAULTS: dict[str, object] = {
@@ -43,6 +45,8 @@ DEEPSPEED_DEFAULTS: dict[str, object] = {
     "zero_optimization.offload_param.pin_memory": True, "zero_optimization.offload_param.buffer_count": 5,
     "zero_optimization.offload_param.buffer_size": 100_000_000,
     "zero_optimization.offload_param.max_in_cpu": 1_000_000_000,
+    "zero_optimization.leaf_module.classes": list(DEFAULT_LEAF_CLASSES), "zero_optimization.leaf_module.names": [],
+    "zero_optimization.leaf_module.name_suffixes": [],
     "aio.block_size": 1_048_576, "aio.queue_depth": 8, "aio.intra_op_parallelism": 1, "aio.single_submit": False,
     "aio.overlap_events": True, "aio.backend": ONLY_ZEROCORE, "checkpoint.tag_validation": "WARN",
 }

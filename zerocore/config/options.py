@@ -40,6 +40,7 @@ class Spec:
     # "auto" is one of this key's own values (DeepSpeed's data_types.keep_in_fp32_modules), not the
     # Hugging Face integration's placeholder that is refused for every other non-string key
     auto_is_value: bool = False
+    one_is_list: bool = False  # (kind list) a single string is a list of one (DeepSpeed's leaf_module lists)
 
 
 def option(default, doc: str, **spec) -> Any:
@@ -131,6 +132,8 @@ def coerce(key: str, value: Any, spec: Spec) -> Any:
         if not isinstance(value, str):
             raise bad()
     elif kind is list:
+        if spec.one_is_list and isinstance(value, str):
+            value = [value]
         if not isinstance(value, (list, tuple)):
             raise bad()
         value = list(value)

@@ -142,6 +142,38 @@ class OffloadParamConfig(_Section):
             raise ConfigError(f"{self.PATH}.nvme_path: required when device is 'nvme'")
 
 
+# DeepSpeed's defaults for zero_optimization.leaf_module (its leaf_module_config.py): the sparse MoE blocks of
+# Transformers' Mixtral, Qwen2-MoE and Qwen3-MoE, whose experts run differently on each rank
+DEFAULT_LEAF_CLASSES = [
+    "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+    "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+]
+
+
+@dataclasses.dataclass
+class LeafModuleConfig(_Section):
+    PATH = "zero_optimization.leaf_module"
+    classes: list = option(list(DEFAULT_LEAF_CLASSES), "Classes of the modules stage 3 gathers whole (no unit "
+                           "inside them; zerocore.sharding.leaf_modules): a class's own name or its "
+                           "module-qualified name. A string is a list of one.", kind=list, one_is_list=True,
+                           applies_if=_only_stage3, applies="stage 3")
+    names: list = option([], "Modules gathered whole, by their name in model.named_modules().", kind=list,
+                         one_is_list=True, applies_if=_only_stage3, applies="stage 3")
+    name_suffixes: list = option([], "Modules gathered whole, by the end of their name in "
+                                 "model.named_modules().", kind=list, one_is_list=True, applies_if=_only_stage3,
+                                 applies="stage 3")
+
+    def check(self):
+        for key in ("classes", "names", "name_suffixes"):
+            values = getattr(self, key)
+            bad = [v for v in values if not isinstance(v, str) or not v]
+            if bad:
+                raise ConfigError(f"{self.PATH}.{key}: got {values!r}; allowed: a list of non-empty strings; {bad[0]!r} "
+                                  "is not one")
+            setattr(self, key, list(dict.fromkeys(values)))  # each once, in order (as DeepSpeed)
+
+
 @dataclasses.dataclass
 class ZeroOptimizationConfig(_Section):
     PATH = "zero_optimization"
@@ -214,6 +246,9 @@ class ZeroOptimizationConfig(_Section):
         applies="stage 3")
     offload_optimizer: OffloadOptimizerConfig = section(OffloadOptimizerConfig, "Optimizer state offload.")
     offload_param: OffloadParamConfig = section(OffloadParamConfig, "Parameter offload (stage 3 only).")
+    leaf_module: LeafModuleConfig = section(LeafModuleConfig, "Leaf modules: modules stage 3 never splits into "
+                                            "smaller units (DeepSpeed's ZeRO-3 leaf modules; modules flagged by "
+                                            "deepspeed.utils.set_z3_leaf_modules are leaves too).")
 
     def check(self):
         bad = [c for c in self.stage3_unit_classes if not isinstance(c, str) or not c]

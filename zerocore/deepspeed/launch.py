@@ -14,6 +14,7 @@ from .comm import init_distributed
 from .config_checks import check_deepspeed_rules
 from .semantics import prepare_config
 from .tensor_overrides import lifted
+from .utils.z3_leaf_module import apply_zero_leaf_module_config
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -156,6 +157,9 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     if optimizer is not None:
         model_parameters = None  # the optimizer's param_groups say what is trained, as in DeepSpeed
     _take_over(model)
+    # DeepSpeed's engine flags the modules zero_optimization.leaf_module names (at any stage): the flags stay
+    # on the model, where set_z3_leaf_modules' would (zerocore's stage 3 reads the section itself too)
+    apply_zero_leaf_module_config(model, cfg.zero_optimization.leaf_module)
     engine = zc_initialize(model, cfg, model_parameters=model_parameters, optimizer=optimizer,
                            lr_scheduler=lr_scheduler, training_data=training_data, collate_fn=collate_fn)
     semantics.attach(engine)

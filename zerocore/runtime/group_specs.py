@@ -24,6 +24,7 @@ from torch import nn
 
 from ..config import ZeroOptimizationConfig
 from ..sharding import FlatGroup, StagePolicy, build_groups, frozen_policy, policy_for
+from ..sharding.leaf_modules import leaf_ids
 from ..sharding.units import Named, logical_numel, partitioned_frozen, plan_units
 
 
@@ -61,7 +62,8 @@ def stage3_groups(module: nn.Module, trainable: list[Named], z: ZeroOptimization
     units, persistent = plan_units(module, trainable,
                                    frozen=partitioned_frozen(frozen, z.stage3_param_persistence_threshold),
                                    classes=z.stage3_unit_classes, min_params=z.stage3_unit_min_params,
-                                   persistence_threshold=z.stage3_param_persistence_threshold)
+                                   persistence_threshold=z.stage3_param_persistence_threshold,
+                                   leaves=leaf_ids(module, z.leaf_module))
     # registration order of every parameter: units by their first one (trainable or frozen)
     rank_of = {id(p): i for i, (_, p) in enumerate(named_in_order(module))}
     units.sort(key=lambda u: -min(rank_of[id(p)] for _, p in u.params + u.frozen))

@@ -11,6 +11,10 @@ unit: it holds whatever no smaller unit takes. The others are chosen
   model (a ``transformer`` wrapper around the blocks), which are walked into. For a transformer
   this yields one unit per block plus the embedding.
 
+Either way no unit is chosen inside a *leaf module* (``leaf_modules``: DeepSpeed's
+``set_z3_leaf_modules`` flag, or ``zero_optimization.leaf_module``): an MoE block whose experts run
+differently on each rank is gathered whole.
+
 A parameter registered by several modules (an embedding tied to the output head) belongs to
 the innermost unit that contains every module registering it (for tied embeddings: the root),
 so it is gathered for every use. Parameters with fewer than
@@ -27,7 +31,7 @@ one dtype) or are persistent stay whole on every rank.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
 from torch import nn
 
@@ -59,20 +63,25 @@ def logical_numel(p) -> int:
 
 
 def choose_unit_modules(root: nn.Module, trainable: set[int], *, classes: Sequence[str] = (),
-                        min_params: int = 1) -> list[tuple[str, nn.Module]]:
+                        min_params: int = 1, leaves: Set[int] = frozenset()) -> list[tuple[str, nn.Module]]:
     """(path, module) of every unit, root first, then in registration order. ``trainable``: ids of
-    the parameters whose elements the sizes count (the ones to gather, frozen ones included)."""
+    the parameters whose elements the sizes count (the ones to gather, frozen ones included).
+    ``leaves``: ids of the leaf modules (``leaf_modules``): no unit is chosen inside one."""
     if classes:
         wanted = set(classes)
         found = [(n, m) for n, m in root.named_modules() if n and type(m).__name__ in wanted]
-        if not found and type(root).__name__ in wanted:
-            return [("", root)]  # the root is always a unit: naming its class asks for just that
-        if not found:
+        if not found and type(root).__name__ not in wanted:
             present = sorted({type(m).__name__ for _, m in root.named_modules()})
             raise ValueError(f"zero_optimization.stage3_unit_classes: no module of class {sorted(wanted)} in the "
                              f"model; its module classes are {present}")
-        # a unit inside another unit of a named class is still its own unit (nested units work)
-        return [("", root)] + found
+        # the root is always a unit (naming its class asks for just that); a unit inside another unit of a
+        # named class is still its own unit (nested units work), one inside a leaf module is not
+        if id(root) in leaves:
+            return [("", root)]
+        inside_leaf = _inside_leaves(root, leaves)
+        return [("", root)] + [(n, m) for n, m in found if n not in inside_leaf]
+    if id(root) in leaves:
+        return [("", root)]
     total = _size(root, trainable)
     units: list[tuple[str, nn.Module]] = [("", root)]
 
@@ -83,7 +92,11 @@ def choose_unit_modules(root: nn.Module, trainable: set[int], *, classes: Sequen
             if size == 0:
                 continue
             has_children = any(True for _ in child.children())
-            if isinstance(child, (nn.ModuleList, nn.ModuleDict)) or (size > total // 2 and has_children):
+            container = isinstance(child, (nn.ModuleList, nn.ModuleDict))
+            if id(child) in leaves:  # not split; a unit if it runs a forward of its own, else its parent's
+                if not container and size >= min_params:
+                    units.append((path, child))
+            elif container or (size > total // 2 and has_children):
                 visit(child, path + ".")
             elif size >= min_params:
                 units.append((path, child))
@@ -93,7 +106,8 @@ def choose_unit_modules(root: nn.Module, trainable: set[int], *, classes: Sequen
 
 
 def plan_units(root: nn.Module, trainable: list[Named], *, frozen: Sequence[Named] = (), classes: Sequence[str] = (),
-               min_params: int = 1, persistence_threshold: int = 0) -> tuple[list[UnitPlan], list[Named]]:
+               min_params: int = 1, persistence_threshold: int = 0,
+               leaves: Set[int] = frozenset()) -> tuple[list[UnitPlan], list[Named]]:
     """Splits the trainable parameters into units and persistent ones, and places the partitioned
     frozen ones (``frozen``: floating point, at least ``persistence_threshold`` elements: see
     ``partitioned_frozen``) in the units' ``frozen`` lists.
@@ -101,7 +115,7 @@ def plan_units(root: nn.Module, trainable: list[Named], *, frozen: Sequence[Name
     Returns (units with at least one parameter, root first; persistent trainable parameters)."""
     frozen = list(frozen)
     ids = {id(p) for _, p in trainable} | {id(p) for _, p in frozen}
-    chosen = choose_unit_modules(root, ids, classes=classes, min_params=min_params)
+    chosen = choose_unit_modules(root, ids, classes=classes, min_params=min_params, leaves=leaves)
     unit_paths = [path for path, _ in chosen]
     plans = [UnitPlan(path, m, []) for path, m in chosen]
 
@@ -129,6 +143,15 @@ def partitioned_frozen(frozen: Sequence[Named], persistence_threshold: int) -> l
     not persistent (below ``stage3_param_persistence_threshold`` elements they stay whole, as
     persistent trainable ones do)."""
     return [(n, p) for n, p in frozen if p.is_floating_point() and logical_numel(p) >= persistence_threshold]
+
+
+def _inside_leaves(root: nn.Module, leaves: Set[int]) -> set[str]:
+    """Paths of the modules strictly inside a leaf module of ``root``."""
+    if not leaves:
+        return set()
+    named = list(root.named_modules())
+    leaf_paths = [n for n, m in named if n and id(m) in leaves]
+    return {n for n, _ in named if any(n.startswith(lp + ".") for lp in leaf_paths)}
 
 
 def _inside(module_path: str, unit_path: str) -> bool:
