@@ -46,12 +46,19 @@ def _installed() -> dict:
     out.update({"optimizer.params.lr": sig["lr"].default, "optimizer.params.betas": list(sig["betas"].default),
                 "optimizer.params.eps": sig["eps"].default, "optimizer.params.weight_decay": sig["weight_decay"].default,
                 "optimizer.params.adam_w_mode": sig["adam_w_mode"].default})
-    for prefix, cls in (("fp16.", DeepSpeedFP16Config), ("bf16.", DeepSpeedBF16Config),
-                        ("zero_optimization.", DeepSpeedZeroConfig),
-                        ("zero_optimization.offload_optimizer.", DeepSpeedZeroOffloadOptimizerConfig),
-                        ("zero_optimization.offload_param.", DeepSpeedZeroOffloadParamConfig)):
+    sections = [("fp16.", DeepSpeedFP16Config), ("bf16.", DeepSpeedBF16Config),
+                ("zero_optimization.", DeepSpeedZeroConfig),
+                ("zero_optimization.offload_optimizer.", DeepSpeedZeroOffloadOptimizerConfig),
+                ("zero_optimization.offload_param.", DeepSpeedZeroOffloadParamConfig)]
+    try:  # DeepSpeed 0.18 and later
+        from deepspeed.runtime.zero.leaf_module_config import DeepSpeedZeroLeafModuleConfig
+        sections.append(("zero_optimization.leaf_module.", DeepSpeedZeroLeafModuleConfig))
+    except ImportError:
+        pass
+    for prefix, cls in sections:
         for name, f in cls.model_fields.items():
-            out[prefix + (f.alias or name)] = f.default
+            # (a list's default is a factory: its value is what DeepSpeed starts from)
+            out[prefix + (f.alias or name)] = f.get_default(call_default_factory=True)
     return out
 
 

@@ -53,6 +53,53 @@ def test_zero_config_object_validates_and_warns_through_the_logger(monkeypatch):
         DeepSpeedZeroConfig(stage=7)
 
 
+ZERO_SECTIONS = [{}, {"stage": 1}, {"stage": 2}, {"stage": 3}, {"stage": 3, "overlap_comm": False},
+                 {"cpu_offload": True}, {"cpu_offload_param": True}, {"offload_param": None, "offload_optimizer": None},
+                 {"offload_param": {}, "offload_optimizer": {}},
+                 {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": False}},
+                 {"stage3_prefetch_bucket_size": 12345, "stage3_param_persistence_threshold": 77,
+                  "stage3_max_reuse_distance": 5, "stage3_max_live_parameters": 99},
+                 {"stage3_gather_fp16_weights_on_model_save": True}, {"stage3_module_granularity_threshold": 10}]
+
+
+def _zero_config_facts(z) -> dict:
+    def offload(o):
+        return None if o is None else (str(getattr(o.device, "value", o.device)), o.pin_memory)
+
+    return {"stage": int(z.stage), "overlap_comm": z.overlap_comm, "offload_optimizer": offload(z.offload_optimizer),
+            "offload_param": offload(z.offload_param), "prefetch_bucket_size": z.prefetch_bucket_size,
+            "param_persistence_threshold": z.param_persistence_threshold,
+            "max_live_parameters": z.max_live_parameters,
+            "gather_16bit_weights_on_model_save": z.gather_16bit_weights_on_model_save,
+            "pipeline_loading_checkpoint": z.pipeline_loading_checkpoint,
+            "module_granularity_threshold": z.module_granularity_threshold}
+
+
+@pytest.mark.parametrize("section", ZERO_SECTIONS, ids=[str(s) for s in ZERO_SECTIONS])
+def test_zero_config_object_reads_as_deepspeeds(section):
+    """The face's DeepSpeedZeroConfig beside DeepSpeed's own on the same section: DeepSpeed's field names,
+    overlap_comm by stage, offload sections None unless given (the deprecated cpu_offload keys read as device
+    cpu). max_reuse_distance is zerocore's (its default is 0, DeepSpeed's 1e9: docs/deepspeed_unit_tests.md)."""
+    from zerocore.deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    ds_config = pytest.importorskip("deepspeed.runtime.zero.config", reason="compares with DeepSpeed's own")
+    ours = DeepSpeedZeroConfig(**section)
+    assert _zero_config_facts(ours) == _zero_config_facts(ds_config.DeepSpeedZeroConfig(**section))
+    if "stage3_max_reuse_distance" in section:
+        assert ours.max_reuse_distance == section["stage3_max_reuse_distance"]
+
+
+def test_offload_config_objects():
+    from zerocore.deepspeed.runtime.zero.offload_config import (DeepSpeedZeroOffloadOptimizerConfig,
+                                                                DeepSpeedZeroOffloadParamConfig)
+
+    assert not DeepSpeedZeroOffloadOptimizerConfig().pipeline
+    assert DeepSpeedZeroOffloadOptimizerConfig(device="nvme", nvme_path="/tmp", pipeline_write=True).pipeline
+    assert DeepSpeedZeroOffloadParamConfig(device="cpu").device == "cpu"
+    with pytest.raises(ConfigError, match="zero_optimization.offload_param.device"):
+        DeepSpeedZeroOffloadParamConfig(device="disk")
+
+
 def test_logger_and_log_dist(caplog):
     assert deepspeed.utils.logger is logging.getLogger("DeepSpeed")
     with caplog.at_level(logging.INFO, logger="DeepSpeed"):
