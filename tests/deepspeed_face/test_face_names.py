@@ -1,6 +1,7 @@
 """The names DeepSpeed's scripts and tests import beside initialize (issue 34): op builders and
 ``__compatible_ops__``, config constants and exception types, ``DeepSpeedZeroConfig``, the logger,
-checkpoint and MoE helpers, ``see_memory_usage``, ``safe_get_full_grad``, torch version checks."""
+checkpoint and MoE helpers, ``see_memory_usage``, torch version checks (the tensor-fragment functions:
+test_tensor_fragments.py)."""
 from __future__ import annotations
 
 import logging
@@ -152,21 +153,3 @@ def test_required_torch_version():
     assert required_torch_version(min_version=1.8)
     assert not required_torch_version(min_version=major_minor + 1)
     assert not required_torch_version(max_version=1.0)
-
-
-def test_safe_get_full_grad_is_the_gradient_at_stages_0_1_and_refused_above():
-    from zerocore.deepspeed.utils import safe_get_full_grad
-
-    engine = zerocore.initialize(nn.Linear(3, 2), _cfg(stage=1))
-    x = torch.randn(2, 3)
-    engine.backward(engine(x).sum())
-    w = engine.module.weight
-    ref = nn.Linear(3, 2)
-    ref.load_state_dict(engine.module.state_dict())
-    ref(x).sum().backward()
-    torch.testing.assert_close(safe_get_full_grad(w), ref.weight.grad)
-    assert safe_get_full_grad(nn.Parameter(torch.ones(2))) is None
-    engine2 = zerocore.initialize(nn.Linear(3, 2), _cfg(stage=2))
-    engine2.backward(engine2(x).sum())
-    with pytest.raises(NotImplementedError, match="stage 2"):
-        safe_get_full_grad(engine2.module.weight)

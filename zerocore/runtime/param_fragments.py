@@ -1,0 +1,195 @@
+"""One parameter's fp32 master, Adam moments and reduced gradient, read and written through the engine's
+flat groups: whole (``full``: a collective, every rank gets the parameter's full shape) or this rank's piece
+(``local``: the part of the parameter inside this rank's owned range of its flat group, flattened; empty where
+the rank owns none of it). What DeepSpeed's ``deepspeed.utils.safe_get_full_fp32_param`` and its siblings do
+(``zerocore.deepspeed.utils.tensor_fragment`` are those functions over this module).
+
+Where the values are: a parameter is a slot [offset, end) of its group's flat buffer, and each rank owns the
+group's range [lo, hi) (stage 0: everything); the optimizer state of that range streams through
+``OptimizerShard.state_tiles`` whatever holds it (device, host memory, NVMe swap files), which also waits for a
+host step still running on the offload worker, and with ``write=True`` keeps what is written (a speculative
+host step under way is dropped, as for a checkpoint load). The reduced gradient is the owned slice the last
+backward at an accumulation boundary left (state HELD; with optimizer offload, the copy that landed in host
+memory once the device's was released; at stages 0 and 1 the whole buffer every ``.grad`` is a view of), read
+as the gradient the step applies before clipping: the held sum over the ranks divided by the world size (and
+under fp16 by the loss scale), as DeepSpeed's and DDP's averaged gradients read.
+
+Written values go to the state the next step reads: the master (not the 16-bit parameter, which the step
+derives from it, as DeepSpeed's), a moment, or the gradient. Everything returned is fp32 on the engine's device
+(DeepSpeed's), a copy: editing it changes nothing until it is written back."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..comm.divergence import Op
+from ..sharding import GradState
+from .gathered import _owner
+
+KINDS = ("fp32", "exp_avg", "exp_avg_sq", "grad")
+_TILE_KEY = {"fp32": "master", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
+
+
+@dataclasses.dataclass
+class Fragment:
+    """Where one trainable parameter's elements are: its group, the group's optimizer shard, its slot in the
+    flat buffer, and the flat range [x, y) of it this rank owns (x == y: none)."""
+
+    engine: object
+    group: object
+    shard: object
+    offset: int
+    numel: int
+    shape: torch.Size
+    x: int
+    y: int
+
+    @property
+    def local_numel(self) -> int:
+        return self.y - self.x
+
+
+def locate(param) -> Fragment | None:
+    """The fragment of ``param`` in the live engine holding it; None for a parameter no engine trains (frozen,
+    or in no engine: DeepSpeed's functions return None there too)."""
+    engine, hit = _owner(param)
+    if engine is None:
+        return None
+    index, i = hit
+    if index >= len(engine.groups) or engine.groups[index].index != index:  # a frozen group: no master, no state
+        return None
+    g = engine.groups[index]
+    slot = g.layout.slots[i]
+    x, y = max(slot.offset, g.lo), min(slot.end, g.hi)
+    return Fragment(engine, g, engine.shards[index], slot.offset, slot.numel, slot.shape, x, max(x, y))
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"zerocore: optimizer state key {kind!r} is not one of zerocore's Adam states "
+                         f"('exp_avg', 'exp_avg_sq'; 'fp32' for the master, 'grad' for the gradient)")
+
+
+def _state_piece(f: Fragment, kind: str, write: torch.Tensor | None = None) -> torch.Tensor | None:
+    """This rank's piece of the master or a moment (fp32, a copy); with ``write``, those elements replaced."""
+    a, b = f.x - f.group.lo, f.y - f.group.lo  # owned-range coordinates
+    out = None if write is not None else torch.empty(b - a, dtype=torch.float32, device=f.engine.device)
+    if a == b:
+        return out
+    key = _TILE_KEY[kind]
+    for lo, hi, tile in f.shard.state_tiles(1 << 62, write=write is not None):
+        s, e = max(lo, a), min(hi, b)
+        if s >= e:
+            continue
+        if write is None:
+            out[s - a:e - a].copy_(tile[key][s - lo:e - lo])
+        else:
+            tile[key][s - lo:e - lo].copy_(write[s - a:e - a])
+    return out
+
+
+def _owned_grad(f: Fragment) -> torch.Tensor:
+    g = f.group
+    if g.grad_state.value is not GradState.HELD:
+        raise RuntimeError(f"zerocore: the gradient of group {g.index} is not held now (state "
+                           f"{g.grad_state.value.value}): read or write gradients after engine.backward() at an "
+                           "accumulation boundary and before engine.step()")
+    if g.grad_released:  # optimizer offload gave the device's copy back once it landed in host memory
+        return g.offload.shard.landed_copy()
+    return g.owned_grad()
+
+
+def _grad_divisor(engine) -> float:
+    """What the held gradients are divided by in the step: the reductions sum over the ranks, and fp16
+    gradients carry the loss scale (the engine folds 1 / this into the Adam kernel's grad_scale)."""
+    return engine.comm.world * float(engine.scaler.scale)
+
+
+def _grad_piece(f: Fragment, write: torch.Tensor | None = None) -> torch.Tensor | None:
+    """This rank's piece of the gradient the step applies (before clipping): the mean over ranks and
+    micro-batches, unscaled; with ``write``, the held gradient set so that the step applies ``write``."""
+    a, b = f.x - f.group.lo, f.y - f.group.lo
+    owned = _owned_grad(f)
+    if write is not None:
+        owned[a:b].copy_(write * _grad_divisor(f.engine))
+        return None
+    return owned[a:b].to(f.engine.device, torch.float32, copy=True) / _grad_divisor(f.engine)
+
+
+def local(param, kind: str) -> torch.Tensor | None:
+    """This rank's piece of ``param``'s master / moment / reduced gradient (``kind``), fp32, flat."""
+    _check_kind(kind)
+    f = locate(param)
+    if f is None:
+        return None
+    return _grad_piece(f) if kind == "grad" else _state_piece(f, kind)
+
+
+def set_local(param, value: torch.Tensor, kind: str) -> None:
+    """Writes this rank's piece (``value``: as many elements as ``local`` returns)."""
+    _check_kind(kind)
+    f = locate(param)
+    if f is None:
+        return
+    value = torch.as_tensor(value).reshape(-1)
+    if value.numel() != f.local_numel:
+        raise ValueError(f"zerocore: this rank holds {f.local_numel} elements of the parameter (of {f.numel}); the "
+                         f"value has {value.numel()}")
+    _write(f, kind, value.to(torch.float32))
+
+
+def full(param, kind: str) -> torch.Tensor | None:
+    """``param``'s whole master / moment / reduced gradient, fp32, in its shape, on every rank. A collective:
+    every rank calls it for the same parameter."""
+    _check_kind(kind)
+    f = locate(param)
+    if f is None:
+        return None
+    if kind == "grad" and f.group.grad_full is not None:  # stages 0/1: every rank holds the whole gradient
+        _owned_grad(f)  # (its state checked)
+        whole = f.group.grad_full[f.offset:f.offset + f.numel].to(torch.float32, copy=True)
+        return (whole / _grad_divisor(f.engine)).view(f.shape)
+    whole = torch.zeros(f.numel, dtype=torch.float32, device=f.engine.device)
+    piece = _grad_piece(f) if kind == "grad" else _state_piece(f, kind)
+    whole[f.x - f.offset:f.y - f.offset].copy_(piece)
+    if _sharded(f, kind):  # each rank contributes its own piece, zeros elsewhere
+        f.engine.guard.check(Op.CONTEXT, f.group.index, 0)
+        f.engine.comm.all_reduce(whole)
+    return whole.view(f.shape)
+
+
+def set_full(param, value: torch.Tensor, kind: str) -> None:
+    """Writes ``param``'s whole master / moment / gradient from ``value`` (its number of elements): each rank
+    keeps the piece it owns (no communication; every rank should pass the same value)."""
+    _check_kind(kind)
+    f = locate(param)
+    if f is None:
+        return
+    value = torch.as_tensor(value)
+    if value.numel() != f.numel:
+        raise ValueError(f"zerocore: the parameter has {f.numel} elements; the value has {value.numel()}")
+    flat = value.reshape(-1).to(torch.float32)
+    if kind == "grad" and f.group.grad_full is not None:  # stages 0/1: the whole gradient is here
+        _owned_grad(f)
+        f.group.grad_full[f.offset:f.offset + f.numel].copy_(flat * _grad_divisor(f.engine))
+        return
+    _write(f, kind, flat[f.x - f.offset:f.y - f.offset])
+
+
+def _write(f: Fragment, kind: str, piece: torch.Tensor) -> None:
+    if kind == "grad":
+        _grad_piece(f, write=piece)
+    else:
+        _state_piece(f, kind, write=piece)
+        from .checkpoint_marks import mark_written
+
+        mark_written(f.engine)
+
+
+def _sharded(f: Fragment, kind: str) -> bool:
+    """Whether another rank holds part of the parameter's values of this kind: the optimizer state from stage 1
+    on, the reduced gradient from stage 2 on (at stages 0/1 the gradient is whole on every rank)."""
+    if f.engine.comm.world == 1:
+        return False
+    return kind == "grad" or bool(f.engine.policy.shard_optimizer)  # (grad: stages 0/1 returned before)
