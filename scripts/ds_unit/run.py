@@ -37,6 +37,21 @@ ISSUE_FILES = [
     "runtime/zero/test_ignore_unused_parameters.py", "v1/zero/test_zero.py", "checkpoint/test_zero_optimizer.py",
     "checkpoint/test_lr_scheduler.py", "checkpoint/test_latest_checkpoint.py", "checkpoint/test_tag_validation.py",
 ]
+# More of DeepSpeed's ZeRO, precision and config tests, first run at stop 45 (``--set more``): the APIs users call
+# beside initialize (leaf modules, tensor fragments, the config objects) and DeepSpeed's own engine internals.
+MORE_FILES = [
+    "runtime/zero/test_zero_grad_clip.py", "runtime/zero/test_zero_leaf_module.py",
+    "runtime/zero/test_zero_tensor_fragment.py", "runtime/zero/test_zero_nesting_init.py",
+    "runtime/zero/test_zero_config.py", "runtime/zero/test_zero_dynamic_class.py",
+    "runtime/zero/test_zero_late_module_attach.py", "runtime/zero/test_zero_hook_attribute_delegation.py",
+    "runtime/zero/test_zero_context_ancestry.py", "runtime/zero/test_unwrap_model.py",
+    "runtime/zero/test_zero_autocast_mixed_dtype.py", "runtime/zero/test_zero_allreduce_fetch_params.py",
+    "runtime/zero/test_zero_linear_direct_init.py", "runtime/half_precision/test_dynamic_loss_scale.py",
+    "runtime/half_precision/test_zero_optim_overflow.py", "runtime/test_ds_config_dict.py",
+    "runtime/test_multiple_models.py", "runtime/test_runtime_utils.py", "runtime/test_ds_config_model.py",
+    "runtime/half_precision/test_fp16.py",
+]
+FILE_SETS = {"issue34": ISSUE_FILES, "more": MORE_FILES, "all": ISSUE_FILES + MORE_FILES}
 
 
 def _env(face: str, local_size: int, timeout: int) -> dict:
@@ -130,7 +145,9 @@ def main() -> None:
     ap.add_argument("--tests", required=True, help="DeepSpeed's tests/ folder (a copy outside this repo)")
     ap.add_argument("--face", choices=("zerocore", "deepspeed"), default="zerocore")
     ap.add_argument("--out", required=True, help="folder for the junit files, logs and table.md")
-    ap.add_argument("--files", nargs="*", default=ISSUE_FILES, help="paths under tests/unit")
+    ap.add_argument("--set", choices=sorted(FILE_SETS), default="issue34",
+                    help="which files: issue 34's eleven, the twenty first run at stop 45, or both")
+    ap.add_argument("--files", nargs="*", default=None, help="paths under tests/unit (instead of --set)")
     ap.add_argument("-k", default=None, help="pytest -k expression")
     ap.add_argument("--local-size", type=int, default=4, help="CPU 'devices' (the largest world a test asks)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds one distributed test may take")
@@ -138,7 +155,8 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="reuse a file's junit report already in --out")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    rows = {rel: run_file(os.path.abspath(args.tests), rel, args.face, args.out, args) for rel in args.files}
+    files = args.files if args.files else FILE_SETS[args.set]
+    rows = {rel: run_file(os.path.abspath(args.tests), rel, args.face, args.out, args) for rel in files}
     text = write_table(rows, args.out, args.face)
     print(text.split("\n## ")[0])
 

@@ -60,23 +60,24 @@ def unset_z3_leaf_modules(model: nn.Module, leaf_module_classes, raise_if_not_fo
 def set_z3_leaf_modules_by_name(model: nn.Module, module_names, flag: bool = True,
                                 raise_if_not_found: bool = True) -> tuple[list[nn.Module], list[str]]:
     """Sets the flag of the modules named so in ``model.named_modules()``; returns (them, the names not found)."""
-    found, missing = _leaf.by_name(model, module_names)
-    for m in found:
-        set_z3_leaf_module(m, flag)
-    if missing and raise_if_not_found:
-        raise ValueError(f"No modules named {missing} found in model {model}")
-    return found, missing
+    return _flag_matches(*_leaf.by_name(model, module_names), flag, raise_if_not_found,
+                         lambda missing: f"No modules named {missing} found in model {model}")
 
 
 def set_z3_leaf_modules_by_suffix(model: nn.Module, module_name_suffixes, flag: bool = True,
                                   raise_if_not_found: bool = True) -> tuple[list[nn.Module], list[str]]:
     """Sets the flag of the modules whose name ends with one of the suffixes; returns (them, the suffixes that
     matched nothing)."""
-    found, missing = _leaf.by_suffix(model, module_name_suffixes)
+    return _flag_matches(*_leaf.by_suffix(model, module_name_suffixes), flag, raise_if_not_found,
+                         lambda missing: f"No modules matching suffixes {missing} found in model {model}")
+
+
+def _flag_matches(found, missing, flag: bool, raise_if_not_found: bool, message):
+    """Sets ``flag`` on ``found``; DeepSpeed's ValueError (``message(missing)``) where something matched nothing."""
     for m in found:
         set_z3_leaf_module(m, flag)
     if missing and raise_if_not_found:
-        raise ValueError(f"No modules matching suffixes {missing} found in model {model}")
+        raise ValueError(message(missing))
     return found, missing
 
 
