@@ -315,6 +315,33 @@ def test_bad_config_paths_name_the_file(tmp_path):
         load_config(listed)
 
 
+HJSON_CONFIG = """{
+  // DeepSpeed reads its config files as HJSON: comments, unquoted keys, trailing commas
+  train_micro_batch_size_per_gpu: 2,
+  "zero_optimization": {"stage": 3,},
+}
+"""
+
+
+def test_hjson_config_files_read_as_deepspeed_reads_them(tmp_path, monkeypatch):
+    path = tmp_path / "ds_config.json"
+    path.write_text(HJSON_CONFIG)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"zero_optimization": {"stage": 3}')  # neither JSON nor HJSON: a brace missing
+    try:
+        import hjson  # noqa: F401
+    except ImportError:
+        hjson = None
+    if hjson is not None:
+        cfg = load_config(path)
+        assert cfg.zero_optimization.stage == 3 and cfg.train_micro_batch_size_per_gpu == 2
+        with pytest.raises(ConfigError, match=f"config file {broken} is neither JSON .* nor HJSON"):
+            load_config(broken)
+    monkeypatch.setitem(sys.modules, "hjson", None)  # as on a machine without it
+    with pytest.raises(ConfigError, match=f"config file {path} is not valid JSON: .*pip install hjson"):
+        load_config(path)
+
+
 def test_mutated_zeroconfig_is_validated_again():
     cfg = load_config({"zero_optimization": {"stage": 2}})
     cfg.zero_optimization.stage = "3"

@@ -153,3 +153,13 @@ def test_required_torch_version():
     assert required_torch_version(min_version=1.8)
     assert not required_torch_version(min_version=major_minor + 1)
     assert not required_torch_version(max_version=1.0)
+
+
+def test_version_attributes_as_deepspeeds():
+    """``deepspeed.__version_major__`` and its siblings (DeepSpeed's test_check_version reads them all)."""
+    assert (deepspeed.__version_major__, deepspeed.__version_minor__, deepspeed.__version_patch__) == tuple(
+        int(x) for x in deepspeed.__version__.split(".")[:3])
+    assert deepspeed.__git_hash__ and deepspeed.__git_branch__
+    real = pytest.importorskip("deepspeed", reason="compares with DeepSpeed's own")
+    for name in ("__version_major__", "__version_minor__", "__version_patch__", "__git_hash__", "__git_branch__"):
+        assert type(getattr(deepspeed, name)) is type(getattr(real, name)), name

@@ -15,7 +15,7 @@ import sys
 
 # Installed by CI or by a user's other tools, none of them a requirement of zerocore (setup.py)
 OPTIONAL = ("psutil", "packaging", "safetensors", "crc32c", "deepspeed", "transformers", "accelerate", "lightning",
-            "pytorch_lightning", "trl", "peft", "matplotlib", "colossalai", "triton")
+            "pytorch_lightning", "trl", "peft", "matplotlib", "colossalai", "triton", "hjson")
 # module -> the package its ImportError must name
 NEEDS_THEIR_LIBRARY = {"zerocore.integrations.transformers": "transformers",
                        "zerocore.integrations.lightning": "lightning",

@@ -47,7 +47,7 @@ def load_config(config: Any = None) -> ZeroConfig:
         except UnicodeDecodeError as e:
             raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}); give a JSON file") from None
         except json.JSONDecodeError as e:
-            raise ConfigError(f"config file {path} is not valid JSON: {e}") from None
+            data = _read_hjson(path, e)
         except OSError as e:
             raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
         if not isinstance(data, dict):
@@ -57,6 +57,22 @@ def load_config(config: Any = None) -> ZeroConfig:
         return from_dict(config)
     raise ConfigError(f"config: got a {type(config).__name__}; allowed: a dict, a path to a JSON file, or a "
                       "zerocore.ZeroConfig")
+
+
+def _read_hjson(path: str, json_error: json.JSONDecodeError):
+    """DeepSpeed reads its config files as HJSON (JSON with comments, unquoted keys and trailing commas): so
+    does zerocore where the ``hjson`` package is installed (DeepSpeed depends on it); without it the JSON error
+    says so."""
+    try:
+        import hjson
+    except ImportError:
+        raise ConfigError(f"config file {path} is not valid JSON: {json_error} (DeepSpeed also reads HJSON config "
+                          "files: pip install hjson for zerocore to read them too)") from None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return hjson.load(f, object_pairs_hook=dict)
+    except hjson.HjsonDecodeError as e:
+        raise ConfigError(f"config file {path} is neither JSON ({json_error}) nor HJSON ({e})") from None
 
 
 def from_dict(data: dict) -> ZeroConfig:
