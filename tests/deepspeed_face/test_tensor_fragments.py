@@ -10,8 +10,9 @@ against one-process ``torch.optim.AdamW`` on the same global batches:
 - written values reach the step: every gradient halved through ``safe_update_full_grad_vectorized`` gives the
   reference's step with halved gradients; a master and a moment set whole (``safe_set_full_*``) and pieces set
   locally read back as written;
-- a gradient read outside a boundary's backward raises naming the state; a frozen or foreign parameter gives
-  None; an unknown state key is named.
+- a gradient read outside a boundary's backward raises naming the state at stages 2/3; at stages 0/1 inside
+  ``no_sync()`` it is this rank's own gradient (DeepSpeed's ``.grad`` there); a frozen or foreign parameter
+  gives None; an unknown state key is named.
 """
 from __future__ import annotations
 
@@ -112,6 +113,14 @@ def _scenario(stage, offload, rank, world) -> dict:
         ds_utils.safe_set_local_fp32_param(w, torch.zeros(n_local + 1000))
     except ValueError as e:
         out["bad_size"] = str(e)
+    if stage <= 1:  # inside no_sync(): this rank's own gradient, not reduced (DeepSpeed's .grad there)
+        ref = _net()
+        ref.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})
+        with engine.no_sync():
+            _backward(engine, 5, rank, world)
+            x, y = batch(5, MICRO * world, D)
+            nn.functional.mse_loss(ref(x[rank * MICRO:(rank + 1) * MICRO]), y[rank * MICRO:(rank + 1) * MICRO]).backward()
+            out["no_sync"] = (ds_utils.safe_get_full_grad(params["a.weight"]).cpu(), ref.a.weight.grad.clone())
     engine.destroy()
     return out
 
@@ -218,3 +227,5 @@ def test_writes_read_back_and_errors_name_the_problem(ranks, name):
         assert "elements of the parameter" in r["bad_size"]
         if stage >= 2:
             assert "not held now" in r["grad_outside"] and "engine.backward()" in r["grad_outside"]
+        else:
+            _close(*r["no_sync"], "the gradient inside no_sync()")

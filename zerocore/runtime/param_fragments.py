@@ -12,7 +12,8 @@ host step under way is dropped, as for a checkpoint load). The reduced gradient 
 backward at an accumulation boundary left (state HELD; with optimizer offload, the copy that landed in host
 memory once the device's was released; at stages 0 and 1 the whole buffer every ``.grad`` is a view of), read
 as the gradient the step applies before clipping: the held sum over the ranks divided by the world size (and
-under fp16 by the loss scale), as DeepSpeed's and DDP's averaged gradients read.
+under fp16 by the loss scale), as DeepSpeed's and DDP's averaged gradients read; at stages 0/1 a window not
+reduced yet (``no_sync()``) reads as this rank's own gradient.
 
 Written values go to the state the next step reads: the master (not the 16-bit parameter, which the step
 derives from it, as DeepSpeed's), a moment, or the gradient. Everything returned is fp32 on the engine's device
@@ -89,32 +90,34 @@ def _state_piece(f: Fragment, kind: str, write: torch.Tensor | None = None) -> t
     return out
 
 
-def _owned_grad(f: Fragment) -> torch.Tensor:
-    g = f.group
-    if g.grad_state.value is not GradState.HELD:
-        raise RuntimeError(f"zerocore: the gradient of group {g.index} is not held now (state "
-                           f"{g.grad_state.value.value}): read or write gradients after engine.backward() at an "
-                           "accumulation boundary and before engine.step()")
+def _owned_grad(f: Fragment) -> tuple[torch.Tensor, float]:
+    """(the owned range's held gradient, what to divide it by for the gradient the step applies). Stages 2/3:
+    only once reduced at a boundary (HELD). Stages 0/1 (the whole buffer is here): also a window's gradients
+    not reduced yet (inside ``no_sync()``, or before the boundary), this rank's own, unscaled but not averaged
+    over the ranks, as ``.grad`` reads in DeepSpeed there."""
+    g, e = f.group, f.engine
+    state = g.grad_state.value
+    if g.grad_full is not None and state in (GradState.EMPTY, GradState.FILLING):
+        return g.owned_grad_tensor, float(e.scaler.scale)
+    if state is not GradState.HELD:
+        raise RuntimeError(f"zerocore: the gradient of group {g.index} is not held now (state {state.value}): read "
+                           "or write gradients after engine.backward() at an accumulation boundary and before "
+                           "engine.step()")
+    divisor = e.comm.world * float(e.scaler.scale)  # the reductions sum over the ranks; fp16 carries the loss scale
     if g.grad_released:  # optimizer offload gave the device's copy back once it landed in host memory
-        return g.offload.shard.landed_copy()
-    return g.owned_grad()
-
-
-def _grad_divisor(engine) -> float:
-    """What the held gradients are divided by in the step: the reductions sum over the ranks, and fp16
-    gradients carry the loss scale (the engine folds 1 / this into the Adam kernel's grad_scale)."""
-    return engine.comm.world * float(engine.scaler.scale)
+        return g.offload.shard.landed_copy(), divisor
+    return g.owned_grad(), divisor
 
 
 def _grad_piece(f: Fragment, write: torch.Tensor | None = None) -> torch.Tensor | None:
     """This rank's piece of the gradient the step applies (before clipping): the mean over ranks and
     micro-batches, unscaled; with ``write``, the held gradient set so that the step applies ``write``."""
     a, b = f.x - f.group.lo, f.y - f.group.lo
-    owned = _owned_grad(f)
+    owned, divisor = _owned_grad(f)
     if write is not None:
-        owned[a:b].copy_(write * _grad_divisor(f.engine))
+        owned[a:b].copy_(write * divisor)
         return None
-    return owned[a:b].to(f.engine.device, torch.float32, copy=True) / _grad_divisor(f.engine)
+    return owned[a:b].to(f.engine.device, torch.float32, copy=True) / divisor
 
 
 def local(param, kind: str) -> torch.Tensor | None:
@@ -147,9 +150,9 @@ def full(param, kind: str) -> torch.Tensor | None:
     if f is None:
         return None
     if kind == "grad" and f.group.grad_full is not None:  # stages 0/1: every rank holds the whole gradient
-        _owned_grad(f)  # (its state checked)
+        _, divisor = _owned_grad(f)  # (its state checked)
         whole = f.group.grad_full[f.offset:f.offset + f.numel].to(torch.float32, copy=True)
-        return (whole / _grad_divisor(f.engine)).view(f.shape)
+        return (whole / divisor).view(f.shape)
     whole = torch.zeros(f.numel, dtype=torch.float32, device=f.engine.device)
     piece = _grad_piece(f) if kind == "grad" else _state_piece(f, kind)
     whole[f.x - f.offset:f.y - f.offset].copy_(piece)
@@ -171,8 +174,8 @@ def set_full(param, value: torch.Tensor, kind: str) -> None:
         raise ValueError(f"zerocore: the parameter has {f.numel} elements; the value has {value.numel()}")
     flat = value.reshape(-1).to(torch.float32)
     if kind == "grad" and f.group.grad_full is not None:  # stages 0/1: the whole gradient is here
-        _owned_grad(f)
-        f.group.grad_full[f.offset:f.offset + f.numel].copy_(flat * _grad_divisor(f.engine))
+        _, divisor = _owned_grad(f)
+        f.group.grad_full[f.offset:f.offset + f.numel].copy_(flat * divisor)
         return
     _write(f, kind, flat[f.x - f.offset:f.y - f.offset])
 
