@@ -49,10 +49,11 @@ def unregister_engine(engine) -> None:
 
 def owner_of(p: nn.Parameter):
     """The live engine that holds ``p`` in one of its groups, or None."""
-    return _owner(p)[0]
+    return owner_and_slot(p)[0]
 
 
-def _owner(p: nn.Parameter):
+def owner_and_slot(p: nn.Parameter):
+    """(the live engine holding ``p``, (its group's index, its slot in the group)), or (None, None)."""
     for e in _ENGINES:
         hit = e.param_index.get(id(p))
         if hit is not None:
@@ -68,7 +69,7 @@ def gathered(params, modifier_rank: int | None = None):
     engine_groups: dict[tuple[int, int], tuple[object, int, list[int]]] = {}
     loose: list[nn.Parameter] = []
     for p in params:
-        engine, hit = _owner(p)
+        engine, hit = owner_and_slot(p)
         if engine is None:
             loose.append(p)
         else:

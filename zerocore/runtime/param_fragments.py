@@ -26,7 +26,7 @@ import torch
 
 from ..comm.divergence import Op
 from ..sharding import GradState
-from .gathered import _owner
+from .gathered import owner_and_slot
 
 KINDS = ("fp32", "exp_avg", "exp_avg_sq", "grad")
 _TILE_KEY = {"fp32": "master", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
@@ -54,7 +54,7 @@ class Fragment:
 def locate(param) -> Fragment | None:
     """The fragment of ``param`` in the live engine holding it; None for a parameter no engine trains (frozen,
     or in no engine: DeepSpeed's functions return None there too)."""
-    engine, hit = _owner(param)
+    engine, hit = owner_and_slot(param)
     if engine is None:
         return None
     index, i = hit
