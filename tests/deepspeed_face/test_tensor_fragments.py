@@ -8,7 +8,7 @@ against one-process ``torch.optim.AdamW`` on the same global batches:
 - each rank's local pieces are the parts of the full tensors it owns, and together they cover each parameter
   once;
 - written values reach the step: every gradient halved through ``safe_update_full_grad_vectorized`` gives the
-  reference's step with halved gradients; a master and a moment set whole (``safe_set_full_*``) and pieces set
+  reference's step with halved gradients, clipped by their norm (clipping bites); a master and a moment set whole (``safe_set_full_*``) and pieces set
   locally read back as written;
 - a gradient read outside a boundary's backward raises naming the state at stages 2/3; at stages 0/1 inside
   ``no_sync()`` it is this rank's own gradient (DeepSpeed's ``.grad`` there); a frozen or foreign parameter
@@ -26,6 +26,9 @@ from zerocore.deepspeed import utils as ds_utils
 from zerocore.runtime import param_fragments
 
 D = 24
+# Clipping that bites (the global norms here are 0.3-0.6): the step after a gradient write must clip by the
+# written gradients' norm (with optimizer offload: the norm computed as the gradient lands, landed again)
+CLIP = 0.05
 VARIANTS = {"stage0": (0, None), "stage1": (1, None), "stage2": (2, None), "stage3": (3, None),
             "stage2_offload": (2, "cpu"), "stage3_offload": (3, "cpu")}
 
@@ -52,7 +55,7 @@ def _cfg(stage: int, offload) -> dict:
          "reduce_bucket_size": 500}  # several flat groups, parameters cut across ranks' ranges
     if offload:
         z["offload_optimizer"] = {"device": offload}
-    return {"zero_optimization": z, "train_micro_batch_size_per_gpu": MICRO,
+    return {"zero_optimization": z, "train_micro_batch_size_per_gpu": MICRO, "gradient_clipping": CLIP,
             "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}}}
 
 
@@ -169,7 +172,9 @@ def _reference(world=2):
         opt.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
 
+    params = [p for _, p in trained]
     grads(0)
+    norms = [float(torch.nn.utils.clip_grad_norm_(params, CLIP))]
     opt.step()
     params1 = {n: p.detach().clone() for n, p in trained}
     state1 = {n: {k: opt.state[p][k].clone() for k in ("exp_avg", "exp_avg_sq")} for n, p in trained}
@@ -177,6 +182,8 @@ def _reference(world=2):
     grads2 = {n: p.grad.clone() for n, p in trained}
     for _, p in trained:
         p.grad.mul_(0.5)
+    norms.append(float(torch.nn.utils.clip_grad_norm_(params, CLIP)))
+    assert min(norms) > 2 * CLIP  # (the clip bites at both steps)
     opt.step()
     return params1, state1, grads2, {n: p.detach().clone() for n, p in trained}
 

@@ -138,18 +138,25 @@ class OffloadPlan:
 
     # -- gradients ---------------------------------------------------------------------------
     def on_reduced(self, k: int) -> None:
-        shard = self.shards.get(k)
-        if shard is None:  # a device-resident group (stage 3's persistent ones): its norm part comes to the host
-            if self.boundary():
-                g = self._resident.get(k, _GONE)()
-                if g is not None:
-                    self._resident_norms[k] = LandedNorm(g.owned_grad())
+        if not self.boundary():
             return
-        if self.boundary():
-            shard.land(shard.group.owned_grad())
-            if self.nvme is not None and not self.queued and k == min(self.shards):
-                # stages 1/2 step synchronously, this group first: its first tiles load during backward
-                shard.read_first_tiles(shard.last_step + 1)
+        self.land(k)
+        if self.nvme is not None and not self.queued and k in self.shards and k == min(self.shards):
+            # stages 1/2 step synchronously, this group first: its first tiles load during backward
+            self.shards[k].read_first_tiles(self.shards[k].last_step + 1)
+
+    def land(self, k: int) -> None:
+        """Group k's owned reduced gradient is final: its host copy and norm (a host shard; a speculative step
+        from an earlier copy is dropped, by ``HostSteppedShard.land``), or its norm alone (a device-resident
+        group: stage 3's persistent ones). At the boundary backward's reduction, and again where the gradient
+        was written after it, before the step (a tensor-fragment write: runtime/param_fragments.py)."""
+        shard = self.shards.get(k)
+        if shard is None:
+            g = self._resident.get(k, _GONE)()
+            if g is not None:
+                self._resident_norms[k] = LandedNorm(g.owned_grad())
+            return
+        shard.land(shard.group.owned_grad())
 
     def landed_sumsq(self, groups, shards) -> tuple[float, bool]:
         """(sum of squares, any Inf/NaN) of this rank's owned reduced gradients, group by group in

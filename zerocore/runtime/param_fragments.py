@@ -20,12 +20,14 @@ derives from it, as DeepSpeed's), a moment, or the gradient. Everything returned
 (DeepSpeed's), a copy: editing it changes nothing until it is written back."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
 
 from ..comm.divergence import Op
 from ..sharding import GradState
+from .checkpoint_marks import mark_written
 from .gathered import owner_and_slot
 
 KINDS = ("fp32", "exp_avg", "exp_avg_sq", "grad")
@@ -109,15 +111,52 @@ def _owned_grad(f: Fragment) -> tuple[torch.Tensor, float]:
     return g.owned_grad(), divisor
 
 
-def _grad_piece(f: Fragment, write: torch.Tensor | None = None) -> torch.Tensor | None:
+def _grad_piece(f: Fragment) -> torch.Tensor:
     """This rank's piece of the gradient the step applies (before clipping): the mean over ranks and
-    micro-batches, unscaled; with ``write``, the held gradient set so that the step applies ``write``."""
+    micro-batches, unscaled."""
     a, b = f.x - f.group.lo, f.y - f.group.lo
     owned, divisor = _owned_grad(f)
-    if write is not None:
-        owned[a:b].copy_(write * divisor)
-        return None
     return owned[a:b].to(f.engine.device, torch.float32, copy=True) / divisor
+
+
+def _write_grad(f: Fragment, values: torch.Tensor, whole: bool) -> None:
+    """The held gradient set so that the step applies ``values``: this rank's piece, or (``whole``, stages 0/1)
+    the parameter's whole slot of the full buffer. With optimizer offload the gradient landed already (its host
+    copy, its norm): the device's copy takes the values (given back by ``release_grad`` after landing: taken
+    again first) and the group lands again (``OffloadPlan.land``)."""
+    g, offload = f.group, f.engine.offload
+    _, divisor = _owned_grad(f)  # (its state checked)
+    landed = offload is not None and g.grad_state.value is GradState.HELD
+    if landed and g.grad_released:
+        g.reacquire_grad()
+    if whole:
+        g.grad_full[f.offset:f.offset + f.numel].copy_(values * divisor)
+    else:
+        g.owned_grad_tensor[f.x - g.lo:f.y - g.lo].copy_(values * divisor)
+    if landed:
+        if _relanding is not None:
+            _relanding[(id(f.engine), g.index)] = (offload, g.index)
+        else:
+            offload.land(g.index)
+
+
+# (engine id, group index) -> (its OffloadPlan, the index): groups written inside ``landing_once()``, landed at its end
+_relanding: dict | None = None
+
+
+@contextlib.contextmanager
+def landing_once():
+    """Gradient writes inside land each offloaded group they touched once, at the end, not once per write (a
+    group's landing copies its whole owned gradient: ``safe_update_full_grad_vectorized`` writes every
+    parameter of it)."""
+    global _relanding
+    outer, _relanding = _relanding, {}
+    try:
+        yield
+    finally:
+        touched, _relanding = _relanding, outer
+        for offload, k in touched.values():
+            offload.land(k)
 
 
 def local(param, kind: str) -> torch.Tensor | None:
@@ -174,19 +213,16 @@ def set_full(param, value: torch.Tensor, kind: str) -> None:
         raise ValueError(f"zerocore: the parameter has {f.numel} elements; the value has {value.numel()}")
     flat = value.reshape(-1).to(torch.float32)
     if kind == "grad" and f.group.grad_full is not None:  # stages 0/1: the whole gradient is here
-        _, divisor = _owned_grad(f)
-        f.group.grad_full[f.offset:f.offset + f.numel].copy_(flat * divisor)
+        _write_grad(f, flat, whole=True)
         return
     _write(f, kind, flat[f.x - f.offset:f.y - f.offset])
 
 
 def _write(f: Fragment, kind: str, piece: torch.Tensor) -> None:
     if kind == "grad":
-        _grad_piece(f, write=piece)
+        _write_grad(f, piece, whole=False)
     else:
         _state_piece(f, kind, write=piece)
-        from .checkpoint_marks import mark_written
-
         mark_written(f.engine)
 
 

@@ -9,7 +9,8 @@ Where zerocore differs: a local piece is the part of the parameter inside this r
 group (flattened; possibly empty), not DeepSpeed's per-parameter ``ds_tensor`` partition, and the local
 functions work at every stage (DeepSpeed's assert stage 3). A gradient is held after ``engine.backward()`` at an
 accumulation boundary until ``engine.step()``, read as the step applies it before clipping (the mean over the
-ranks and micro-batches, without the fp16 loss scale); elsewhere reading it raises, naming the state."""
+ranks and micro-batches, without the fp16 loss scale); at stages 0/1 inside ``no_sync()`` this rank's own, not
+reduced yet; elsewhere reading it raises, naming the state."""
 from __future__ import annotations
 
 from ...runtime import param_fragments as _frag
@@ -79,8 +80,9 @@ def safe_set_local_fp32_param(param, value) -> None:
 def safe_update_full_grad_vectorized(param_list, update_func) -> None:
     """For each trained parameter, its gradient replaced by ``update_func(full gradient, param)``: a collective
     from stage 2 on (every rank passes the same list)."""
-    for p in param_list:
-        if p.requires_grad:
-            old = _frag.full(p, "grad")
-            if old is not None:
-                _frag.set_full(p, update_func(old, p), "grad")
+    with _frag.landing_once():
+        for p in param_list:
+            if p.requires_grad:
+                old = _frag.full(p, "grad")
+                if old is not None:
+                    _frag.set_full(p, update_func(old, p), "grad")
