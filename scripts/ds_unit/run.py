@@ -37,7 +37,7 @@ ISSUE_FILES = [
     "runtime/zero/test_ignore_unused_parameters.py", "v1/zero/test_zero.py", "checkpoint/test_zero_optimizer.py",
     "checkpoint/test_lr_scheduler.py", "checkpoint/test_latest_checkpoint.py", "checkpoint/test_tag_validation.py",
 ]
-# More of DeepSpeed's ZeRO, precision and config tests, first run at stop 45 (``--set more``): the APIs users call
+# More of DeepSpeed's ZeRO, precision and config tests (``--set more``): the APIs users call
 # beside initialize (leaf modules, tensor fragments, the config objects) and DeepSpeed's own engine internals.
 MORE_FILES = [
     "runtime/zero/test_zero_grad_clip.py", "runtime/zero/test_zero_leaf_module.py",
@@ -146,7 +146,7 @@ def main() -> None:
     ap.add_argument("--face", choices=("zerocore", "deepspeed"), default="zerocore")
     ap.add_argument("--out", required=True, help="folder for the junit files, logs and table.md")
     ap.add_argument("--set", choices=sorted(FILE_SETS), default="issue34",
-                    help="which files: issue 34's eleven, the twenty first run at stop 45, or both")
+                    help="which files: issue 34's eleven, twenty more (docs/deepspeed_unit_tests.md), or both")
     ap.add_argument("--files", nargs="*", default=None, help="paths under tests/unit (instead of --set)")
     ap.add_argument("-k", default=None, help="pytest -k expression")
     ap.add_argument("--local-size", type=int, default=4, help="CPU 'devices' (the largest world a test asks)")
