@@ -112,18 +112,23 @@ def test_matches_adamw(model_cls, gas):
         engine.destroy()
 
 
-def test_plain_backward_is_refused_and_nothing_changes():
+def test_plain_backward_through_the_engine_equals_engine_backward():
+    """loss.backward() on the engine's output (runtime/torch_backward.py) with a late gradient: the same
+    update as engine.backward, bit for bit."""
     torch.manual_seed(0)
-    engine = zerocore.initialize(Late(), _config())
-    x = torch.randn(4, 8)
-    before = engine.full_state_dict()
-    with pytest.raises(RuntimeError, match="outside engine.backward"):
-        engine(x).square().mean().backward()
-    engine.backward(engine(x).square().mean())  # the engine goes on as usual
-    engine.step()
-    assert engine.optimizer_steps == 1
-    assert any(not torch.equal(before[k], v) for k, v in engine.full_state_dict().items())
-    engine.destroy()
+    model = Late()
+    a, b = zerocore.initialize(copy.deepcopy(model), _config()), zerocore.initialize(copy.deepcopy(model), _config())
+    for step in range(2):
+        x = torch.randn(4, 8)
+        a.backward(a(x).square().mean())
+        a.step()
+        b(x).square().mean().backward()
+        b.step()
+    got, want = b.full_state_dict(), a.full_state_dict()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert a.optimizer_steps == b.optimizer_steps == 2
+    a.destroy()
+    b.destroy()
 
 
 def test_parameters_show_full_values_only_while_gathered_without_dict_shadows():

@@ -55,6 +55,8 @@ from . import ds_param_attrs
 from .module_face import ModuleFace
 from . import provided
 from ..debug.engine_waits import watch_engine
+from . import torch_backward
+from .torch_backward import AUTOGRAD, CLOSED, ENGINE
 
 
 class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
@@ -137,9 +139,11 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
                                    on_complete=weak_call(self.gatherer.on_group_complete) if self.gatherer else None,
                                    on_reduced=weak_call(self.offload.on_reduced) if self.offload else None,
                                    reduce_dtype=reduce_dtype(z.reduce_dtype, self.dtype),
-                                   unit_signals=self.gatherer is not None)
+                                   unit_signals=self.gatherer is not None,
+                                   outside=weak_call(self._opened_late))
         if self.gatherer is not None:
             self.gatherer.on_unit_done = weak_call(self.reducer.group_done)
+            self.gatherer.on_outside = weak_call(self._opened_late)
         self._labels.fill(self.groups, self.gatherer)
         self.scaler = LossScaler(config.fp16 if config.fp16.enabled else None)
         # skip an update whose gradients hold Inf/NaN: the one host read of a step (fp16; bf16 if asked)
@@ -164,6 +168,11 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         self.global_grad_norm: float | None = None
         self._backward_done = False
         self._dropped = False  # zero_grad() between backward() and step() (named by step())
+        # which backward is open: engine.backward's, a loss.backward()'s (its autograd graph task), or none;
+        # and the hook every forward puts on its outputs to see the latter (runtime/torch_backward.py)
+        self._bracket, self._bracket_task = CLOSED, -1
+        self._scale_pending = False  # engine.scale(loss) was called for the next loss.backward()
+        self._output_hook = torch_backward.output_hook(self)
         self._batches = self._step_batches()  # after the face and _torch_step: the batches use them
         self._speculations = speculation.attach(self, self._batches)  # offload_optimizer.speculative_step
         self._pending_skip: PendingSkip | None = None
@@ -249,14 +258,19 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         if module is None:
             raise EngineDestroyed(DESTROYED)
         states_aside.check_resident(self, "forward")
+        if self._bracket is AUTOGRAD:
+            torch_backward.close_stale(self)
         self.tput_timer.start()
         try:
-            return module(*args, **kwargs)
+            out = module(*args, **kwargs)
         except RuntimeError as e:
             better = explain_dtype_error(e, args, kwargs, self.dtype, self._upcast)
             if better is None:
                 raise
             raise better from e
+        if torch.is_grad_enabled():  # loss.backward() on these outputs opens the engine's backward
+            torch_backward.hook_outputs(out, self._output_hook)
+        return out
 
     @reports_stalls
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
@@ -267,29 +281,76 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         self._alive()
         states_aside.check_resident(self, "backward")
         check_loss(loss)
+        if self._bracket is AUTOGRAD:
+            torch_backward.close_stale(self)
+        div = self.gas if scale_wrt_gas else 1
+        self._scale_pending = False  # (an engine.scale(loss) is for a loss.backward(), not for this)
+        self._begin_backward(ENGINE)
+        try:
+            with label("zerocore.backward"):
+                (loss.float() * (self.scaler.scale / div)).backward(retain_graph=retain_graph)
+        except BaseException:
+            self._abort_backward()
+            raise
+        self._finish_backward()
+        return loss / div if scale_wrt_gas else loss
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """DeepSpeed's ``engine.scale(loss)``, for ``engine.scale(loss).backward()`` in place of
+        ``engine.backward(loss)``: the loss times fp16's loss scale (unchanged under bf16/fp32, where a
+        plain ``loss.backward()`` works as well). Either way the engine divides the gradients by
+        ``gradient_accumulation_steps`` and reduces them when autograd is done (runtime/torch_backward.py)."""
+        self._alive()
+        return torch_backward.scale(self, loss)
+
+    def _begin_backward(self, bracket: str, grad_factor: float = 1.0, late: bool = False) -> None:
+        """Opens a backward: engine.backward's, or a loss.backward()'s that autograd's hooks found
+        (``grad_factor`` and ``late``: GradReducer.begin_backward)."""
         if self._backward_done and not self._in_no_sync:
             raise RuntimeError("zerocore: backward() called twice without step(); call engine.step() after "
                                "every micro-batch's backward (it only updates at the accumulation boundary)")
         boundary = self.is_gradient_accumulation_boundary() and not self._in_no_sync
-        div = self.gas if scale_wrt_gas else 1
+        if late:
+            self.reducer.check_late(grad_factor)
         if self.gatherer is not None:
             self.gatherer.begin_backward()
-        self.reducer.begin_backward(boundary)
+        self.reducer.begin_backward(boundary, grad_factor, late)
+        self._bracket = bracket
+
+    def _finish_backward(self) -> None:
+        """Closes the open backward: its reductions completed (aborted if one raises)."""
         try:
-            with label("zerocore.backward"):
-                (loss.float() * (self.scaler.scale / div)).backward(retain_graph=retain_graph)
             self.reducer.finish_backward()
         except BaseException:
-            self.reducer.abort()
-            if self.gatherer is not None:
-                self.gatherer.free_all()
+            self._abort_backward()
             raise
+        self._bracket = CLOSED
         if self.gatherer is not None:
             self.gatherer.end_backward()
         if not self._in_no_sync:
             self._backward_done = True
         self._dropped = False
-        return loss / div if scale_wrt_gas else loss
+
+    def _abort_backward(self) -> None:
+        """A backward that raised: the gradients as they were before it (GradReducer.abort)."""
+        self._bracket = CLOSED
+        try:
+            self.reducer.abort()
+        finally:
+            if self.gatherer is not None:
+                self.gatherer.free_all()
+
+    def _opened_late(self) -> None:
+        """The reducer's or gatherer's hooks saw a gradient with no backward open."""
+        states_aside.check_resident(self, "backward")
+        torch_backward.open_from_autograd(self, late=True)
+
+    def _backward_epilogue(self) -> None:
+        """DeepSpeed's name for the end of a backward, which scripts written for DeepSpeed < 0.18.3
+        call after their own ``loss.backward()``: here autograd's queued callback has ended it
+        already, so this finishes only a backward still open (none, normally)."""
+        if self._bracket is AUTOGRAD:
+            self._finish_backward()
 
     @reports_stalls
     @keeps_counters_on_failure
@@ -301,6 +362,8 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
                                "backward (it reduces the accumulated gradients) and call step() after it (DeepSpeed: "
                                "It is illegal to call Engine.step() inside no_sync context manager)")
         states_aside.check_resident(self, "step()")
+        if self._bracket is AUTOGRAD:
+            torch_backward.close_stale(self)
         self._requires_grad.check()  # before anything changes: fix it and call step() again
         if self._zc_state_lost is not None:
             from .checkpoint_marks import check_state_whole
@@ -308,11 +371,12 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
             check_state_whole(self, "step()")
         boundary = self.is_gradient_accumulation_boundary()
         if self.reducer.window_lost and boundary:
-            raise RuntimeError(f"zerocore: {self.reducer.window_lost} (stages 2/3 with gradient accumulation): this "
+            raise RuntimeError(f"zerocore: {self.reducer.window_lost} (gradient accumulation): this "
                                "window's gradients cannot be restored; call engine.zero_grad() to drop the window's "
                                "gradients (nothing was updated)")
         if not self._backward_done:
-            raise RuntimeError("zerocore: step() without backward(); call engine.backward(loss) first"
+            raise RuntimeError("zerocore: step() without backward(); call engine.backward(loss) (or loss.backward() "
+                               "on a loss computed from engine(...)'s outputs) first"
                                + (" (zero_grad() after the last backward() discarded its gradients: step() clears "
                                   "them itself, call zero_grad() only before a backward)" if self._dropped else ""))
         self._backward_done = False
@@ -459,6 +523,8 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
 
     def zero_grad(self) -> None:
         """Discards the gradients accumulated so far (step() already does this after updating)."""
+        if self._bracket is AUTOGRAD:
+            torch_backward.close_stale(self)
         self.reducer.clear()
         for _, p in self._ungrouped:
             p.grad = None

@@ -145,6 +145,9 @@ class ParamGatherer:
         self.peak_live = 0
         self.backwards = 0  # backward passes begun: a pre-backward hook works once per pass
         self.on_unit_done = None  # the reducer's group_done, called weakly (set by the engine): a unit's gradients are in
+        # a backward the engine did not start reached a unit (loss.backward()): the engine opens it, or raises
+        # (runtime/torch_backward.py; set by the engine, called weakly)
+        self.on_outside = None
         self._call_before = param_ops().call_before_node  # a tensor's node runs: call fn() (post_backward.py)
         # The module hooks, the class swap and the post-backward signals live on the user's model and
         # reach this gatherer through a weak reference: the gatherer holds the modules, so a strong
@@ -393,8 +396,10 @@ class ParamGatherer:
     def _pre_backward_hook(self, u: Unit, seen: list[int], grad=None) -> None:
         """A tensor hook on the outputs of one forward call of ``u``; ``seen``: the backward pass
         it last worked in (the other outputs' hooks return at once)."""
-        if self.running is not Running.BACKWARD:  # a plain loss.backward(): nothing would be reduced
-            raise RuntimeError(OUTSIDE_BACKWARD)
+        if self.running is not Running.BACKWARD:
+            if self.running is Running.FORWARD or self.on_outside is None:  # a backward inside a forward
+                raise RuntimeError(OUTSIDE_BACKWARD)
+            self.on_outside()  # loss.backward() through the engine: it opens the backward (begin_backward)
         if seen[0] == self.backwards:
             return
         seen[0] = self.backwards

@@ -43,8 +43,9 @@ from .state import GradState
 
 _HAS_GRAD = attrgetter("has_grad")
 _GRAD = attrgetter("grad")
-OUTSIDE_BACKWARD = ("zerocore: a gradient arrived outside engine.backward(); call engine.backward(loss) instead of "
-                    "loss.backward() so loss scaling and gradient reduction happen")
+OUTSIDE_BACKWARD = ("zerocore: a gradient arrived outside any backward this engine can see: call "
+                    "engine.backward(loss), or loss.backward() on a loss computed from the engine's outputs "
+                    "(engine(x), not engine.module(x)), so loss scaling and gradient reduction happen")
 
 
 class BucketPool:
@@ -73,14 +74,17 @@ class GradReducer:
     def __init__(self, groups: list[ShardedGroup], comm: Comm, *, overlap: bool, reduce_scatter: bool,
                  device: torch.device, guard=None, on_complete: Callable[[int], None] | None = None,
                  on_reduced: Callable[[int], None] | None = None, reduce_dtype: torch.dtype | None = None,
-                 unit_signals: bool = False):
+                 unit_signals: bool = False, outside: Callable[[], None] | None = None):
         """``guard``: a DivergenceGuard checked before each reduction (stage 3); ``on_complete(k)``:
         called once per backward when group k has every gradient (stage 3 frees the unit);
         ``on_reduced(k)``: called once per reducing backward when group k's owned reduced slice
         (``group.owned_grad()``) is final (state HELD). ``reduce_dtype``: the dtype collectives
         sum in (None: the training dtype). ``unit_signals`` (stage 3): no per-parameter hook; the
-        gatherer calls ``group_done(k)`` when a unit's gradients are in."""
+        gatherer calls ``group_done(k)`` when a unit's gradients are in. ``outside()``: a gradient came
+        while no backward was open (a ``loss.backward()`` the engine did not start): it opens one
+        (``begin_backward(late=True)``) or raises (runtime/torch_backward.py)."""
         self.groups = groups
+        self.outside = outside
         self.comm = comm
         self.guard = guard
         self.on_complete = on_complete
@@ -109,6 +113,7 @@ class GradReducer:
         self.next_launch = 0
         self.reducing = False  # does this backward reduce (always at stage 2; at the boundary at 0/1)?
         self.in_backward = False
+        self.grad_factor = 1.0  # what this backward's gradients are multiplied by as they are added in
         # A backward that raises must leave the gradients as they were before it:
         self._fresh = False  # stages 0/1, a later micro-batch of a window: autograd writes fresh .grad
         self._had_grad: list[bool] = []  # stages 2/3: which owned slices held earlier micro-batches
@@ -132,10 +137,37 @@ class GradReducer:
             g.bind_grads()
 
     # -- backward ------------------------------------------------------------------------
-    def begin_backward(self, boundary: bool) -> None:
+    def _opened_outside(self) -> None:
+        if self.outside is None:
+            raise RuntimeError(OUTSIDE_BACKWARD)
+        self.outside()
+        if not self.in_backward:
+            raise RuntimeError(OUTSIDE_BACKWARD)
+
+    def check_late(self, grad_factor: float) -> None:
+        """Whether a backward first seen after some of its gradients landed can still be scaled by
+        ``grad_factor``: stages 2/3 scale as they add the reduced gradients in, always; stages 0/1's
+        buffer already holds them in place, summed with earlier micro-batches of the window unless
+        this is its first."""
+        if self.full_grads and grad_factor != 1.0 and any(g.grad_state != GradState.EMPTY for g in self.groups):
+            self.window_lost = ("a loss.backward() the engine saw only after its gradients were summed into the "
+                                "window's")
+            raise RuntimeError(
+                "zerocore: loss.backward() on a loss computed from engine.module(x) (not engine(x)) in a later "
+                "micro-batch of a gradient accumulation window at ZeRO stage 0/1: its gradients were summed into "
+                "the window's before the engine saw the backward, so they cannot be divided by "
+                "gradient_accumulation_steps; call engine.zero_grad() (this window's gradients are mixed now), "
+                "then call the model through the engine (engine(x)), or use engine.backward(loss)")
+
+    def begin_backward(self, boundary: bool, grad_factor: float = 1.0, late: bool = False) -> None:
+        """``grad_factor``: this backward's gradients are multiplied by it as they are added in (a
+        ``loss.backward()`` through the engine: 1/gradient_accumulation_steps, which engine.backward
+        puts on the loss). ``late``: some of its gradients have landed already (stages 0/1: in the
+        buffer, so they are not taken out of it as a later micro-batch's are)."""
         if self.in_backward:
             raise RuntimeError("zerocore: backward called again before the previous one finished")
         self.in_backward = True
+        self.grad_factor = grad_factor
         self.reducing = boundary or not self.full_grads
         if not self.unit_signals:
             for s in self._arrived:
@@ -151,7 +183,7 @@ class GradReducer:
                 if g.grad_state == GradState.EMPTY:
                     g.grad_state.to(GradState.FILLING)
                 else:
-                    self._fresh = True
+                    self._fresh = not late
             if self._fresh:
                 for g in self.groups:
                     for p in g.params:  # a plain loop: no Python call per parameter
@@ -170,7 +202,7 @@ class GradReducer:
             if self is None:
                 raise EngineGone(GONE)
             if not self.in_backward:
-                raise RuntimeError(OUTSIDE_BACKWARD)
+                self._opened_outside()
             if self.launched[k]:
                 g = self.groups[k]
                 name = next(s.name for s, q in zip(g.layout.slots, g.params) if q is p)
@@ -190,7 +222,7 @@ class GradReducer:
         """Stage 3: unit k's backward is over (its post-backward Function fired; the gatherer has
         freed it): its gradients are in ``.grad``."""
         if not self.in_backward:
-            raise RuntimeError(OUTSIDE_BACKWARD)
+            self._opened_outside()
         if not self._done[k]:
             self._done[k] = True
             self._launch_ready(k)
@@ -256,10 +288,13 @@ class GradReducer:
             mine = b if g.hi - g.lo == self.pool.numel else b[g.lo:g.hi]
             if g.grad_released:  # offload gave its memory back after the last boundary (ShardedGroup.release_grad)
                 g.reacquire_grad()
+            f = self.grad_factor
             if g.has_grad:
-                g.grad_shard.add_(mine)
+                g.grad_shard.add_(mine) if f == 1.0 else g.grad_shard.add_(mine, alpha=f)
             else:
                 g.grad_shard.copy_(mine)
+                if f != 1.0:
+                    g.grad_shard.mul_(f)
             self.pool.free.append(b)
             self._added.append(k)
         g.has_grad = True
@@ -267,16 +302,23 @@ class GradReducer:
         if self.on_reduced is not None:
             self.on_reduced(k)
 
-    def _rebind_full_grads(self, add: bool = False, keep: bool = True) -> None:
+    def _rebind_full_grads(self, add: bool = False, keep: bool = True, factor: float = 1.0) -> None:
         """Stages 0/1: a ``.grad`` that is no longer its view (a fresh gradient of a later micro-batch,
         or one made after the user reset it) goes into the buffer (``add``: summed with the earlier
-        micro-batches; ``keep`` False: dropped); identity tests only when nothing moved."""
+        micro-batches; ``keep`` False: dropped); identity tests only when nothing moved. ``factor``:
+        this backward's gradients times it (the fresh ones as they are added; else the whole buffer,
+        which then holds this backward's only)."""
         for g in self.groups:
             for p, v in zip(g.params, g.grad_views):  # a plain loop: no Python call per parameter
                 if p.grad is not v:
                     if p.grad is not None and keep:
-                        v.add_(p.grad) if add else v.copy_(p.grad)
+                        if add:
+                            v.add_(p.grad) if factor == 1.0 else v.add_(p.grad, alpha=factor)
+                        else:
+                            v.copy_(p.grad)
                     p.grad = v
+            if factor != 1.0 and not add and keep:
+                g.grad_full.mul_(factor)
 
     def finish_backward(self) -> None:
         """Launches what is still pending (all groups at stages 0/1; groups with parameters that got
@@ -286,7 +328,7 @@ class GradReducer:
         try:
             with label("zerocore.finish_backward"):
                 if self.full_grads:
-                    self._rebind_full_grads(add=self._fresh)
+                    self._rebind_full_grads(add=self._fresh, factor=self.grad_factor)
                 elif self.on_complete is not None:
                     for k in range(len(self.groups)):
                         if not self._done[k]:
@@ -371,7 +413,7 @@ def _inside_check(me: weakref.ref):
         if self is None:
             raise EngineGone(GONE)
         if not self.in_backward:
-            raise RuntimeError(OUTSIDE_BACKWARD)
+            self._opened_outside()
     return check_inside
 
 

@@ -1,0 +1,131 @@
+"""``loss.backward()`` through an engine, as DeepSpeed >= 0.18.3 allows: the engine's backward
+bracket (begin: the checks, the gatherer and the reducer told a backward starts; finish: the
+reductions completed) driven by autograd instead of by ``engine.backward(loss)``.
+
+How the bracket is found without ``engine.backward``:
+- **Begin.** Every forward through the engine puts one tensor hook on each of its outputs that
+  needs a gradient (``hook_outputs``). The first of them to fire in a backward (autograd's graph
+  task) opens it. A gradient that reaches the engine without passing an output (the loss was
+  computed from ``engine.module(x)``, not ``engine(x)``) opens it from the reducer's or the
+  gatherer's own hooks ("late"), after some gradients have already landed.
+- **Finish.** Opening queues the finish on autograd's engine (``queue_callback``, as FSDP2 ends its
+  backward): it runs when the graph task's last node has run, before ``backward()`` returns, on
+  whichever thread ran that node.
+- **Scale.** The loss is not touched, so the 1/gradient_accumulation_steps that ``engine.backward``
+  puts on the loss is applied where the reduced gradients are added in (``GradReducer``'s
+  ``grad_factor``): exactly once per gradient, however the outputs depend on each other (a hook that
+  divided each output's gradient, as DeepSpeed's does, divides twice where the loss is itself an
+  output computed from another, e.g. a Transformers model's ``loss`` and ``logits``). fp16's loss scale
+  is the caller's: ``engine.scale(loss).backward()``; a backward without it raises (DeepSpeed's rule),
+  since unscaled fp16 gradients underflow silently.
+- **Failure.** A backward that raises never runs its queued finish. The next call into the engine
+  from outside autograd (forward, backward, step, zero_grad) finds the bracket still open and
+  aborts it as ``engine.backward`` aborts its own (the gradients as they were before it).
+
+While ``engine.backward`` runs, the hooks do nothing.
+"""
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+
+import torch
+
+from .._weak import GONE, EngineGone
+
+# which backward is open (Engine._bracket)
+CLOSED, ENGINE, AUTOGRAD = "closed", "engine.backward", "loss.backward"
+
+NEEDS_SCALE = ("zerocore: fp16 training needs the loss scaled before backward, but loss.backward() was called on "
+               "an unscaled loss: call engine.scale(loss).backward() (or engine.backward(loss)); unscaled fp16 "
+               "gradients underflow to zero (DeepSpeed: Loss scaling is required for this configuration)")
+NOT_THROUGH_ENGINE = ("zerocore: a gradient arrived outside any backward this engine can see: call "
+                      "engine.backward(loss), or loss.backward() on a loss computed from the engine's outputs "
+                      "(engine(x), not engine.module(x)) so loss scaling and gradient reduction happen")
+
+
+def graph_task() -> int:
+    """The autograd graph task running on this thread (-1: none, i.e. not inside a backward)."""
+    return torch._C._current_graph_task_id()
+
+
+def output_hook(engine) -> callable:
+    """The tensor hook put on every output of the engine's forwards: one closure per engine, holding
+    it weakly (a hook lives in C++ on a tensor the user may keep; a strong reference would keep the
+    engine's memory alive through a cycle the collector cannot see)."""
+    me = weakref.ref(engine)
+
+    def on_output_grad(grad):
+        eng = me()
+        if eng is not None and eng._bracket is not ENGINE:
+            open_from_autograd(eng, late=False)
+        return None  # the gradient flows on unchanged: the scale is applied at the reduction
+    return on_output_grad
+
+
+def hook_outputs(outputs, hook) -> None:
+    """``hook`` on every tensor of ``outputs`` (a tensor, or tuples, lists and mappings of them, as a
+    Transformers ``ModelOutput`` is) that autograd will reach."""
+    if isinstance(outputs, torch.Tensor):
+        if outputs.grad_fn is not None:
+            outputs.register_hook(hook)
+    elif isinstance(outputs, (tuple, list)):
+        for item in outputs:
+            hook_outputs(item, hook)
+    elif isinstance(outputs, Mapping):
+        for item in outputs.values():
+            hook_outputs(item, hook)
+
+
+def open_from_autograd(eng, *, late: bool) -> None:
+    """A gradient reached the engine inside a backward that ``engine.backward`` did not start: opens
+    the bracket for this graph task (once) and queues its finish. ``late``: reached through the
+    reducer's or gatherer's hooks, not an output (some gradients have landed already)."""
+    task = graph_task()
+    if task == -1:  # not inside autograd's engine: nothing could finish it
+        raise RuntimeError(NOT_THROUGH_ENGINE)
+    if eng._bracket is AUTOGRAD:
+        if eng._bracket_task == task:
+            return
+        eng._abort_backward()  # an earlier loss.backward() raised before its finish ran
+    elif eng._bracket is ENGINE:  # engine.backward's own backward: its hooks reached us while it runs
+        return
+    if eng._scale_pending:
+        eng._scale_pending = False
+    elif eng.scaler.dynamic or eng.scaler.scale != 1.0:
+        raise RuntimeError(NEEDS_SCALE)
+    eng._begin_backward(AUTOGRAD, grad_factor=1.0 / eng.gas, late=late)
+    eng._bracket_task = task
+    me = weakref.ref(eng)
+    torch.autograd.Variable._execution_engine.queue_callback(lambda: _finish_queued(me, task))
+
+
+def _finish_queued(me, task: int) -> None:
+    eng = me()
+    if eng is None:
+        raise EngineGone(GONE)
+    if eng._bracket is AUTOGRAD and eng._bracket_task == task:
+        eng._finish_backward()
+
+
+def close_stale(eng) -> None:
+    """Called where the engine is entered from the user's code: a loss.backward() bracket still open
+    there belongs to a backward that raised (inside autograd, e.g. a checkpointed forward re-run
+    during backward, it is the live one)."""
+    if eng._bracket is AUTOGRAD and graph_task() == -1:
+        eng._abort_backward()
+
+
+def scale(eng, loss: torch.Tensor) -> torch.Tensor:
+    """``engine.scale(loss)``: the loss times fp16's loss scale (the loss itself under bf16/fp32), to
+    call ``.backward()`` on; marks the next backward as scaled. Not divided by the accumulation
+    steps: that is applied to the gradients (module docstring), as ``engine.backward`` applies it."""
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
+        what = type(loss).__name__ if not isinstance(loss, torch.Tensor) else (
+            f"a tensor of shape {tuple(loss.shape)}" if loss.numel() != 1 else "a tensor without grad_fn")
+        raise ValueError(f"zerocore: engine.scale(loss) takes the scalar loss of this micro-batch's forward "
+                         f"(connected to the model's outputs); got {what}. For a non-scalar output call "
+                         "output.backward(gradient) directly (under fp16, with the gradient times engine.loss_scale)")
+    eng._scale_pending = True
+    s = eng.scaler.scale
+    return loss if s == 1.0 and not eng.scaler.dynamic else loss.float() * s
