@@ -107,6 +107,35 @@ def test_force_ds_cpu_optimizer_refuses_a_client_optimizer_with_offload():
     zerocore.initialize(m, cfg, optimizer=torch.optim.Adam(m.parameters()))  # zerocore's own: accepted
 
 
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_untested_optimizer_is_refused_at_zero_stages_unless_allowed(stage):
+    """DeepSpeed's zero_allow_untested_optimizer (default false): at stages 1-3 a client optimizer of a type it
+    has not tested (SGD; an Adam subclass too: the exact type counts) is an AssertionError naming the key."""
+    cfg = _cfg(stage)
+    del cfg["optimizer"]
+
+    class MyAdam(torch.optim.Adam):
+        pass
+
+    for opt in (torch.optim.SGD, MyAdam):
+        m = Net()
+        if stage == 0:
+            engine, *_ = deepspeed.initialize(model=m, optimizer=opt(m.parameters(), lr=0.1), config=cfg)
+            _train(engine)
+            continue
+        with pytest.raises(AssertionError, match="zero_allow_untested_optimizer"):
+            deepspeed.initialize(model=m, optimizer=opt(m.parameters(), lr=0.1), config=cfg)
+    m = Net()
+    engine, *_ = deepspeed.initialize(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1),
+                                      config={**cfg, "zero_allow_untested_optimizer": True})
+    _train(engine)
+    for opt in (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, deepspeed.ops.adam.FusedAdam):
+        m = Net()
+        deepspeed.initialize(model=m, optimizer=opt(m.parameters(), lr=0.1), config=cfg)  # tested: accepted
+    m = Net()
+    zerocore.initialize(m, cfg, optimizer=torch.optim.SGD(m.parameters(), lr=0.1))  # zerocore's own: accepted
+
+
 def test_ignore_unused_parameters_false_asserts_with_optimizer_offload_at_stages_1_2():
     cfg = _cfg(2, offload_optimizer={"device": "cpu"}, ignore_unused_parameters=False)
     engine, *_ = deepspeed.initialize(model=Net(unused=True), config=cfg)

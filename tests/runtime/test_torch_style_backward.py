@@ -12,13 +12,15 @@ that bites:
   divided and says so, and nothing is lost.
 
 In one process: fp16 without ``engine.scale(loss)`` raises and changes nothing, with it matches
-``engine.backward``; a backward that raises half-way is undone by the next call into the engine; two
+``engine.backward``; fp16 on ``engine.module(x)`` without it is scaled as it is reduced (a warning; the
+gradient norms show the scale, which Adam alone would hide); a backward that raises half-way is undone by the next call into the engine; two
 engines under one shared loss each match their own AdamW; ``no_sync`` and ``backward twice`` behave as with
 ``engine.backward``; the output hooks keep no engine alive.
 """
 from __future__ import annotations
 
 import gc
+import warnings
 import weakref
 
 import pytest
@@ -222,16 +224,25 @@ def _one(stage=2, gas=GAS, **extra):
     return zerocore.initialize(_net(), cfg)
 
 
-def test_fp16_needs_scale_and_scaled_matches_engine_backward():
-    fp16 = {"fp16": {"enabled": True, "initial_scale_power": 8}}
-    a, b = _one(2, **fp16), _one(2, **fp16)
+FP16 = {"fp16": {"enabled": True, "initial_scale_power": 8}}
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_fp16_needs_scale_and_scaled_matches_engine_backward(stage):
+    a, b = _one(stage, **FP16), _one(stage, **FP16)
     x, y = batch(0, MICRO, D)
     before = b.full_state_dict()
     with pytest.raises(RuntimeError, match=r"engine.scale\(loss\).backward\(\)"):
         b(x.half(), y.half())["loss"].backward()
+    # the loss computed outside the model: at stage 3 the last unit's own hook on the output fires first
+    with pytest.raises(RuntimeError, match=r"engine.scale\(loss\).backward\(\)"):
+        nn.functional.mse_loss(b(x.half()), y.half()).backward()
     with pytest.raises(RuntimeError, match="without backward"):
         b.step()  # the refused backward left nothing behind
     assert b.loss_scale == 256.0
+    assert b.optimizer.needs_scaler()  # DeepSpeed's question, asked of the optimizer
+    from zerocore.deepspeed.runtime.base_optimizer import ZeROOptimizer
+    assert isinstance(b.optimizer, ZeROOptimizer)
     for micro in range(GAS):
         x, y = batch(micro, MICRO, D)
         a.backward(a(x.half(), y.half())["loss"])
@@ -245,8 +256,34 @@ def test_fp16_needs_scale_and_scaled_matches_engine_backward():
     for k in want:
         assert torch.equal(got[k], want[k]), k
         assert not torch.equal(got[k], before[k]), k
-    with pytest.raises(ValueError, match="scalar loss"):
+    with pytest.raises(ValueError, match="scalar tensor with grad_fn"):
         b.scale(b(x.half(), y.half())["logits"])
+    with pytest.raises(AssertionError, match="scalar tensor"):  # what DeepSpeed's scale() raises
+        b.scale(torch.ones(()))
+    a.destroy()
+    b.destroy()
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_fp16_module_call_without_scale_is_scaled_as_it_is_reduced(stage):
+    """engine.module(x) under fp16 without engine.scale(): DeepSpeed reduces such gradients unscaled and still
+    divides them by the loss scale; here they are scaled as they are added in (one warning), so the update is
+    engine.backward's up to fp16's rounding."""
+    a, b = _one(stage, gas=1, **FP16), _one(stage, gas=1, **FP16)
+    for step in range(2):
+        x, y = batch(step, MICRO, D)
+        a.backward(a(x.half(), y.half())["loss"])
+        a.step()
+        with pytest.warns(RuntimeWarning, match="without engine.scale") if step == 0 else warnings.catch_warnings():
+            if step:
+                warnings.simplefilter("error", RuntimeWarning)  # once per engine
+            nn.functional.mse_loss(b.module(x.half()), y.half()).backward()
+        b.step()
+        assert b.global_grad_norm == pytest.approx(a.global_grad_norm, rel=2e-3)
+    got, want, init = b.full_state_dict(), a.full_state_dict(), _net().state_dict()
+    for k in want:
+        moved = (want[k] - init[k]).abs().max()
+        assert (got[k] - want[k]).abs().max() < 0.05 * moved, k
     a.destroy()
     b.destroy()
 
@@ -319,6 +356,7 @@ def test_two_engines_under_one_loss():
 
 def test_no_sync_and_twice_without_step():
     engine = _one(1, gas=1)
+    assert not engine.optimizer.needs_scaler()  # fp32: a plain loss.backward() is enough
     x, y = batch(0, MICRO, D)
     with engine.no_sync():
         engine(x, y)["loss"].backward()

@@ -449,9 +449,11 @@ class ZeroConfig(_Section):
                                         "each rank's last incomplete micro-batch.", kind=bool)
     optimizer: OptimizerConfig = section(OptimizerConfig, "The optimizer.")
     scheduler: SchedulerConfig = section(SchedulerConfig, "The learning-rate schedule.")
-    zero_allow_untested_optimizer: bool = option(False, "Accepted for DeepSpeed configs: zerocore steps any "
-                                                 "torch.optim.Optimizer passed to initialize on its flat shards "
-                                                 "whatever this says.", kind=bool)
+    zero_allow_untested_optimizer: bool = option(False, "zerocore.initialize steps any "
+                                                 "torch.optim.Optimizer passed to it on its flat shards whatever "
+                                                 "this says; zerocore.deepspeed.initialize follows DeepSpeed (false: "
+                                                 "a client optimizer of a type DeepSpeed has not tested is refused at "
+                                                 "stages 1-3).", kind=bool)
     fp16: FP16Config = section(FP16Config, "fp16 mixed precision.")
     bf16: BF16Config = section(BF16Config, "bf16 mixed precision.")
     data_types: DataTypesConfig = section(DataTypesConfig, "The dtype of the model's buffers.")

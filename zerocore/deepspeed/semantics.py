@@ -13,6 +13,9 @@ for DeepSpeed gets DeepSpeed's behaviour for these; the engine it gets carries t
   elsewhere accepted and without effect (zerocore: refused by the config);
 - ``zero_force_ds_cpu_optimizer`` (default true) with optimizer offload and a client optimizer
   other than ``DeepSpeedCPUAdam``: ``ZeRORuntimeException`` naming the key (zerocore: accepted);
+- ``zero_allow_untested_optimizer`` (default false) at ZeRO stages 1-3 with a client optimizer whose type
+  is not one DeepSpeed lists as tested (torch's Adam, AdamW, Adagrad; ``FusedAdam``, ``DeepSpeedCPUAdam``):
+  ``AssertionError`` naming the key (zerocore: accepted, whatever the key says);
 - a parameter trainable at initialize whose ``requires_grad`` becomes False: a zero gradient and one
   warning naming it (zerocore: refused at the next step);
 - ``load_checkpoint`` with optimizer states of a ZeRO (or bf16) engine saved at another
@@ -120,8 +123,17 @@ class DeepSpeedSemantics:
     assert_unused = False  # ... false, at stages 1-2 with optimizer offload: DeepSpeed's assertion applies
 
     def check_client_optimizer(self, optimizer, cfg) -> None:
-        """DeepSpeed's ``zero_force_ds_cpu_optimizer`` rule, before the engine is built."""
-        from .ops.adam import DeepSpeedCPUAdam
+        """DeepSpeed's ``zero_allow_untested_optimizer`` and ``zero_force_ds_cpu_optimizer`` rules, before the
+        engine is built."""
+        from .ops.adam import DeepSpeedCPUAdam, FusedAdam
+
+        tested = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, FusedAdam, DeepSpeedCPUAdam)
+        if (optimizer is not None and cfg.zero_optimization.stage > 0 and not cfg.zero_allow_untested_optimizer
+                and type(optimizer) not in tested):  # DeepSpeed compares the exact type, not isinstance
+            raise AssertionError(
+                f"zerocore.deepspeed: You are using an untested ZeRO Optimizer ({type(optimizer).__name__}). Please add "
+                "<\"zero_allow_untested_optimizer\": true> in the configuration file to use it (DeepSpeed's rule at "
+                f"ZeRO stage {cfg.zero_optimization.stage}; zerocore steps any torch.optim.Optimizer on its shards)")
 
         if (optimizer is None or not self.force_ds_cpu_optimizer or isinstance(optimizer, DeepSpeedCPUAdam)
                 or cfg.zero_optimization.offload_optimizer.device not in _OFFLOADING):

@@ -171,7 +171,9 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         # which backward is open: engine.backward's, a loss.backward()'s (its autograd graph task), or none;
         # and the hook every forward puts on its outputs to see the latter (runtime/torch_backward.py)
         self._bracket, self._bracket_task = CLOSED, -1
+        self._bracket_unscaled = False  # the open loss.backward() is fp16's without engine.scale() (torch_backward)
         self._scale_pending = False  # engine.scale(loss) was called for the next loss.backward()
+        self._warned_unscaled = False  # (torch_backward.UNSCALED_LATE, once)
         self._output_hook = torch_backward.output_hook(self)
         self._batches = self._step_batches()  # after the face and _torch_step: the batches use them
         self._speculations = speculation.attach(self, self._batches)  # offload_optimizer.speculative_step

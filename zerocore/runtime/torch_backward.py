@@ -16,8 +16,10 @@ How the bracket is found without ``engine.backward``:
   ``grad_factor``): exactly once per gradient, however the outputs depend on each other (a hook that
   divided each output's gradient, as DeepSpeed's does, divides twice where the loss is itself an
   output computed from another, e.g. a Transformers model's ``loss`` and ``logits``). fp16's loss scale
-  is the caller's: ``engine.scale(loss).backward()``; a backward without it raises (DeepSpeed's rule),
-  since unscaled fp16 gradients underflow silently.
+  is the caller's: ``engine.scale(loss).backward()``; a backward through an output without it raises
+  (DeepSpeed's rule), since unscaled fp16 gradients underflow silently. One that reached the engine
+  late (``engine.module(x)``: DeepSpeed reduces it unscaled and its step still divides by the scale)
+  has the scale applied with the 1/accumulation steps, and a warning.
 - **Failure.** A backward that raises never runs its queued finish. The next call into the engine
   from outside autograd (forward, backward, step, zero_grad) finds the bracket still open and
   aborts it as ``engine.backward`` aborts its own (the gradients as they were before it).
@@ -26,6 +28,7 @@ While ``engine.backward`` runs, the hooks do nothing.
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Mapping
 
@@ -39,9 +42,18 @@ CLOSED, ENGINE, AUTOGRAD = "closed", "engine.backward", "loss.backward"
 NEEDS_SCALE = ("zerocore: fp16 training needs the loss scaled before backward, but loss.backward() was called on "
                "an unscaled loss: call engine.scale(loss).backward() (or engine.backward(loss)); unscaled fp16 "
                "gradients underflow to zero (DeepSpeed: Loss scaling is required for this configuration)")
+UNSCALED_LATE = ("zerocore: loss.backward() under fp16 on a loss computed from engine.module(x), without "
+                 "engine.scale(loss): its gradients are multiplied by the loss scale as they are reduced, after fp16 "
+                 "may have rounded the smallest to zero; call engine.scale(loss).backward() or engine.backward(loss) "
+                 "(this warning is given once per engine)")
 NOT_THROUGH_ENGINE = ("zerocore: a gradient arrived outside any backward this engine can see: call "
                       "engine.backward(loss), or loss.backward() on a loss computed from the engine's outputs "
                       "(engine(x), not engine.module(x)) so loss scaling and gradient reduction happen")
+
+
+class NotALoss(ValueError, AssertionError):
+    """engine.scale() given something other than a scalar loss: a ValueError, and the AssertionError
+    DeepSpeed's ``scale`` raises (scripts written for it catch that)."""
 
 
 def graph_task() -> int:
@@ -86,16 +98,24 @@ def open_from_autograd(eng, *, late: bool) -> None:
         raise RuntimeError(NOT_THROUGH_ENGINE)
     if eng._bracket is AUTOGRAD:
         if eng._bracket_task == task:
+            if eng._bracket_unscaled and not late:  # opened by a stage-3 unit's hook on this same output
+                raise RuntimeError(NEEDS_SCALE)
             return
         eng._abort_backward()  # an earlier loss.backward() raised before its finish ran
     elif eng._bracket is ENGINE:  # engine.backward's own backward: its hooks reached us while it runs
         return
+    factor, unscaled = 1.0 / eng.gas, False
     if eng._scale_pending:
         eng._scale_pending = False
     elif eng.scaler.dynamic or eng.scaler.scale != 1.0:
-        raise RuntimeError(NEEDS_SCALE)
-    eng._begin_backward(AUTOGRAD, grad_factor=1.0 / eng.gas, late=late)
-    eng._bracket_task = task
+        if not late:
+            raise RuntimeError(NEEDS_SCALE)
+        # engine.module(x) under fp16 without engine.scale(): DeepSpeed reduces such gradients unscaled and its
+        # step divides them by the loss scale anyway (updates loss_scale times too small). Here they are scaled
+        # as they are added in, so the update is right up to the small gradients fp16 rounded to zero.
+        factor, unscaled = eng.scaler.scale / eng.gas, True  # (warned at the finish: an output may still say)
+    eng._begin_backward(AUTOGRAD, grad_factor=factor, late=late)
+    eng._bracket_task, eng._bracket_unscaled = task, unscaled
     me = weakref.ref(eng)
     torch.autograd.Variable._execution_engine.queue_callback(lambda: _finish_queued(me, task))
 
@@ -105,6 +125,9 @@ def _finish_queued(me, task: int) -> None:
     if eng is None:
         raise EngineGone(GONE)
     if eng._bracket is AUTOGRAD and eng._bracket_task == task:
+        if eng._bracket_unscaled and not eng._warned_unscaled:
+            eng._warned_unscaled = True
+            warnings.warn(UNSCALED_LATE, RuntimeWarning, stacklevel=2)
         eng._finish_backward()
 
 
@@ -123,9 +146,9 @@ def scale(eng, loss: torch.Tensor) -> torch.Tensor:
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
         what = type(loss).__name__ if not isinstance(loss, torch.Tensor) else (
             f"a tensor of shape {tuple(loss.shape)}" if loss.numel() != 1 else "a tensor without grad_fn")
-        raise ValueError(f"zerocore: engine.scale(loss) takes the scalar loss of this micro-batch's forward "
-                         f"(connected to the model's outputs); got {what}. For a non-scalar output call "
-                         "output.backward(gradient) directly (under fp16, with the gradient times engine.loss_scale)")
+        raise NotALoss(f"zerocore: engine.scale(loss) takes the loss as a scalar tensor with grad_fn (this "
+                       f"micro-batch's, computed from the model's outputs); got {what}. For a non-scalar output call "
+                       "output.backward(gradient) directly (bf16/fp32)")
     eng._scale_pending = True
     s = eng.scaler.scale
     return loss if s == 1.0 and not eng.scaler.dynamic else loss.float() * s
