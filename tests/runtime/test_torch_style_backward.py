@@ -288,6 +288,28 @@ def test_fp16_module_call_without_scale_is_scaled_as_it_is_reduced(stage):
     b.destroy()
 
 
+def test_stage3_persistent_parameters_only_module_call():
+    """Stage 3 where every parameter is persistent (below stage3_param_persistence_threshold: no unit, so no
+    gatherer hook) and the loss is computed from engine.module(x): the reducer's own check opens the backward."""
+    cfg = _cfg(3)
+    del cfg["zero_optimization"]["stage3_param_persistence_threshold"]  # the default: all of Net is persistent
+    a, b = zerocore.initialize(_net(), cfg), zerocore.initialize(_net(), cfg)
+    assert not any(g.partitioned for g in b.groups)
+    for step in range(2):
+        for micro in range(GAS):
+            x, y = batch(step * GAS + micro, MICRO, D)
+            a.backward(a(x, y)["loss"])
+            a.step()
+            nn.functional.mse_loss(b.module(x), y).backward()
+            b.step()
+        assert b.global_grad_norm == pytest.approx(a.global_grad_norm, rel=1e-6)
+    got, want = b.full_state_dict(), a.full_state_dict()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-6, atol=1e-7, msg=lambda m, k=k: f"{k}: {m}")
+    a.destroy()
+    b.destroy()
+
+
 class Boom(RuntimeError):
     pass
 

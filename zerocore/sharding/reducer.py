@@ -127,8 +127,11 @@ class GradReducer:
         if self.full_grads:  # one hook per group, not per parameter: catches a plain loss.backward()
             hook = _inside_check(me)
             self._hooks = [g.params[0].register_post_accumulate_grad_hook(hook) for g in groups]
-        elif unit_signals:
-            self._hooks = []
+        elif unit_signals:  # stage 3: units signal through the gatherer; the persistent groups (no unit) are
+            # caught by a check like stages 0/1's, on each parameter: a loss.backward() may reach only them
+            hook = _inside_check(me)
+            self._hooks = [p.register_post_accumulate_grad_hook(hook) for g in groups if not g.partitioned
+                           for p in g.params]
         else:
             self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(k, me))
                            for k, g in enumerate(groups) for p in g.params]
@@ -407,7 +410,8 @@ class GradReducer:
 
 
 def _inside_check(me: weakref.ref):
-    """Stages 0/1's hook: a gradient outside engine.backward() is an error."""
+    """Stages 0/1's hook (stage 3's for persistent parameters): a gradient with no backward open opens one
+    (a loss.backward() the engine did not start), or is an error."""
     def check_inside(p: torch.nn.Parameter) -> None:
         self = me()
         if self is None:
