@@ -56,10 +56,10 @@ from .module_face import ModuleFace
 from . import provided
 from ..debug.engine_waits import watch_engine
 from . import torch_backward
-from .torch_backward import AUTOGRAD, CLOSED, ENGINE
+from .torch_backward import AUTOGRAD, CLOSED, ENGINE, AutogradBackward
 
 
-class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
+class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
     """A ``torch.nn.Module`` wrapping the model (registered as ``module``), as DeepSpeed's engine is:
     ``parameters()``, ``named_parameters()``, ``state_dict()`` (keys ``module.<name>``), hooks,
     ``train()``/``eval()`` act on the wrapped model (``module_face.py`` for the rest)."""
@@ -297,14 +297,6 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         self._finish_backward()
         return loss / div if scale_wrt_gas else loss
 
-    def scale(self, loss: torch.Tensor) -> torch.Tensor:
-        """DeepSpeed's ``engine.scale(loss)``, for ``engine.scale(loss).backward()`` in place of
-        ``engine.backward(loss)``: the loss times fp16's loss scale (unchanged under bf16/fp32, where a
-        plain ``loss.backward()`` works as well). Either way the engine divides the gradients by
-        ``gradient_accumulation_steps`` and reduces them when autograd is done (runtime/torch_backward.py)."""
-        self._alive()
-        return torch_backward.scale(self, loss)
-
     def _begin_backward(self, bracket: str, grad_factor: float = 1.0, late: bool = False) -> None:
         """Opens a backward: engine.backward's, or a loss.backward()'s that autograd's hooks found
         (``grad_factor`` and ``late``: GradReducer.begin_backward)."""
@@ -341,18 +333,6 @@ class Engine(DeepSpeedMethods, ModuleFace, torch.nn.Module):
         finally:
             if self.gatherer is not None:
                 self.gatherer.free_all()
-
-    def _opened_late(self) -> None:
-        """The reducer's or gatherer's hooks saw a gradient with no backward open."""
-        states_aside.check_resident(self, "backward")
-        torch_backward.open_from_autograd(self, late=True)
-
-    def _backward_epilogue(self) -> None:
-        """DeepSpeed's name for the end of a backward, which scripts written for DeepSpeed < 0.18.3
-        call after their own ``loss.backward()``: here autograd's queued callback has ended it
-        already, so this finishes only a backward still open (none, normally)."""
-        if self._bracket is AUTOGRAD:
-            self._finish_backward()
 
     @reports_stalls
     @keeps_counters_on_failure

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
 from .._weak import GONE, EngineGone
+from ..sharding.reducer import OUTSIDE_BACKWARD
+from . import offload_states
 
 # which backward is open (Engine._bracket)
 CLOSED, ENGINE, AUTOGRAD = "closed", "engine.backward", "loss.backward"
@@ -46,11 +48,6 @@ UNSCALED_LATE = ("zerocore: loss.backward() under fp16 on a loss computed from e
                  "engine.scale(loss): its gradients are multiplied by the loss scale as they are reduced, after fp16 "
                  "may have rounded the smallest to zero; call engine.scale(loss).backward() or engine.backward(loss) "
                  "(this warning is given once per engine)")
-NOT_THROUGH_ENGINE = ("zerocore: a gradient arrived outside any backward this engine can see: call "
-                      "engine.backward(loss), or loss.backward() on a loss computed from the engine's outputs "
-                      "(engine(x), not engine.module(x)) so loss scaling and gradient reduction happen")
-
-
 class NotALoss(ValueError, AssertionError):
     """engine.scale() given something other than a scalar loss: a ValueError, and the AssertionError
     DeepSpeed's ``scale`` raises (scripts written for it catch that)."""
@@ -61,7 +58,7 @@ def graph_task() -> int:
     return torch._C._current_graph_task_id()
 
 
-def output_hook(engine) -> callable:
+def output_hook(engine) -> Callable:
     """The tensor hook put on every output of the engine's forwards: one closure per engine, holding
     it weakly (a hook lives in C++ on a tensor the user may keep; a strong reference would keep the
     engine's memory alive through a cycle the collector cannot see)."""
@@ -95,7 +92,7 @@ def open_from_autograd(eng, *, late: bool) -> None:
     reducer's or gatherer's hooks, not an output (some gradients have landed already)."""
     task = graph_task()
     if task == -1:  # not inside autograd's engine: nothing could finish it
-        raise RuntimeError(NOT_THROUGH_ENGINE)
+        raise RuntimeError(OUTSIDE_BACKWARD)
     if eng._bracket is AUTOGRAD:
         if eng._bracket_task == task:
             if eng._bracket_unscaled and not late:  # opened by a stage-3 unit's hook on this same output
@@ -152,3 +149,29 @@ def scale(eng, loss: torch.Tensor) -> torch.Tensor:
     eng._scale_pending = True
     s = eng.scaler.scale
     return loss if s == 1.0 and not eng.scaler.dynamic else loss.float() * s
+
+
+class AutogradBackward:
+    """The engine's methods for a backward autograd runs without ``engine.backward`` (mixed into
+    :class:`zerocore.Engine`; the bracket itself, ``_begin_backward`` / ``_finish_backward`` /
+    ``_abort_backward``, is the engine's, shared with ``engine.backward``)."""
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """DeepSpeed's ``engine.scale(loss)``, for ``engine.scale(loss).backward()`` in place of
+        ``engine.backward(loss)``: the loss times fp16's loss scale (unchanged under bf16/fp32, where a
+        plain ``loss.backward()`` works as well). Either way the engine divides the gradients by
+        ``gradient_accumulation_steps`` and reduces them when autograd is done."""
+        self._alive()
+        return scale(self, loss)
+
+    def _opened_late(self) -> None:
+        """The reducer's or gatherer's hooks saw a gradient with no backward open."""
+        offload_states.check_resident(self, "backward")
+        open_from_autograd(self, late=True)
+
+    def _backward_epilogue(self) -> None:
+        """DeepSpeed's name for the end of a backward, which scripts written for DeepSpeed < 0.18.3
+        call after their own ``loss.backward()``: here autograd's queued callback has ended it
+        already, so this finishes only a backward still open (none, normally)."""
+        if self._bracket is AUTOGRAD:
+            self._finish_backward()
