@@ -130,6 +130,20 @@ def _drop(engine) -> None:
 
 
 # -- spawning ---------------------------------------------------------------------------------------
+def scenarios_of(module_globals: dict, run, variants: dict) -> list:
+    """One scenario ``sc_<name>(rank, world) = run(*variants[name], rank, world)`` per variant, defined in the
+    calling test module (``module_globals``: its ``globals()``), so the spawn pickles each by name."""
+    out = []
+    for name, args in variants.items():
+        def scenario(rank, world, _args=tuple(args)):
+            return run(*_args, rank, world)
+        scenario.__name__ = scenario.__qualname__ = f"sc_{name}"
+        scenario.__module__ = module_globals["__name__"]
+        module_globals[scenario.__name__] = scenario
+        out.append(scenario)
+    return out
+
+
 def _entry(rank: int, world: int, init_file: str, out_dir: str, scenarios: list) -> None:
     torch.set_num_threads(1)  # ranks share 2 cores
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)

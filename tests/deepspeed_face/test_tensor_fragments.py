@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import zerocore
-from stage3_ranks import LR, MICRO, WD, batch, results, spawn
+from stage3_ranks import LR, MICRO, WD, batch, results, scenarios_of, spawn
 from zerocore.deepspeed import utils as ds_utils
 from zerocore.runtime import param_fragments
 
@@ -128,32 +128,7 @@ def _scenario(stage, offload, rank, world) -> dict:
     return out
 
 
-# module-level functions: the spawn pickles them by name
-def sc_stage0(rank, world):
-    return _scenario(*VARIANTS["stage0"], rank, world)
-
-
-def sc_stage1(rank, world):
-    return _scenario(*VARIANTS["stage1"], rank, world)
-
-
-def sc_stage2(rank, world):
-    return _scenario(*VARIANTS["stage2"], rank, world)
-
-
-def sc_stage3(rank, world):
-    return _scenario(*VARIANTS["stage3"], rank, world)
-
-
-def sc_stage2_offload(rank, world):
-    return _scenario(*VARIANTS["stage2_offload"], rank, world)
-
-
-def sc_stage3_offload(rank, world):
-    return _scenario(*VARIANTS["stage3_offload"], rank, world)
-
-
-SCENARIOS = [sc_stage0, sc_stage1, sc_stage2, sc_stage3, sc_stage2_offload, sc_stage3_offload]
+SCENARIOS = scenarios_of(globals(), _scenario, VARIANTS)  # sc_<variant>, module-level: the spawn pickles by name
 
 
 @pytest.fixture(scope="module")

@@ -28,13 +28,16 @@ import torch
 from torch import nn
 
 import zerocore
-from stage3_ranks import LR, MICRO, WD, batch, results, spawn
+from stage3_ranks import LR, MICRO, WD, batch, results, scenarios_of, spawn
 
 D, GAS = 16, 2
 CLIP = 0.05  # the global norms here are 0.2-0.5: the clip bites at every step
 STEPS = 3
-VARIANTS = {"stage0": (0, None), "stage1": (1, None), "stage2": (2, None), "stage3": (3, None),
-            "stage2_offload": (2, "cpu"), "stage3_offload": (3, "cpu")}
+# (stage, optimizer offload, how the loss reaches the engine: through its outputs, or from engine.module(x))
+VARIANTS = {"stage0": (0, None, "outputs"), "stage1": (1, None, "outputs"), "stage2": (2, None, "outputs"),
+            "stage3": (3, None, "outputs"), "stage2_offload": (2, "cpu", "outputs"),
+            "stage3_offload": (3, "cpu", "outputs"), "module_stage2": (2, None, "module"),
+            "module_stage3": (3, None, "module")}
 
 
 class Net(nn.Module):
@@ -94,44 +97,12 @@ def _train(engine, rank, world, how: str) -> dict:
     return {"params": {k: v.clone() for k, v in engine.full_state_dict().items()}, "norms": norms}
 
 
-def _scenario(stage, offload, rank, world, how="outputs") -> dict:
+def _scenario(stage, offload, how, rank, world) -> dict:
     engine = zerocore.initialize(_net(), _cfg(stage, offload))
     try:
         return _train(engine, rank, world, how)
     finally:
         engine.destroy()
-
-
-def sc_stage0(rank, world):
-    return _scenario(*VARIANTS["stage0"], rank, world)
-
-
-def sc_stage1(rank, world):
-    return _scenario(*VARIANTS["stage1"], rank, world)
-
-
-def sc_stage2(rank, world):
-    return _scenario(*VARIANTS["stage2"], rank, world)
-
-
-def sc_stage3(rank, world):
-    return _scenario(*VARIANTS["stage3"], rank, world)
-
-
-def sc_stage2_offload(rank, world):
-    return _scenario(*VARIANTS["stage2_offload"], rank, world)
-
-
-def sc_stage3_offload(rank, world):
-    return _scenario(*VARIANTS["stage3_offload"], rank, world)
-
-
-def sc_module_stage2(rank, world):
-    return _scenario(2, None, rank, world, how="module")
-
-
-def sc_module_stage3(rank, world):
-    return _scenario(3, None, rank, world, how="module")
 
 
 def sc_module_stage1(rank, world):
@@ -162,8 +133,7 @@ def sc_module_stage1(rank, world):
         engine.destroy()
 
 
-SCENARIOS = [sc_stage0, sc_stage1, sc_stage2, sc_stage3, sc_stage2_offload, sc_stage3_offload, sc_module_stage2,
-             sc_module_stage3, sc_module_stage1]
+SCENARIOS = scenarios_of(globals(), _scenario, VARIANTS) + [sc_module_stage1]
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +164,7 @@ def _close(got: dict, want: dict, what: str) -> None:
         torch.testing.assert_close(got[k], w, rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{what}, {k}: {m}")
 
 
-@pytest.mark.parametrize("name", list(VARIANTS) + ["module_stage2", "module_stage3"])
+@pytest.mark.parametrize("name", list(VARIANTS))
 def test_loss_backward_trains_as_adamw(ranks, name):
     want, norms = _reference()
     for rank, r in enumerate(results(ranks, name)):
@@ -303,11 +273,16 @@ def test_stage3_persistent_parameters_only_module_call():
             nn.functional.mse_loss(b.module(x), y).backward()
             b.step()
         assert b.global_grad_norm == pytest.approx(a.global_grad_norm, rel=1e-6)
-    got, want = b.full_state_dict(), a.full_state_dict()
+    _same_training(b, a)
+
+
+def _same_training(got_engine, want_engine) -> None:
+    """The two engines' trained weights agree (to fp32 rounding); both are destroyed."""
+    got, want = got_engine.full_state_dict(), want_engine.full_state_dict()
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-6, atol=1e-7, msg=lambda m, k=k: f"{k}: {m}")
-    a.destroy()
-    b.destroy()
+    got_engine.destroy()
+    want_engine.destroy()
 
 
 class Boom(RuntimeError):
@@ -342,11 +317,7 @@ def test_backward_that_raises_is_undone_by_the_next_call(stage):
     engine.step()
     assert engine.optimizer_steps == 1
     assert engine.global_grad_norm == pytest.approx(ref.global_grad_norm, rel=1e-6)
-    got, want = engine.full_state_dict(), ref.full_state_dict()
-    for k in want:
-        torch.testing.assert_close(got[k], want[k], rtol=1e-6, atol=1e-7, msg=lambda m, k=k: f"{k}: {m}")
-    engine.destroy()
-    ref.destroy()
+    _same_training(engine, ref)
 
 
 def test_two_engines_under_one_loss():
