@@ -1,5 +1,5 @@
 """DeepSpeed engine attributes and methods beside training (issue 34): tput_timer (DeepSpeed's
-ThroughputTimer, driven by forward/step), allreduce_gradients, sparse_tensor_module_names,
+ThroughputTimer, driven by forward/step), allreduce_gradients, sparse_tensor_module_names, was_step_applied,
 _get_optimizer_ckpt_name, the wrapped model's attributes, and no_sync misuse raising
 AssertionError as DeepSpeed's does."""
 from __future__ import annotations
@@ -96,3 +96,22 @@ def test_no_sync_misuse_is_an_assertion_error_with_deepspeeds_words(stage):
     with pytest.raises(RuntimeError):  # zerocore's own callers catch RuntimeError, as before
         with engine.no_sync():
             engine.step()
+
+
+def test_was_step_applied_between_boundaries_and_on_a_skipped_update():
+    engine = _engine(gas=2)
+    assert not engine.was_step_applied()
+    applied = []
+    for _ in range(4):
+        _micro(engine)
+        applied.append(engine.was_step_applied())
+    assert applied == [False, True, False, True]
+    fp16 = zerocore.initialize(Net(), {"train_micro_batch_size_per_gpu": 3,
+                                       "fp16": {"enabled": True, "initial_scale_power": 4},
+                                       "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})
+    fp16.backward(fp16(torch.randn(3, 4).half()).sum() * float("inf"))  # Inf/NaN gradients: the update is skipped
+    fp16.step()
+    assert fp16.skipped_steps == 1 and not fp16.was_step_applied()
+    fp16.backward(fp16(torch.randn(3, 4).half()).sum())
+    fp16.step()
+    assert fp16.was_step_applied()

@@ -13,9 +13,10 @@ that bites:
 
 In one process: fp16 without ``engine.scale(loss)`` raises and changes nothing, with it matches
 ``engine.backward``; fp16 on ``engine.module(x)`` without it is scaled as it is reduced (a warning; the
-gradient norms show the scale, which Adam alone would hide); a backward that raises half-way is undone by the next call into the engine; two
-engines under one shared loss each match their own AdamW; ``no_sync`` and ``backward twice`` behave as with
-``engine.backward``; the output hooks keep no engine alive.
+gradient norms show the scale, which Adam alone would hide); stage 3 with persistent parameters only, and
+activation checkpointing (reentrant or not), match ``engine.backward``; a backward that raises half-way is
+undone by the next call into the engine; two engines under one shared loss each match their own AdamW;
+``no_sync`` and ``backward twice`` behave as with ``engine.backward``; the output hooks keep no engine alive.
 """
 from __future__ import annotations
 

@@ -352,6 +352,7 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
 
             check_state_whole(self, "step()")
         boundary = self.is_gradient_accumulation_boundary()
+        self._last_step_boundary = False  # (was_step_applied; set once the step below is under way)
         if self.reducer.window_lost and boundary:
             raise RuntimeError(f"zerocore: {self.reducer.window_lost} (gradient accumulation): this "
                                "window's gradients cannot be restored; call engine.zero_grad() to drop the window's "
@@ -363,6 +364,7 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
                                   "them itself, call zero_grad() only before a backward)" if self._dropped else ""))
         self._backward_done = False
         self.micro_steps += 1
+        self._last_step_boundary = boundary
         self.tput_timer.stop(global_step=boundary)
         if not boundary:
             return
