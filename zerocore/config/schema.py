@@ -329,6 +329,12 @@ class DataTypesConfig(_Section):
         "\"keep\". Parameters always train in the training dtype; under fp32 training every floating buffer "
         "becomes fp32.", kind=str, optional=True,
         allowed="null, \"keep\" or one of " + ", ".join(f'"{k}"' for k in DTYPE_SPELLINGS))
+    master_init: str = option(
+        "given", "Where the fp32 master weights of bf16/fp16 training start: \"given\": the values the model held at "
+        "initialize, unrounded (as FSDP2 and torch AMP keep fp32 weights); \"rounded\": those values rounded to the "
+        "training dtype first, the values the 16-bit model itself starts from (DeepSpeed's: it converts the model, "
+        "then copies its master from it; zerocore.deepspeed.initialize uses it unless the config names one). The "
+        "two differ by at most half a 16-bit unit at the start.", kind=str, allowed="\"given\" or \"rounded\"")
     keep_in_fp32_modules: object = option(
         "auto", "Floating buffers whose full name matches one of these patterns (`*`: any characters; a pattern "
         "may match anywhere in the name) become fp32 and stay fp32 under bf16/fp16, whatever buffer_dtype says. "
@@ -344,6 +350,8 @@ class DataTypesConfig(_Section):
                 raise ConfigError(f"{self.PATH}.buffer_dtype: got {self.buffer_dtype!r}{why}; allowed: null, "
                                   f"'keep' or one of {', '.join(repr(k) for k in DTYPE_SPELLINGS)}")
             self.buffer_dtype = DTYPE_SPELLINGS[self.buffer_dtype]
+        if self.master_init not in ("given", "rounded"):
+            raise ConfigError(f"{self.PATH}.master_init: got {self.master_init!r}; allowed: \"given\" or \"rounded\"")
         keep = self.keep_in_fp32_modules
         if isinstance(keep, tuple):
             keep = self.keep_in_fp32_modules = list(keep)

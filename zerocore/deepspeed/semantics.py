@@ -27,6 +27,9 @@ for DeepSpeed gets DeepSpeed's behaviour for these; the engine it gets carries t
   ``self.dtype != torch.bfloat16 or self.check_grad_overflow``), so fp32 too; stage 0 as zerocore (fp16,
   bf16 with the check) (zerocore: fp16 and bf16 with the check only; fp32 applies it, as torch.optim);
   compared side by side in tests/deepspeed_face/test_against_deepspeed.py;
+- ``data_types.master_init`` unset: the fp32 master of bf16/fp16 training starts from the values rounded to 16
+  bits, as DeepSpeed copies it from the converted model (zerocore: from the values given, as FSDP2 keeps them);
+  compared bit for bit by DeepSpeed's test_zero_user_backward.py against DDP on a bf16 model;
 - ``data_types.buffer_dtype`` null (the default): floating buffers keep their dtype under bf16/fp16, as
   DeepSpeed 0.19.8 casts only the parameters (zerocore: cast to the training dtype, since BatchNorm's
   kernels refuse bf16/fp16 weights beside fp32 running statistics; ``"keep"`` asks for DeepSpeed's rule);
@@ -80,10 +83,15 @@ def prepare_config(raw: dict | None, warn: bool = True):
         changed = changed if changed is not None else copy.deepcopy(raw)
         del changed["checkpoint"]["load_universal"]
     dt = raw.get("data_types")
-    if dt is None or isinstance(dt, dict) and dt.get("buffer_dtype") is None:
-        # DeepSpeed's null buffer_dtype keeps every buffer's dtype (zerocore.initialize's casts them)
+    if dt is None or isinstance(dt, dict) and (dt.get("buffer_dtype") is None or "master_init" not in dt):
+        # DeepSpeed's null buffer_dtype keeps every buffer's dtype (zerocore.initialize's casts them), and its
+        # fp32 master is copied from the model converted to 16 bits (zerocore.initialize's, from the given values)
         changed = changed if changed is not None else copy.deepcopy(raw)
-        changed["data_types"] = {**(dt or {}), "buffer_dtype": KEEP}
+        dt = dict(dt or {})
+        if dt.get("buffer_dtype") is None:
+            dt["buffer_dtype"] = KEEP
+        dt.setdefault("master_init", "rounded")
+        changed["data_types"] = dt
     if not isinstance(z, dict):
         return changed, sem
     stage = _stage(z)

@@ -192,8 +192,10 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
         # The initial values, in fp32, broadcast from rank 0 so every rank starts identical;
         # the fp32 master is cut from them before the parameters are rounded to 16 bits.
         init = torch.zeros(layout.padded, dtype=torch.float32, device=self.device)
+        rounded = self.dtype != torch.float32 and self.config.data_types.master_init == "rounded"
         for slot, p in zip(layout.slots, params):
-            init[slot.offset:slot.end] = initial_value(p, self.comm)
+            value = initial_value(p, self.comm)
+            init[slot.offset:slot.end] = value.to(self.dtype) if rounded else value  # (DeepSpeed's master: rounded)
         self.comm.broadcast(init)
         if self.dtype == torch.float32:
             flat = init
