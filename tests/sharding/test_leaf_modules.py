@@ -94,6 +94,24 @@ def test_leaves_come_from_the_flag_and_from_the_config():
     assert not ds_utils.get_z3_leaf_modules(model)  # matching by the config leaves the model as it was
 
 
+def test_optimizer_leaf_parameters_as_deepspeeds():
+    """DeepSpeed's stage-3 optimizer.leaf_parameters: each leaf module with its trainable parameters (a leaf inside
+    a leaf belongs to the outer one); an AttributeError below stage 3, as its stage 1-2 optimizer has none."""
+    model = Net()
+    ds_utils.set_z3_leaf_modules(model, [Experts, nn.ModuleList])  # moe.experts is inside moe: moe's
+    model.moe.router.weight.requires_grad_(False)
+    engine = zerocore.initialize(model, {"zero_optimization": {"stage": 3}})
+    leaves = engine.optimizer.leaf_parameters
+    assert list(leaves) == [model.moe]
+    assert [id(p) for p in leaves[model.moe]] == [id(p) for p in model.moe.parameters() if p.requires_grad]
+    assert len(leaves[model.moe]) == 5  # router bias, two experts' weight and bias
+    engine.destroy()
+    engine = zerocore.initialize(Net(), {"zero_optimization": {"stage": 2}})
+    with pytest.raises(AttributeError, match="stage 3 only"):
+        engine.optimizer.leaf_parameters
+    engine.destroy()
+
+
 def test_config_section_as_deepspeed_reads_it(caplog):
     z = load_config({"zero_optimization": {"stage": 3}}).zero_optimization
     assert z.leaf_module.classes == DEFAULT_LEAF_MODULE_CLASSES and z.leaf_module.names == []

@@ -167,6 +167,33 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return out
 
     @property
+    def leaf_parameters(self) -> dict:
+        """DeepSpeed's stage-3 attribute: each ZeRO-3 leaf module (``set_z3_leaf_modules``, or the config's
+        ``zero_optimization.leaf_module``; the outermost where leaves nest) and its trainable parameters,
+        gathered and freed with the module as a whole (sharding/leaf_modules.py)."""
+        from ..sharding.leaf_modules import leaf_ids
+
+        engine = self._engine
+        if engine is None:
+            raise RuntimeError(GONE)
+        if engine.zero_optimization_stage() != 3:
+            raise AttributeError("'ZeroOptimizer' has leaf_parameters at ZeRO stage 3 only (DeepSpeed's stage-3 "
+                                 "optimizer's)")
+        model = engine.module
+        leaves = leaf_ids(model, engine.config.zero_optimization.leaf_module)
+        out, inside = {}, set()
+        for m in model.modules():  # parents before children: a leaf inside a leaf is the outer one's
+            if id(m) in inside:
+                inside.update(id(c) for c in m.children())
+                continue
+            if id(m) in leaves:
+                params = [p for p in m.parameters() if p.requires_grad]
+                if params:
+                    out[m] = params
+                inside.update(id(c) for c in m.children())
+        return out
+
+    @property
     def overflow(self) -> bool:
         """Whether the last accumulation boundary skipped its update (fp16 overflow, Inf/NaN)."""
         engine = self._engine
