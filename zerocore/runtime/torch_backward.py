@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from .._weak import GONE, EngineGone
+from ..ops.params import param_ops
 from ..sharding.reducer import OUTSIDE_BACKWARD
 from . import offload_states
 
@@ -58,32 +59,33 @@ def graph_task() -> int:
     return torch._C._current_graph_task_id()
 
 
-def output_hook(engine) -> Callable:
-    """The tensor hook put on every output of the engine's forwards: one closure per engine, holding
-    it weakly (a hook lives in C++ on a tensor the user may keep; a strong reference would keep the
-    engine's memory alive through a cycle the collector cannot see)."""
+def output_hook(engine) -> Callable[[], None]:
+    """What runs when autograd reaches an output of the engine's forwards: one closure per engine,
+    holding it weakly (a hook lives in C++ in a graph the user may keep; a strong reference would keep
+    the engine's memory alive through a cycle the collector cannot see). It takes no gradient and
+    changes none: the scale is applied at the reduction."""
     me = weakref.ref(engine)
 
-    def on_output_grad(grad):
+    def on_output_reached() -> None:
         eng = me()
         if eng is not None and eng._bracket is not ENGINE:
             open_from_autograd(eng, late=False)
-        return None  # the gradient flows on unchanged: the scale is applied at the reduction
-    return on_output_grad
+    return on_output_reached
 
 
-def hook_outputs(outputs, hook) -> None:
-    """``hook`` on every tensor of ``outputs`` (a tensor, or tuples, lists and mappings of them, as a
-    Transformers ``ModelOutput`` is) that autograd will reach."""
+def hook_outputs(outputs, hook, call_before=param_ops().call_before_node) -> None:
+    """``hook()`` before the autograd node that made each tensor of ``outputs`` (a tensor, or tuples, lists
+    and mappings of them, as a Transformers ``ModelOutput`` is) runs: a node pre-hook set in one native call
+    (``ops.params.call_before_node``, about 4x cheaper than ``Tensor.register_hook``)."""
     if isinstance(outputs, torch.Tensor):
         if outputs.grad_fn is not None:
-            outputs.register_hook(hook)
+            call_before(outputs, hook)
     elif isinstance(outputs, (tuple, list)):
         for item in outputs:
-            hook_outputs(item, hook)
+            hook_outputs(item, hook, call_before)
     elif isinstance(outputs, Mapping):
         for item in outputs.values():
-            hook_outputs(item, hook)
+            hook_outputs(item, hook, call_before)
 
 
 def open_from_autograd(eng, *, late: bool) -> None:
