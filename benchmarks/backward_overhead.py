@@ -10,10 +10,13 @@ steps, variants interleaved in a fresh random order each round. Two clocks per s
 as users call it (``engine(x)``, stage 3's gathers and hooks included; plain: ``model(x)``) and
 the backward (``engine.backward(loss)``; plain: ``loss.backward()``); the loss and the optimizer
 step run outside both. The overhead is the median over rounds of (variant - plain) / parameters,
-in microseconds, for each clock.
+in microseconds, for each clock. ``--loss-backward`` adds, for each stage, the same engine driven by
+``loss.backward()`` (DeepSpeed's torch-style backward: the engine's backward opened and closed by autograd's
+hooks, runtime/torch_backward.py) instead of ``engine.backward(loss)``.
 
     python benchmarks/backward_overhead.py --rounds 15 --out benchmarks/results/backward_overhead.json
     python benchmarks/backward_overhead.py --rounds 15 --params-per-block 12
+    python benchmarks/backward_overhead.py --rounds 15 --loss-backward
 """
 from __future__ import annotations
 
@@ -80,6 +83,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--loss-backward", action="store_true",
+                    help="also each stage with loss.backward() instead of engine.backward(loss)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     if args.params_per_block < 4 or args.params_per_block % 4:
@@ -92,7 +97,9 @@ def main() -> None:
     x = torch.randn(args.batch, args.dim)
     plain = model()
     nparams = sum(1 for _ in plain.parameters())
-    engines = {s: zerocore.initialize(model(), stage_config(s)) for s in STAGES}
+    engines = {f"stage{s}": zerocore.initialize(model(), stage_config(s)) for s in STAGES}
+    if args.loss_backward:
+        engines.update({f"stage{s}_loss_backward": zerocore.initialize(model(), stage_config(s)) for s in STAGES})
 
     def run_plain() -> tuple[float, float]:
         fwd = bwd = 0.0
@@ -107,7 +114,7 @@ def main() -> None:
             bwd += time.thread_time() - t0
         return fwd, bwd
 
-    def run_engine(e) -> tuple[float, float]:
+    def run_engine(e, torch_style: bool) -> tuple[float, float]:
         fwd = bwd = 0.0
         for _ in range(args.steps):
             t0 = time.thread_time()
@@ -115,12 +122,16 @@ def main() -> None:
             fwd += time.thread_time() - t0
             loss = out.square().mean()
             t0 = time.thread_time()
-            e.backward(loss)
+            if torch_style:
+                loss.backward()
+            else:
+                e.backward(loss)
             bwd += time.thread_time() - t0
             e.step()
         return fwd, bwd
 
-    variants = {"plain": run_plain, **{f"stage{s}": (lambda e=e: run_engine(e)) for s, e in engines.items()}}
+    variants = {"plain": run_plain, **{k: (lambda e=e, k=k: run_engine(e, k.endswith("_loss_backward")))
+                                       for k, e in engines.items()}}
     for fn in variants.values():  # warm-up: first passes record unit orders, allocate buckets
         fn()
     per_round: dict[str, dict[str, list[float]]] = {k: {"forward": [], "backward": []} for k in variants}
@@ -135,7 +146,7 @@ def main() -> None:
     base = per_round["plain"]
     rows = []
     for k in variants:
-        stage = None if k == "plain" else int(k[5:])
+        stage = None if k == "plain" else int(k[5])
         row = {"variant": k}
         for clock, prefix, targets in (("backward", "", TARGET_US), ("forward", "forward_", FORWARD_TARGET_US)):
             over = [(v - b) / nparams * 1e6 for v, b in zip(per_round[k][clock], base[clock])]
