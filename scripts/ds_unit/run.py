@@ -51,7 +51,10 @@ MORE_FILES = [
     "runtime/test_multiple_models.py", "runtime/test_runtime_utils.py", "runtime/test_ds_config_model.py",
     "runtime/half_precision/test_fp16.py",
 ]
-FILE_SETS = {"issue34": ISSUE_FILES, "more": MORE_FILES, "all": ISSUE_FILES + MORE_FILES}
+# loss.backward() through the engine, compared with DDP (``--set backward``; about 30 minutes on 2 cores)
+BACKWARD_FILES = ["v1/zero/test_zero_user_backward.py", "runtime/test_multiple_models.py"]
+FILE_SETS = {"issue34": ISSUE_FILES, "more": MORE_FILES, "backward": BACKWARD_FILES,
+             "all": ISSUE_FILES + MORE_FILES + BACKWARD_FILES[:1]}
 
 
 def _env(face: str, local_size: int, timeout: int) -> dict:
@@ -146,7 +149,8 @@ def main() -> None:
     ap.add_argument("--face", choices=("zerocore", "deepspeed"), default="zerocore")
     ap.add_argument("--out", required=True, help="folder for the junit files, logs and table.md")
     ap.add_argument("--set", choices=sorted(FILE_SETS), default="issue34",
-                    help="which files: issue 34's eleven, twenty more (docs/deepspeed_unit_tests.md), or both")
+                    help="which files: issue 34's eleven, twenty more, the torch-style backward's two "
+                         "(docs/deepspeed_unit_tests.md), or all of them")
     ap.add_argument("--files", nargs="*", default=None, help="paths under tests/unit (instead of --set)")
     ap.add_argument("-k", default=None, help="pytest -k expression")
     ap.add_argument("--local-size", type=int, default=4, help="CPU 'devices' (the largest world a test asks)")
