@@ -290,9 +290,10 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
         div = self.gas if scale_wrt_gas else 1
         self._scale_pending = False  # (an engine.scale(loss) is for a loss.backward(), not for this)
         self._begin_backward(ENGINE)
+        factor = self.scaler.scale / div
         try:
-            with label("zerocore.backward"):
-                (loss.float() * (self.scaler.scale / div)).backward(retain_graph=retain_graph)
+            with label("zerocore.backward"), torch_backward.scaled_loss_backward(factor):
+                (loss.float() * factor).backward(retain_graph=retain_graph)
         except BaseException:
             self._abort_backward()
             raise

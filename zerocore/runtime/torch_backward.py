@@ -42,6 +42,23 @@ from . import offload_states
 # which backward is open (Engine._bracket)
 CLOSED, ENGINE, AUTOGRAD = "closed", "engine.backward", "loss.backward"
 
+# What the engine.backward under way multiplied its loss by (its loss scale / accumulation steps): another
+# engine whose outputs that loss also reached takes it back out of its own gradients (one entry per nested call)
+_LOSS_FACTORS: list[float] = []
+
+
+class scaled_loss_backward:
+    """``with scaled_loss_backward(factor): (loss * factor).backward()``: engine.backward's autograd call."""
+
+    def __init__(self, factor: float):
+        self.factor = factor
+
+    def __enter__(self):
+        _LOSS_FACTORS.append(self.factor)
+
+    def __exit__(self, *exc):
+        _LOSS_FACTORS.pop()
+
 NEEDS_SCALE = ("zerocore: fp16 training needs the loss scaled before backward, but loss.backward() was called on "
                "an unscaled loss: call engine.scale(loss).backward() (or engine.backward(loss)); unscaled fp16 "
                "gradients underflow to zero (DeepSpeed: Loss scaling is required for this configuration)")
@@ -103,7 +120,8 @@ def open_from_autograd(eng, *, late: bool) -> None:
         eng._abort_backward()  # an earlier loss.backward() raised before its finish ran
     elif eng._bracket is ENGINE:  # engine.backward's own backward: its hooks reached us while it runs
         return
-    factor, unscaled = 1.0 / eng.gas, False
+    # (another engine's engine.backward(loss) reached this one's outputs: its loss factor is not this one's)
+    factor, unscaled = 1.0 / eng.gas / (_LOSS_FACTORS[-1] if _LOSS_FACTORS else 1.0), False
     if eng._scale_pending:
         eng._scale_pending = False
     elif eng.scaler.dynamic or eng.scaler.scale != 1.0:
@@ -112,7 +130,7 @@ def open_from_autograd(eng, *, late: bool) -> None:
         # engine.module(x) under fp16 without engine.scale(): DeepSpeed reduces such gradients unscaled and its
         # step divides them by the loss scale anyway (updates loss_scale times too small). Here they are scaled
         # as they are added in, so the update is right up to the small gradients fp16 rounded to zero.
-        factor, unscaled = eng.scaler.scale / eng.gas, True  # (warned at the finish: an output may still say)
+        factor, unscaled = factor * eng.scaler.scale, True  # (warned at the finish: an output may still say)
     eng._begin_backward(AUTOGRAD, grad_factor=factor, late=late)
     eng._bracket_task, eng._bracket_unscaled = task, unscaled
     me = weakref.ref(eng)
