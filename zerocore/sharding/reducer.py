@@ -127,11 +127,10 @@ class GradReducer:
         if self.full_grads:  # one hook per group, not per parameter: catches a plain loss.backward()
             hook = _inside_check(me)
             self._hooks = [g.params[0].register_post_accumulate_grad_hook(hook) for g in groups]
-        elif unit_signals:  # stage 3: units signal through the gatherer; the persistent groups (no unit) are
-            # caught by a check like stages 0/1's, on each parameter: a loss.backward() may reach only them
+        elif unit_signals:  # stage 3: units signal through the gatherer; the persistent groups (no unit) get
+            # stages 0/1's check, which a loss.backward() reaching only them needs to be seen
             hook = _inside_check(me)
-            self._hooks = [p.register_post_accumulate_grad_hook(hook) for g in groups if not g.partitioned
-                           for p in g.params]
+            self._hooks = [g.params[0].register_post_accumulate_grad_hook(hook) for g in groups if not g.partitioned]
         else:
             self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(k, me))
                            for k, g in enumerate(groups) for p in g.params]
