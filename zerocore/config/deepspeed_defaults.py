@@ -12,7 +12,7 @@ ONLY_ZEROCORE = object()
 
 DEEPSPEED_DEFAULTS: dict[str, object] = {
     "train_batch_size": None, "train_micro_batch_size_per_gpu": None, "gradient_accumulation_steps": None,
-    "gradient_clipping": 1.0, "dataloader_drop_last": False,
+    "gradient_clipping": 1.0, "dataloader_drop_last": False, "managed_gradient_accumulation": True,
     "optimizer.type": None, "optimizer.params.lr": 1e-3, "optimizer.params.betas": [0.9, 0.999],
     "scheduler.type": None, "scheduler.params": {}, "zero_allow_untested_optimizer": False,
     "optimizer.params.eps": 1e-8, "optimizer.params.weight_decay": 0.0, "optimizer.params.adam_w_mode": True,

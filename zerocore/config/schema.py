@@ -453,6 +453,12 @@ class ZeroConfig(_Section):
     gradient_clipping: float = option(1.0, "Clip the global gradient norm (over all ranks) to this; 0: off. "
                                       "DeepSpeed 0.19's default is 1.0 too (GRADIENT_CLIPPING_DEFAULT).",
                                       kind=float, ge=0.0)
+    managed_gradient_accumulation: bool = option(
+        True, "false: the caller's step() ends each accumulation window (DeepSpeed 0.19's): backward() only "
+        "accumulates (stages 0/1 reduce in step(), stages 2/3 every backward as always) and every step() updates, "
+        "whatever number of backward() calls came before it; the loss is still divided by gradient_accumulation_steps "
+        "(backward(loss, scale_wrt_gas=False) to divide it yourself); set_gradient_accumulation_boundary is refused.",
+        kind=bool)
     dataloader_drop_last: bool = option(False, "The training data loader (initialize(training_data=...)) drops "
                                         "each rank's last incomplete micro-batch.", kind=bool)
     optimizer: OptimizerConfig = section(OptimizerConfig, "The optimizer.")

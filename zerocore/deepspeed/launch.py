@@ -154,6 +154,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                               eps=p.eps, weight_decay=p.weight_decay, adam_w_mode=cfg.optimizer.decoupled)
         cfg.given_sections = cfg.given_sections - {"optimizer"}  # the section's own optimizer: nothing to warn
     semantics.check_client_optimizer(optimizer, cfg)
+    semantics.check_config(cfg)
     if optimizer is not None:
         model_parameters = None  # the optimizer's param_groups say what is trained, as in DeepSpeed
     _take_over(model)

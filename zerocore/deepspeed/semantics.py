@@ -27,6 +27,8 @@ for DeepSpeed gets DeepSpeed's behaviour for these; the engine it gets carries t
   ``self.dtype != torch.bfloat16 or self.check_grad_overflow``), so fp32 too; stage 0 as zerocore (fp16,
   bf16 with the check) (zerocore: fp16 and bf16 with the check only; fp32 applies it, as torch.optim);
   compared side by side in tests/deepspeed_face/test_against_deepspeed.py;
+- ``managed_gradient_accumulation: false`` with ``overlap_comm: true`` at stages 0/1: AssertionError (zerocore:
+  accepted, stages 0/1 reduce in step() then and there is nothing to overlap);
 - ``data_types.master_init`` unset: the fp32 master of bf16/fp16 training starts from the values rounded to 16
   bits, as DeepSpeed copies it from the converted model (zerocore: from the values given, as FSDP2 keeps them);
   compared bit for bit by DeepSpeed's test_zero_user_backward.py against DDP on a bf16 model;
@@ -151,6 +153,16 @@ class DeepSpeedSemantics:
             "refuses it while zero_force_ds_cpu_optimizer is true (its default), as it would step slowly on the host. "
             "Use deepspeed.ops.adam.DeepSpeedCPUAdam, an optimizer section in the config, or set "
             "\"zero_force_ds_cpu_optimizer\": false (zerocore steps a torch Adam on the host with its own kernel)")
+
+    def check_config(self, cfg) -> None:
+        """DeepSpeed's assertion on a config zerocore accepts: with managed_gradient_accumulation false, stages 0/1
+        reduce in step(), after every backward, so DeepSpeed refuses overlap_comm there (zerocore: nothing to
+        overlap, accepted)."""
+        z = cfg.zero_optimization
+        if not cfg.managed_gradient_accumulation and z.stage < 2 and z.overlap_comm:
+            raise AssertionError("zerocore.deepspeed: managed_gradient_accumulation=False supports ZeRO overlap_comm "
+                                 f"only with ZeRO stage 2 or 3 (this config has stage {z.stage}): DeepSpeed's rule; "
+                                 "set overlap_comm false or leave it unset")
 
     def attach(self, engine) -> None:
         """Marks the engine and sets its DeepSpeed behaviours."""

@@ -25,6 +25,8 @@ class DeepSpeedMethods:
     _boundary_override: bool | None = None  # set_gradient_accumulation_boundary(); None: the counter decides
     _window_start: int | None = None  # micro_steps at the last boundary; None: none since built or loaded
     _in_no_sync = False
+    _in_step = False  # step() is running: the boundary of managed_gradient_accumulation: false (unmanaged_window.py)
+    _window_backwards = 0  # backward() calls since the last step(), counted where accumulation is unmanaged
     global_samples = 0  # samples of the global batches stepped so far (skipped steps included, as DeepSpeed)
     training_dataloader = None
     # zerocore.deepspeed.initialize's mark: where its engines follow DeepSpeed rather than zerocore
@@ -35,15 +37,27 @@ class DeepSpeedMethods:
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the micro-batch under way ends an accumulation window (its step() updates): the
         value given to :meth:`set_gradient_accumulation_boundary`, else the micro-step counter."""
+        if not self.config.managed_gradient_accumulation:
+            return self._in_step  # the caller's step() ends the window (runtime/unmanaged_window.py)
         if self._boundary_override is not None:
             return self._boundary_override
         return (self.micro_steps + 1) % self.gas == 0
+
+    def managed_gradient_accumulation(self) -> bool:
+        """DeepSpeed's: whether the engine ends accumulation windows itself (every gradient_accumulation_steps
+        micro-batches) or the caller's step() does (``managed_gradient_accumulation: false``)."""
+        return self.config.managed_gradient_accumulation
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         """Overrides the counter: the next backward/step pairs are (True) or are not (False) the end of
         the window, until set again. As in DeepSpeed, the loss is still divided by
         ``gradient_accumulation_steps``. Trainers set it before each backward, so a window that the
         trainer ends early (an epoch's last, short one) updates where the trainer steps."""
+        if not self.config.managed_gradient_accumulation:
+            raise NoSyncMisuse("zerocore: set_gradient_accumulation_boundary() with managed_gradient_accumulation: "
+                               "false, where step() itself ends every window (DeepSpeed: "
+                               "set_gradient_accumulation_boundary() is not supported with "
+                               "managed_gradient_accumulation=False)")
         if not isinstance(is_boundary, bool):
             raise TypeError(f"zerocore: set_gradient_accumulation_boundary takes a bool; got "
                             f"{type(is_boundary).__name__}")
@@ -95,6 +109,9 @@ class DeepSpeedMethods:
         the next window starts (:meth:`_mid_window`)."""
         self._window_start = self.micro_steps
         batch = self.train_batch_size()
+        if not self.config.managed_gradient_accumulation:  # the micro-batches the caller's window had
+            batch = None if batch is None else batch // self.gas * self._window_backwards
+            self._window_backwards = 0
         if batch is not None:
             self.global_samples += batch
 

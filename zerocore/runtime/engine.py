@@ -55,7 +55,7 @@ from . import ds_param_attrs
 from .module_face import ModuleFace
 from . import provided
 from ..debug.engine_waits import watch_engine
-from . import torch_backward
+from . import torch_backward, unmanaged_window
 from .torch_backward import AUTOGRAD, CLOSED, ENGINE, AutogradBackward
 
 
@@ -303,7 +303,7 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
     def _begin_backward(self, bracket: str, grad_factor: float = 1.0, late: bool = False) -> None:
         """Opens a backward: engine.backward's, or a loss.backward()'s that autograd's hooks found
         (``grad_factor`` and ``late``: GradReducer.begin_backward)."""
-        if self._backward_done and not self._in_no_sync:
+        if self._backward_done and not self._in_no_sync and self.config.managed_gradient_accumulation:
             raise RuntimeError("zerocore: backward() called twice without step(); call engine.step() after "
                                "every micro-batch's backward (it only updates at the accumulation boundary)")
         boundary = self.is_gradient_accumulation_boundary() and not self._in_no_sync
@@ -326,6 +326,8 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
             self.gatherer.end_backward()
         if not self._in_no_sync:
             self._backward_done = True
+            if not self.config.managed_gradient_accumulation:
+                self._window_backwards += 1
         self._dropped = False
 
     def _abort_backward(self) -> None:
@@ -341,7 +343,17 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
     @keeps_counters_on_failure
     def step(self, lr_kwargs: dict | None = None) -> None:
         """Ends a micro-batch; at the accumulation boundary updates the parameters and steps the
-        lr schedule (with ``lr_kwargs``), except when the update is skipped (fp16 overflow)."""
+        lr schedule (with ``lr_kwargs``), except when the update is skipped (fp16 overflow). With
+        ``managed_gradient_accumulation: false`` every step() is the boundary (runtime/unmanaged_window.py)."""
+        if self.config.managed_gradient_accumulation:
+            return self._step(lr_kwargs)
+        self._in_step = True
+        try:
+            self._step(lr_kwargs)
+        finally:
+            self._in_step = False
+
+    def _step(self, lr_kwargs: dict | None) -> None:
         if self._in_no_sync:
             raise NoSyncMisuse("zerocore: step() inside no_sync(); leave the context for the last micro-batch's "
                                "backward (it reduces the accumulated gradients) and call step() after it (DeepSpeed: "
@@ -365,6 +377,8 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
                                "on a loss computed from engine(...)'s outputs) first"
                                + (" (zero_grad() after the last backward() discarded its gradients: step() clears "
                                   "them itself, call zero_grad() only before a backward)" if self._dropped else ""))
+        if not self.config.managed_gradient_accumulation:
+            unmanaged_window.finish_window(self)  # the caller's window ends here (stages 0/1 reduce now)
         self._backward_done = False
         self.micro_steps += 1
         self._last_step_boundary = boundary

@@ -140,8 +140,6 @@ TOP_LEVEL: dict[str, tuple] = {
                                  "zero_optimization.reduce_dtype to \"fp32\""),
     "communication_data_type": ((None,), "zerocore reduces in the training dtype; for fp32 sums set "
                                          "zero_optimization.reduce_dtype to \"fp32\""),
-    "managed_gradient_accumulation": ((True,), "zerocore counts micro-batches itself (or follows "
-                                               "engine.set_gradient_accumulation_boundary)"),
 }
 DTYPES = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16",
           "bfloat16": "bf16"}
