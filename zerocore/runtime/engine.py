@@ -303,7 +303,10 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
     def _begin_backward(self, bracket: str, grad_factor: float = 1.0, late: bool = False) -> None:
         """Opens a backward: engine.backward's, or a loss.backward()'s that autograd's hooks found
         (``grad_factor`` and ``late``: GradReducer.begin_backward)."""
-        if self._backward_done and not self._in_no_sync and self.config.managed_gradient_accumulation:
+        # (a caller that owns the boundary, unmanaged or through set_gradient_accumulation_boundary, may run several
+        # backwards before one step(), as DeepSpeed allows)
+        if (self._backward_done and not self._in_no_sync and self.config.managed_gradient_accumulation
+                and self._boundary_override is None):
             raise RuntimeError("zerocore: backward() called twice without step(); call engine.step() after "
                                "every micro-batch's backward (it only updates at the accumulation boundary)")
         boundary = self.is_gradient_accumulation_boundary() and not self._in_no_sync
