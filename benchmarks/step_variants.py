@@ -398,6 +398,7 @@ def _face(stage: int, client_sgd: bool = False):
         rest = [p for p in model.parameters() if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": WD}, {"params": rest, "weight_decay": 0.0}]
         if client_sgd:
+            cfg["zero_allow_untested_optimizer"] = True  # (DeepSpeed refuses SGD at a ZeRO stage without it)
             engine, *_ = deepspeed.initialize(model=model, config=cfg,
                                               optimizer=torch.optim.SGD(groups, lr=LR, momentum=0.9))
             return EngineStep(engine)

@@ -19,7 +19,7 @@ class Net(nn.Module):
         self.inp = nn.Linear(6, 12)
         self.norm = nn.BatchNorm1d(12)  # a buffer beside the parameters
         self.out = nn.Linear(12, 3)
-        self.scale = 2.0  # a plain attribute of the model
+        self.factor = 2.0  # a plain attribute of the model (not "scale": DeepSpeed's engine has scale(loss))
 
     def forward(self, x):
         return self.out(torch.tanh(self.norm(self.inp(x))))
@@ -76,7 +76,7 @@ def test_train_eval_hooks_and_call_go_through_nn_module():
 def test_model_attributes_show_through_the_engine():
     model = Net()
     engine = zerocore.initialize(model, _cfg(1))
-    assert engine.inp is model.inp and engine.scale == 2.0  # DeepSpeed's engine passes these through
+    assert engine.inp is model.inp and engine.factor == 2.0  # DeepSpeed's engine passes these through
     assert engine.optimizer is not None and engine.config is not None  # the engine's own come first
     with pytest.raises(AttributeError, match="'Engine' object has no attribute 'no_such_thing'"):
         engine.no_such_thing

@@ -251,7 +251,9 @@ def test_bad_inputs_are_named():
     m = _model()
     sgd = torch.optim.SGD(m.parameters(), lr=0.1)
     with pytest.warns(UserWarning, match="the passed one is used and the section is ignored, as DeepSpeed does"):
-        engine, opt, *_ = deepspeed.initialize(model=m, config=_cfg(), optimizer=sgd)  # DeepSpeed accepts both
+        # DeepSpeed accepts both (SGD at a ZeRO stage once zero_allow_untested_optimizer says so)
+        engine, opt, *_ = deepspeed.initialize(model=m, config={**_cfg(), "zero_allow_untested_optimizer": True},
+                                               optimizer=sgd)
     assert engine.client_optimizer is sgd and opt is engine.optimizer and opt.optimizer is sgd
     with pytest.raises(ValueError, match="training_data must be a torch.utils.data.Dataset"):
         deepspeed.initialize(model=_model(), config=_cfg(), training_data=[1, 2, 3])

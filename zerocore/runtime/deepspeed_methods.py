@@ -116,12 +116,12 @@ class DeepSpeedMethods:
             self.global_samples += batch
 
     # -- facts ------------------------------------------------------------------------------
-    _last_step_boundary = False  # the last step() ended an accumulation window (engine.step sets it)
+    _boundary_step = -1  # micro_steps after the last step() that ended an accumulation window (engine.step)
 
     def was_step_applied(self) -> bool:
         """DeepSpeed's: whether the last ``step()`` updated the parameters (False between accumulation
         boundaries and where the update was skipped for Inf/NaN gradients)."""
-        return self._last_step_boundary and not self.overflow
+        return self._boundary_step == self.micro_steps and not self.overflow
 
     def get_global_grad_norm(self) -> float | None:
         """The global gradient norm of the last boundary, before clipping (None before the first)."""

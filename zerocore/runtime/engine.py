@@ -13,6 +13,7 @@ import warnings
 import torch
 
 from .. import ops
+from ..ops.params import param_ops
 from .._weak import weak_call
 from ..profiling import label
 from ..comm import Comm
@@ -175,6 +176,7 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
         self._scale_pending = False  # engine.scale(loss) was called for the next loss.backward()
         self._warned_unscaled = False  # (torch_backward.UNSCALED_LATE, once)
         self._output_hook = torch_backward.output_hook(self)
+        self._call_before = param_ops().call_before_node  # (the native extension is loaded by now)
         self._batches = self._step_batches()  # after the face and _torch_step: the batches use them
         self._speculations = speculation.attach(self, self._batches)  # offload_optimizer.speculative_step
         self._pending_skip: PendingSkip | None = None
@@ -182,6 +184,8 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
         self.tput_timer = ThroughputTimer(self.train_batch_size())  # DeepSpeed's samples/s (throughput.py)
         if z.stage == 3:
             ds_param_attrs.attach(self)  # DeepSpeed's ds_* attributes, which third-party code reads
+        if not config.managed_gradient_accumulation:  # step() marks the boundary around itself (weakly: no cycle)
+            self.step = weak_call(self._unmanaged_step)
         watch_engine(self)  # ZEROCORE_DEBUG_HOST_WAITS: each step's host waits (zerocore/debug/engine_waits.py)
         engine_started(self)  # the process groups zerocore created live while an engine does
 
@@ -273,7 +277,7 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
                 raise
             raise better from e
         if torch.is_grad_enabled():  # loss.backward() on these outputs opens the engine's backward
-            torch_backward.hook_outputs(out, self._output_hook)
+            torch_backward.hook_outputs(out, self._output_hook, self._call_before)
         return out
 
     @reports_stalls
@@ -299,6 +303,9 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
             raise
         self._finish_backward()
         return loss / div if scale_wrt_gas else loss
+
+    def _unmanaged_step(self, lr_kwargs: dict | None = None) -> None:
+        unmanaged_window.step(self, lr_kwargs)
 
     def _begin_backward(self, bracket: str, grad_factor: float = 1.0, late: bool = False) -> None:
         """Opens a backward: engine.backward's, or a loss.backward()'s that autograd's hooks found
@@ -348,15 +355,6 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
         """Ends a micro-batch; at the accumulation boundary updates the parameters and steps the
         lr schedule (with ``lr_kwargs``), except when the update is skipped (fp16 overflow). With
         ``managed_gradient_accumulation: false`` every step() is the boundary (runtime/unmanaged_window.py)."""
-        if self.config.managed_gradient_accumulation:
-            return self._step(lr_kwargs)
-        self._in_step = True
-        try:
-            self._step(lr_kwargs)
-        finally:
-            self._in_step = False
-
-    def _step(self, lr_kwargs: dict | None) -> None:
         if self._in_no_sync:
             raise NoSyncMisuse("zerocore: step() inside no_sync(); leave the context for the last micro-batch's "
                                "backward (it reduces the accumulated gradients) and call step() after it (DeepSpeed: "
@@ -370,7 +368,6 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
 
             check_state_whole(self, "step()")
         boundary = self.is_gradient_accumulation_boundary()
-        self._last_step_boundary = False  # (was_step_applied; set once the step below is under way)
         if self.reducer.window_lost and boundary:
             raise RuntimeError(f"zerocore: {self.reducer.window_lost} (gradient accumulation): this "
                                "window's gradients cannot be restored; call engine.zero_grad() to drop the window's "
@@ -384,10 +381,10 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
             unmanaged_window.finish_window(self)  # the caller's window ends here (stages 0/1 reduce now)
         self._backward_done = False
         self.micro_steps += 1
-        self._last_step_boundary = boundary
         self.tput_timer.stop(global_step=boundary)
         if not boundary:
             return
+        self.__dict__["_boundary_step"] = self.micro_steps  # (was_step_applied; no Module.__setattr__ call)
         self.global_steps += 1
         self._count_samples()
         for _, p in self._ungrouped:  # in no hyper-parameter group: never updated, gradients not kept

@@ -35,7 +35,6 @@ from collections.abc import Callable, Mapping
 import torch
 
 from .._weak import GONE, EngineGone
-from ..ops.params import param_ops
 from ..sharding.reducer import OUTSIDE_BACKWARD
 from . import offload_states
 
@@ -90,10 +89,10 @@ def output_hook(engine) -> Callable[[], None]:
     return on_output_reached
 
 
-def hook_outputs(outputs, hook, call_before=param_ops().call_before_node) -> None:
+def hook_outputs(outputs, hook, call_before) -> None:
     """``hook()`` before the autograd node that made each tensor of ``outputs`` (a tensor, or tuples, lists
-    and mappings of them, as a Transformers ``ModelOutput`` is) runs: a node pre-hook set in one native call
-    (``ops.params.call_before_node``, about 4x cheaper than ``Tensor.register_hook``)."""
+    and mappings of them, as a Transformers ``ModelOutput`` is) runs: a node pre-hook set by ``call_before``
+    (``ops.params.param_ops().call_before_node``: one native call, about 4x cheaper than ``Tensor.register_hook``)."""
     if isinstance(outputs, torch.Tensor):
         if outputs.grad_fn is not None:
             call_before(outputs, hook)

@@ -13,6 +13,16 @@ finishes the window here, then updates as at any boundary:
 from __future__ import annotations
 
 
+def step(engine, lr_kwargs) -> None:
+    """``engine.step`` of such an engine (set at initialize; managed engines call ``Engine.step`` itself, with no
+    call more): the boundary is on while it runs."""
+    engine._in_step = True
+    try:
+        type(engine).step(engine, lr_kwargs)
+    finally:
+        engine._in_step = False
+
+
 def finish_window(engine) -> None:
     """Before the update of an unmanaged window's ``step()`` (``engine._in_step`` is set: the boundary)."""
     reducer = engine.reducer
