@@ -6,17 +6,12 @@ with the same seed each time, and saves each parameter's full value and each buf
 dtypes) to ``--out``, with what each tensor constructor makes inside Init, after it, and after an
 Init left by an exception. ``ZC_FACE=deepspeed|zerocore`` picks the library, nothing else differs.
 One process, one rank (gloo): the values do not depend on the world size (every rank takes rank 0's)."""
-import argparse
-import datetime
-import os
-
 import torch
 import torch.nn as nn
 
-if os.environ.get("ZC_FACE") == "zerocore":
-    import zerocore.deepspeed as deepspeed
-else:
-    import deepspeed
+from face_script import library, start
+
+deepspeed = library()
 
 OVERRIDE = deepspeed.runtime.zero.partition_parameters.DeepSpeedTensorOverride
 
@@ -146,12 +141,7 @@ def values(m) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    # 120 s, not gloo's default: a rank that never joins a collective (DeepSpeed's own stage-3 trace check
-    # once hung so in CI) fails the run in two minutes instead of costing CI ten
-    deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=120))
+    out = start(deepspeed)
     acc = deepspeed.accelerator.get_accelerator()
     result = {}
     for name, (inits, accelerator_change) in CASES.items():
@@ -167,7 +157,7 @@ def main():
                 acc.is_fp16_supported = saved
     result["fp16_supported"] = bool(acc.is_fp16_supported())
     result["constructors"] = constructors()
-    torch.save(result, args.out)
+    torch.save(result, out)
 
 
 if __name__ == "__main__":

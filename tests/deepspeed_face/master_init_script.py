@@ -2,16 +2,11 @@
 ZeRO stages 1-3, with the same seed each time: saves each parameter's fp32 master right after initialize
 (``safe_get_full_fp32_param``), and its 16-bit value after one step, to ``--out``. ``ZC_FACE=deepspeed|zerocore``
 picks the library, nothing else differs. One process, one rank (gloo)."""
-import argparse
-import datetime
-import os
-
 import torch
 
-if os.environ.get("ZC_FACE") == "zerocore":
-    import zerocore.deepspeed as deepspeed
-else:
-    import deepspeed
+from face_script import library, start
+
+deepspeed = library()
 safe_get_full_fp32_param = deepspeed.utils.safe_get_full_fp32_param  # (the chosen library's)
 
 
@@ -35,11 +30,8 @@ def run(stage: int) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=120))
-    torch.save({stage: run(stage) for stage in (1, 2, 3)}, args.out)
+    out = start(deepspeed)
+    torch.save({stage: run(stage) for stage in (1, 2, 3)}, out)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_one_rank(script: str, face: str, out: str) -> dict:
+    """What ``script`` saved to ``out`` (torch.save) run as one gloo rank of ``face`` (deepspeed|zerocore): the
+    scripts that build a model under both libraries and compare values (init_values_script.py,
+    master_init_script.py; their command line: face_script.py)."""
+    env = {**os.environ, "ZC_FACE": face, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    proc = subprocess.run([sys.executable, script, "--out", out], env=env, capture_output=True, text=True,
+                          timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"{face}: {os.path.basename(script)} failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}")
+    import torch
+
+    return torch.load(out)
+
+
 def launch(face: str, out: str, cases: list[dict], timeout: int = 1500, script: str = SCRIPT) -> dict[str, list[dict]]:
     """{case name: [rank 0 record, rank 1 record]} of one torchrun of ``face`` (deepspeed|zerocore)
     running ``script`` (train_script.py unless given)."""

@@ -7,13 +7,11 @@ makes inside Init, after it, and after an exception left it (init_values_script.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from .runner import ROOT, _free_port
+from .runner import run_one_rank
 
 pytest.importorskip("deepspeed", reason="comparing with DeepSpeed's zero.Init needs it installed "
                                          "(pip install deepspeed)")
@@ -23,14 +21,7 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
 
 def _values(face: str, out: str) -> dict:
-    env = {**os.environ, "ZC_FACE": face, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    proc = subprocess.run([sys.executable, SCRIPT, "--out", out], env=env, capture_output=True, text=True,
-                          timeout=600)
-    if proc.returncode != 0:
-        pytest.fail(f"{face}: init_values_script.py failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}")
-    return torch.load(out)
+    return run_one_rank(SCRIPT, face, out)
 
 
 def _parameter_dtype(case: str, fp16_supported: bool) -> torch.dtype:

@@ -6,8 +6,6 @@ for this model differ from the rounded ones: the comparison above would see the 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,20 +13,13 @@ import torch
 import zerocore
 from zerocore.deepspeed.utils import safe_get_full_fp32_param
 
-from .runner import ROOT, _free_port
+from .runner import run_one_rank
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "master_init_script.py")
 
 
 def _values(face: str, out: str) -> dict:
-    env = {**os.environ, "ZC_FACE": face, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    proc = subprocess.run([sys.executable, SCRIPT, "--out", out], env=env, capture_output=True, text=True,
-                          timeout=600)
-    if proc.returncode != 0:
-        pytest.fail(f"{face}: master_init_script.py failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}")
-    return torch.load(out)
+    return run_one_rank(SCRIPT, face, out)
 
 
 def test_bf16_master_and_first_step_are_deepspeeds(tmp_path):

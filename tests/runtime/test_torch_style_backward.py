@@ -358,6 +358,15 @@ def test_backward_that_raises_is_undone_by_the_next_call(stage):
     _same_training(engine, ref)
 
 
+def _trained_as_references(*pairs) -> None:
+    """Each (engine, reference model) pair holds the same weights; the engines are destroyed."""
+    for e, r in pairs:
+        got = e.full_state_dict()
+        for k, w in r.state_dict().items():
+            torch.testing.assert_close(got[k], w, rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+        e.destroy()
+
+
 def test_two_engines_under_one_loss():
     """DeepSpeed's test_multiple_models with a shared loss: one loss over two engines' outputs, one backward;
     each engine matches its own AdamW (DeepSpeed < 0.18.3 scripts call ``_backward_epilogue()`` after it: a no-op)."""
@@ -379,11 +388,7 @@ def test_two_engines_under_one_loss():
             norm = float(torch.nn.utils.clip_grad_norm_(r.parameters(), CLIP))
             assert e.global_grad_norm == pytest.approx(norm, rel=1e-5)
             o.step()
-    for e, r in ((e1, r1), (e2, r2)):
-        got = e.full_state_dict()
-        for k, w in r.state_dict().items():
-            torch.testing.assert_close(got[k], w, rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
-        e.destroy()
+    _trained_as_references((e1, r1), (e2, r2))
 
 
 def test_engine_backward_on_a_loss_through_two_engines():
@@ -406,11 +411,7 @@ def test_engine_backward_on_a_loss_through_two_engines():
                 assert e.global_grad_norm == pytest.approx(norm, rel=1e-5), (micro, gas)
                 o.step()
                 o.zero_grad()
-    for e, r in ((e1, r1), (e2, r2)):
-        got = e.full_state_dict()
-        for k, w in r.state_dict().items():
-            torch.testing.assert_close(got[k], w, rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
-        e.destroy()
+    _trained_as_references((e1, r1), (e2, r2))
 
 
 def test_no_sync_and_twice_without_step():
