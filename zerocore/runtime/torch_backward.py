@@ -3,9 +3,9 @@ bracket (begin: the checks, the gatherer and the reducer told a backward starts;
 reductions completed) driven by autograd instead of by ``engine.backward(loss)``.
 
 How the bracket is found without ``engine.backward``:
-- **Begin.** Every forward through the engine puts one tensor hook on each of its outputs that
-  needs a gradient (``hook_outputs``). The first of them to fire in a backward (autograd's graph
-  task) opens it. A gradient that reaches the engine without passing an output (the loss was
+- **Begin.** Every forward through the engine puts a pre-hook on the autograd node of each of its
+  outputs (``hook_outputs``). The first of them to fire in a backward (autograd's graph task) opens
+  it. A gradient that reaches the engine without passing an output (the loss was
   computed from ``engine.module(x)``, not ``engine(x)``) opens it from the reducer's or the
   gatherer's own hooks ("late"), after some gradients have already landed.
 - **Finish.** Opening queues the finish on autograd's engine (``queue_callback``, as FSDP2 ends its
@@ -24,7 +24,8 @@ How the bracket is found without ``engine.backward``:
   from outside autograd (forward, backward, step, zero_grad) finds the bracket still open and
   aborts it as ``engine.backward`` aborts its own (the gradients as they were before it).
 
-While ``engine.backward`` runs, the hooks do nothing.
+While ``engine.backward`` runs, its own hooks do nothing; another engine whose outputs its loss also
+reached opens its own backward, with the first engine's loss factor taken back out (``_LOSS_FACTORS``).
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ from . import offload_states
 CLOSED, ENGINE, AUTOGRAD = "closed", "engine.backward", "loss.backward"
 
 # What the engine.backward under way multiplied its loss by (its loss scale / accumulation steps): another
-# engine whose outputs that loss also reached takes it back out of its own gradients (one entry per nested call)
+# engine whose outputs that loss also reached takes it back out of its own gradients (one entry per nested call).
+# Process-wide, not thread-local: on a GPU the hooks that read it run on autograd's device threads.
 _LOSS_FACTORS: list[float] = []
 
 
