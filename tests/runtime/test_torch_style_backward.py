@@ -213,6 +213,10 @@ def test_fp16_needs_scale_and_scaled_matches_engine_backward(stage):
         b.step()  # the refused backward left nothing behind
     assert b.loss_scale == 256.0
     assert b.optimizer.needs_scaler()  # DeepSpeed's question, asked of the optimizer
+    assert b.optimizer.dynamic_loss_scale and b.optimizer.cur_scale == b.optimizer.loss_scaler.loss_scale == 256.0
+    static = _one(stage, fp16={"enabled": True, "loss_scale": 138.0})  # DeepSpeed's TestZeroStaticScale reads these
+    assert not static.optimizer.dynamic_loss_scale and static.optimizer.loss_scaler.loss_scale == 138.0
+    static.destroy()
     from zerocore.deepspeed.runtime.base_optimizer import ZeROOptimizer
     assert isinstance(b.optimizer, ZeROOptimizer)
     for micro in range(GAS):

@@ -19,6 +19,23 @@ from .._weak import GONE, back_ref
 from ..sharding import ALIGN_ELEMS, AdamHyper
 
 
+class ScalerView:
+    """``optimizer.loss_scaler``: DeepSpeed's names for the engine's loss scale, read when asked."""
+
+    def __init__(self, scaler):
+        self._scaler = scaler
+
+    @property
+    def loss_scale(self) -> float:
+        return self._scaler.scale
+
+    cur_scale = loss_scale
+
+    @property
+    def dynamic(self) -> bool:
+        return self._scaler.dynamic
+
+
 class ZeroOptimizer(torch.optim.Optimizer):
     # the engine owns this face (and trainers hold it too): a weak reference back, or the engine would
     # be in a cycle and outlive every user reference to it until the cyclic collector runs
@@ -200,6 +217,28 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if engine is None:
             raise RuntimeError(GONE)
         return engine.overflow
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        """DeepSpeed's: whether fp16's loss scale is dynamic (``fp16.loss_scale`` 0)."""
+        return self._scaler().dynamic
+
+    @property
+    def cur_scale(self) -> float:
+        """DeepSpeed's: the loss scale the next backward uses (1 without fp16)."""
+        return self._scaler().scale
+
+    @property
+    def loss_scaler(self):
+        """DeepSpeed's loss scaler object, read-only: ``loss_scale`` / ``cur_scale`` (the scale now) and
+        ``dynamic``; the engine's own scaler (runtime/loss_scale.py) keeps the state."""
+        return ScalerView(self._scaler())
+
+    def _scaler(self):
+        engine = self._engine
+        if engine is None:
+            raise RuntimeError(GONE)
+        return engine.scaler
 
     def needs_scaler(self) -> bool:
         """DeepSpeed's: whether a ``loss.backward()`` needs ``engine.scale(loss)`` first (fp16 with a loss
