@@ -28,6 +28,11 @@ class LossScaler:
             self.last_overflow_iter = -1
         self.overflows_at_min = 0
 
+    @property
+    def needed(self) -> bool:
+        """Whether a backward needs its loss scaled (fp16 with a dynamic scale or a static one other than 1)."""
+        return self.dynamic or self.scale != 1.0
+
     def update(self, overflow: bool) -> None:
         """Called once per optimizer step (skipped or not)."""
         if not self.dynamic:

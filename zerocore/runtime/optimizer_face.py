@@ -243,10 +243,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def needs_scaler(self) -> bool:
         """DeepSpeed's: whether a ``loss.backward()`` needs ``engine.scale(loss)`` first (fp16 with a loss
         scale other than 1; never bf16/fp32)."""
-        engine = self._engine
-        if engine is None:
-            raise RuntimeError(GONE)
-        return engine.scaler.dynamic or engine.scaler.scale != 1.0
+        return self._scaler().needed
 
     def __repr__(self) -> str:
         lrs = ", ".join(f"{g['lr']:g}" if isinstance(g["lr"], float) else str(g["lr"]) for g in self.param_groups)

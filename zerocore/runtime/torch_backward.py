@@ -125,7 +125,7 @@ def open_from_autograd(eng, *, late: bool) -> None:
     factor, unscaled = 1.0 / eng.gas / (_LOSS_FACTORS[-1] if _LOSS_FACTORS else 1.0), False
     if eng._scale_pending:
         eng._scale_pending = False
-    elif eng.scaler.dynamic or eng.scaler.scale != 1.0:
+    elif eng.scaler.needed:
         if not late:
             raise RuntimeError(NEEDS_SCALE)
         # engine.module(x) under fp16 without engine.scale(): DeepSpeed reduces such gradients unscaled and its
@@ -168,8 +168,7 @@ def scale(eng, loss: torch.Tensor) -> torch.Tensor:
                        f"micro-batch's, computed from the model's outputs); got {what}. For a non-scalar output call "
                        "output.backward(gradient) directly (bf16/fp32)")
     eng._scale_pending = True
-    s = eng.scaler.scale
-    return loss if s == 1.0 and not eng.scaler.dynamic else loss.float() * s
+    return loss.float() * eng.scaler.scale if eng.scaler.needed else loss
 
 
 class AutogradBackward:
