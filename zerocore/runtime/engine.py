@@ -57,10 +57,11 @@ from .module_face import ModuleFace
 from . import provided
 from ..debug.engine_waits import watch_engine
 from . import torch_backward, unmanaged_window
-from .torch_backward import AUTOGRAD, CLOSED, ENGINE, AutogradBackward
+from .backward_bracket import AUTOGRAD, ENGINE, BackwardBracket
+from .torch_backward import AutogradBackward
 
 
-class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
+class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, torch.nn.Module):
     """A ``torch.nn.Module`` wrapping the model (registered as ``module``), as DeepSpeed's engine is:
     ``parameters()``, ``named_parameters()``, ``state_dict()`` (keys ``module.<name>``), hooks,
     ``train()``/``eval()`` act on the wrapped model (``module_face.py`` for the rest)."""
@@ -169,12 +170,7 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
         self.global_grad_norm: float | None = None
         self._backward_done = False
         self._dropped = False  # zero_grad() between backward() and step() (named by step())
-        # which backward is open: engine.backward's, a loss.backward()'s (its autograd graph task), or none;
-        # and the hook every forward puts on its outputs to see the latter (runtime/torch_backward.py)
-        self._bracket, self._bracket_task = CLOSED, -1
-        self._bracket_unscaled = False  # the open loss.backward() is fp16's without engine.scale() (torch_backward)
-        self._scale_pending = False  # engine.scale(loss) was called for the next loss.backward()
-        self._warned_unscaled = False  # (torch_backward.UNSCALED_LATE, once)
+        # the hook every forward puts on its outputs, to see a loss.backward() (runtime/torch_backward.py)
         self._output_hook = torch_backward.output_hook(self)
         self._call_before = param_ops().call_before_node  # (the native extension is loaded by now)
         self._batches = self._step_batches()  # after the face and _torch_step: the batches use them
@@ -306,48 +302,6 @@ class Engine(DeepSpeedMethods, AutogradBackward, ModuleFace, torch.nn.Module):
 
     def _unmanaged_step(self, lr_kwargs: dict | None = None) -> None:
         unmanaged_window.step(self, lr_kwargs)
-
-    def _begin_backward(self, bracket: str, grad_factor: float = 1.0, late: bool = False) -> None:
-        """Opens a backward: engine.backward's, or a loss.backward()'s that autograd's hooks found
-        (``grad_factor`` and ``late``: GradReducer.begin_backward)."""
-        # (a caller that owns the boundary, unmanaged or through set_gradient_accumulation_boundary, may run several
-        # backwards before one step(), as DeepSpeed allows)
-        if (self._backward_done and not self._in_no_sync and self.config.managed_gradient_accumulation
-                and self._boundary_override is None):
-            raise RuntimeError("zerocore: backward() called twice without step(); call engine.step() after "
-                               "every micro-batch's backward (it only updates at the accumulation boundary)")
-        boundary = self.is_gradient_accumulation_boundary() and not self._in_no_sync
-        if late:
-            self.reducer.check_late(grad_factor)
-        if self.gatherer is not None:
-            self.gatherer.begin_backward()
-        self.reducer.begin_backward(boundary, grad_factor, late)
-        self._bracket = bracket
-
-    def _finish_backward(self) -> None:
-        """Closes the open backward: its reductions completed (aborted if one raises)."""
-        try:
-            self.reducer.finish_backward()
-        except BaseException:
-            self._abort_backward()
-            raise
-        self._bracket = CLOSED
-        if self.gatherer is not None:
-            self.gatherer.end_backward()
-        if not self._in_no_sync:
-            self._backward_done = True
-            if not self.config.managed_gradient_accumulation:
-                self._window_backwards += 1
-        self._dropped = False
-
-    def _abort_backward(self) -> None:
-        """A backward that raised: the gradients as they were before it (GradReducer.abort)."""
-        self._bracket = CLOSED
-        try:
-            self.reducer.abort()
-        finally:
-            if self.gatherer is not None:
-                self.gatherer.free_all()
 
     @reports_stalls
     @keeps_counters_on_failure

@@ -38,9 +38,8 @@ import torch
 from .._weak import GONE, EngineGone
 from ..sharding.reducer import OUTSIDE_BACKWARD
 from . import offload_states
+from .backward_bracket import AUTOGRAD, ENGINE
 
-# which backward is open (Engine._bracket)
-CLOSED, ENGINE, AUTOGRAD = "closed", "engine.backward", "loss.backward"
 
 # What the engine.backward under way multiplied its loss by (its loss scale / accumulation steps): another
 # engine whose outputs that loss also reached takes it back out of its own gradients (one entry per nested call).
@@ -173,8 +172,7 @@ def scale(eng, loss: torch.Tensor) -> torch.Tensor:
 
 class AutogradBackward:
     """The engine's methods for a backward autograd runs without ``engine.backward`` (mixed into
-    :class:`zerocore.Engine`; the bracket itself, ``_begin_backward`` / ``_finish_backward`` /
-    ``_abort_backward``, is the engine's, shared with ``engine.backward``)."""
+    :class:`zerocore.Engine`; the bracket itself, shared with ``engine.backward``: backward_bracket.py)."""
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """DeepSpeed's ``engine.scale(loss)``, for ``engine.scale(loss).backward()`` in place of
