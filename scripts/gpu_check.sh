@@ -28,6 +28,8 @@
 #   speculation  benchmarks/offload_speculation.py on the same GPT: stage 2 + CPU offload with the host Adam started
 #            during the backward (offload_optimizer.speculative_step; kept, and always dropped) against the step as
 #            before, beside T_device and T_host; speculation3: the same at stage 3; SPECULATION_EXTRA: more arguments
+#   landtime benchmarks/land_host_time.py --device cuda: the host time of each operation of the offload's gradient
+#            landing on a busy device, and of each line of HostSteppedShard.land in a stage-2 + offload backward
 # Python packages the image lacks (DeepSpeed and its pydantic, hjson) travel as wheels in .whl/ (carry it):
 # installed into /tmp/site first (once per machine: a later call on the warm machine skips it). Made here
 # with `echo /.whl/ >> .git/info/exclude` and, for each of
@@ -36,7 +38,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl NAME
 # (DeepSpeed's own wheel: `DS_BUILD_OPS=0 pip wheel --no-deps deepspeed==0.19.8`, a py3-none-any build.)
 # Environment: PY (default python3), ZC_ARCH (default 9.0); step limits in seconds T_BUILD, T_TESTS, T_STEP,
-# T_OFFLOAD, T_CPUOFFLOAD, T_LLAMA, T_COMPILE, T_KERNELS, T_VARIANTS, T_HOSTBATCH, T_SPECULATION, T_HOSTADAM; B_TESTS (the tests' budget), GPU_TEST_FILES,
+# T_OFFLOAD, T_CPUOFFLOAD, T_LLAMA, T_COMPILE, T_KERNELS, T_VARIANTS, T_HOSTBATCH, T_SPECULATION, T_HOSTADAM, T_LANDTIME; B_TESTS (the tests' budget), GPU_TEST_FILES,
 # LLAMA_ROUNDS, KERNEL_ROUNDS, COMPILE_ROUNDS, CPUOFFLOAD_VARIANTS, CPUOFFLOAD_PROFILE, SPECULATION_EXTRA, SPECULATION_PROFILE.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -112,6 +114,8 @@ CPUAdamBuilder().load(); FusedAdamBuilder().load(); print('DeepSpeed ops built')
       run $s "${T_SPECULATION:-150}" "$PY" benchmarks/offload_speculation.py --device cuda --dim 1024 \
         --layers 24 --heads 16 --ctx 128 --batch 8 --vocab 8192 --bucket 2.5e6 --threads "$(( $(nproc) - 1 ))" \
         --rounds 5 --steps 3 --stage $stage ${SPECULATION_EXTRA:-} "${prof[@]}" --out "$W/offload_$s.json" ;;
+    landtime)  # where the host time of the offload's gradient landing goes (per operation, per line)
+      run landtime "${T_LANDTIME:-90}" "$PY" benchmarks/land_host_time.py --device cuda --out "$W/land_host_time.json" ;;
     hostadam)  # the host Adam against this host's memory roofline (T_host's floor), in and out of place
       run hostadam "${T_HOSTADAM:-120}" env OMP_NUM_THREADS="$(( $(nproc) - 1 ))" "$PY" benchmarks/fused_adam.py \
         --sizes 3e8 --layouts flat,tensors --precisions mixed --protocols cold --reps 5 --no-deepspeed \

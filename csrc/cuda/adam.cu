@@ -3,10 +3,17 @@
 // copy of the updated parameter written in the same pass.
 //
 // Launch layout: the kernel arguments carry a table of the launch's tensors (five addresses,
-// numel and the index of the tensor's first chunk: 52 bytes each). Block b finds its tensor
-// by a binary search over the first-chunk indices and updates elements
-// [chunk * kAdamChunkElems, +kAdamChunkElems) of it (64-bit element offsets), so one launch
-// covers every chunk of its tensors however large they are. The kernel, its table and the lookup
+// numel, the index of the tensor's first chunk and its line shift: 56 bytes each). Block b finds
+// its tensor by a binary search over the first-chunk indices and updates one chunk of it: each
+// tensor's chunk grid starts `shift` elements before its first element, where shift is the
+// parameter's offset into a 128-byte line, so every chunk but the first (kAdamChunkElems - shift
+// elements) starts on a line (LineAlignedAdamTable). Tensors packed at 16 bytes (views into one
+// buffer) otherwise start every chunk 16-112 bytes into a line, and each warp's 512-byte access
+// touches 5 lines instead of 4: on an H100, 200 such tensors ran at 85.5% of the copy rate with
+// the plain grid and 93.1% with this one through adam_step_multi (bit-exact: the grid only decides
+// which block updates an element); tensors at 512-byte boundaries (torch's allocator) have shift 0, the plain grid
+// (95.0%; flat 96.6%; benchmarks/results/gpu_h100_2026-11-27_issue35_stop47). 64-bit element
+// offsets: one launch covers every chunk of its tensors however large they are. The kernel, its table and the lookup
 // are in adam_kernel.cuh (shared with the device-time benchmark's alternative lookups); this file
 // plans the launches and dispatches on the dtypes.
 //
@@ -45,21 +52,29 @@ namespace cuda {
 namespace {
 
 template <int N>
-using Table = AdamTable<N>;  // the lookup adam_kernel.cuh's kernel uses (its header: the alternatives measured)
+using Table = LineAlignedAdamTable<N>;  // the grid adam_kernel.cuh's kernel walks (cuda_variants.cu: the others measured)
 constexpr int kMinBlocks = 0;  // __launch_bounds__'s minimum blocks per SM: the compiler's choice
+// The kernel's parameters: the table, the scalars and the device scale's pointer, under the limits the
+// launch_table callers choose between (32,764 bytes with CUDA >= 12.1, 4,096 before).
+static_assert(sizeof(Table<kAdamTableLarge>) + sizeof(AdamScalars) + sizeof(float*) <= 32764,
+              "the large Adam table must fit CUDA 12.1's kernel parameter limit");
+static_assert(sizeof(Table<kAdamTableSmall>) + sizeof(AdamScalars) + sizeof(float*) <= 4096,
+              "the small Adam table must fit the 4 KB kernel parameter limit");
+// The shifted grid has at most one chunk per tensor more than the plan counts (plan_adam keeps room).
+constexpr int64_t kMaxPlannedChunks = std::numeric_limits<int32_t>::max() - kAdamTableLarge;
 
 template <class GT, class OT, int N>
-void launch_typed(const Table<N>& tab, const AdamScalars& s, const float* dgs, int64_t chunks, cudaStream_t st) {
-  const dim3 grid(static_cast<unsigned>(chunks));
+void launch_typed(const Table<N>& tab, const AdamScalars& s, const float* dgs, cudaStream_t st) {
+  const dim3 grid(static_cast<unsigned>(tab.chunks));  // the shifted grid's count (the plan's + at most one a tensor)
   if (s.l2_wd != 0.0f) adam_kernel<GT, OT, true, Table<N>, kMinBlocks><<<grid, kAdamThreads, 0, st>>>(tab, s, dgs);
   else adam_kernel<GT, OT, false, Table<N>, kMinBlocks><<<grid, kAdamThreads, 0, st>>>(tab, s, dgs);
 }
 
 template <class GT, int N>
-void launch_by_out(const Table<N>& tab, const AdamTensor& t, const float* dgs, int64_t chunks, cudaStream_t st) {
-  if (t.param_out == nullptr) return launch_typed<GT, no_out_t>(tab, t.s, dgs, chunks, st);
-  if (t.out_dtype == DType::BF16) return launch_typed<GT, bf16_t>(tab, t.s, dgs, chunks, st);
-  return launch_typed<GT, f16_t>(tab, t.s, dgs, chunks, st);
+void launch_by_out(const Table<N>& tab, const AdamTensor& t, const float* dgs, cudaStream_t st) {
+  if (t.param_out == nullptr) return launch_typed<GT, no_out_t>(tab, t.s, dgs, st);
+  if (t.out_dtype == DType::BF16) return launch_typed<GT, bf16_t>(tab, t.s, dgs, st);
+  return launch_typed<GT, f16_t>(tab, t.s, dgs, st);
 }
 
 // One planned launch with a table of N entries (l.tensors.size() <= N).
@@ -69,9 +84,9 @@ void launch_table(const AdamTensor* tensors, const AdamLaunch& l, const float* d
   fill_adam_table(tab, tensors, l);
   const AdamTensor& first = tensors[l.tensors[0]];
   switch (first.grad_dtype) {
-    case DType::F32: launch_by_out<float>(tab, first, dgs, l.chunks, stream); break;
-    case DType::BF16: launch_by_out<bf16_t>(tab, first, dgs, l.chunks, stream); break;
-    case DType::F16: launch_by_out<f16_t>(tab, first, dgs, l.chunks, stream); break;
+    case DType::F32: launch_by_out<float>(tab, first, dgs, stream); break;
+    case DType::BF16: launch_by_out<bf16_t>(tab, first, dgs, stream); break;
+    case DType::F16: launch_by_out<f16_t>(tab, first, dgs, stream); break;
   }
 }
 
@@ -91,7 +106,7 @@ void check_tensor(const AdamTensor& t, int64_t i) {
     throw std::invalid_argument(where + ": unknown gradient dtype");
   if (t.param_out != nullptr && t.out_dtype != DType::BF16 && t.out_dtype != DType::F16)
     throw std::invalid_argument(where + ": param_out must be bfloat16 or float16");
-  if (ceil_div(t.numel, kAdamChunkElems) > std::numeric_limits<int32_t>::max())
+  if (ceil_div(t.numel, kAdamChunkElems) > kMaxPlannedChunks)
     throw std::invalid_argument(where + " has " + std::to_string(t.numel) + " elements, more than one launch can index");
 }
 
@@ -104,7 +119,7 @@ std::vector<AdamLaunch> plan_adam(const AdamTensor* tensors, int64_t n, int max_
     throw std::invalid_argument("plan_adam: max_tensors must be kAdamTableSmall or kAdamTableLarge");
   std::vector<AdamLaunch> launches;
   std::vector<int64_t> open;  // index into launches of the open launch of each key seen
-  const int64_t max_chunks = std::numeric_limits<int32_t>::max();
+  const int64_t max_chunks = kMaxPlannedChunks;
   for (int64_t i = 0; i < n; ++i) {
     const AdamTensor& t = tensors[i];
     check_tensor(t, i);

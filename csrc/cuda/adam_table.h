@@ -88,9 +88,9 @@ struct HintedAdamTable : AdamTable<N> {
 // first chunk is kAdamChunkElems - shift elements long. For tensors packed at 16 bytes (views into one
 // buffer), whose chunks otherwise all start 16-112 bytes into a line and make every warp's 512-byte
 // access touch 5 lines instead of 4. The gradient, moments and output are aligned alike when they are
-// laid out alike (views at the same offsets); where they are not, only the parameter's lines are. A
-// candidate measured by csrc/bench/cuda_variants.cu (`chunks`: the launch's chunk count with the
-// shifts, which may exceed the plan's by one per tensor).
+// laid out alike (views at the same offsets); where they are not, only the parameter's lines are.
+// adam.cu's launch table (csrc/bench/cuda_variants.cu times it beside the plain grid; `chunks`: the
+// launch's chunk count with the shifts, which may exceed the plan's by one per tensor).
 template <int N>
 struct LineAlignedAdamTable : AdamTable<N> {
   int32_t shift[N];

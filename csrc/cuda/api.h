@@ -54,7 +54,7 @@ int adam_table_capacity();
 
 struct AdamLaunch {
   std::vector<int64_t> tensors;  // indices into the caller's array, in order
-  int64_t chunks = 0;            // blocks of this launch
+  int64_t chunks = 0;            // chunks of its tensors on the plain grid (the launch adds at most one a tensor: adam.cu)
 };
 // How adam_step_multi will split `n` tensors into launches of at most `max_tensors` each
 // (kAdamTableSmall or kAdamTableLarge; adam_step_multi passes adam_table_capacity()). Host

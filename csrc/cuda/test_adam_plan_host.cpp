@@ -103,12 +103,13 @@ void test_adam_table_lookups() {
   }
 }
 
-// The line-aligned chunk grid (LineAlignedAdamTable, a candidate cuda_variants measures): for tensors at
+// The line-aligned chunk grid (LineAlignedAdamTable, adam.cu's launch table, both sizes): for tensors at
 // every element offset within a line and sizes around the chunk size, each tensor's chunks cover its
 // elements once, in order, none empty or longer than a chunk; every chunk after the first starts on a
-// 128-byte line; the lookup finds each chunk's tensor; the launch's chunk count is the sum.
-void test_line_aligned_spans() {
-  using Table = zc::cuda::LineAlignedAdamTable<zc::cuda::kAdamTableLarge>;
+// 128-byte line; the lookup finds each chunk's tensor; the launch's chunk count is the sum, at most one
+// a tensor more than the plan's (the room plan_adam keeps under the int32 grid).
+template <class Table>
+void line_aligned_spans() {
   const int64_t C = zc::cuda::kAdamChunkElems;
   const zc::AdamScalars s = zc::adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.0, 1, true, 1.0);
   const std::vector<int64_t> sizes = {1, 3, 4, C - 33, C - 32, C - 1, C, C + 1, 2 * C - 5, 3 * C + 31, 10 * C};
@@ -145,9 +146,17 @@ void test_line_aligned_spans() {
     }
     CHECK(total == tab->chunks, "launch of %d tensors: %d chunks counted, the table says %d", tab->count, total,
           tab->chunks);
+    CHECK(tab->chunks >= l.chunks && tab->chunks <= l.chunks + tab->count,
+          "launch of %d tensors: %d shifted chunks against the plan's %lld", tab->count, tab->chunks,
+          static_cast<long long>(l.chunks));
   }
   CHECK(checked == static_cast<int64_t>(ts.size()), "%lld of %zu tensors checked", static_cast<long long>(checked),
         ts.size());
+}
+
+void test_line_aligned_spans() {
+  line_aligned_spans<zc::cuda::LineAlignedAdamTable<zc::cuda::kAdamTableSmall>>();
+  line_aligned_spans<zc::cuda::LineAlignedAdamTable<zc::cuda::kAdamTableLarge>>();
 }
 
 void test_plan_adam() {

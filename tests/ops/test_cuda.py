@@ -161,6 +161,35 @@ def test_adam_one_key_one_launch_and_past_the_table(count, grad_dtype, out_dtype
             _same_bits(go, o, f"param_out[{i}]")
 
 
+def test_adam_views_packed_at_16_bytes_on_the_line_aligned_grid():
+    """Tensors packed into one buffer at 16-byte boundaries (every 4-float offset into a 128-byte line), the
+    layout whose chunk grid the kernel moves onto lines (a first chunk shorter by the offset, vector accesses
+    from every chunk): bit for bit the CPU kernel's, sizes around the chunk and the line."""
+    rnd = random.Random(BASE_SEED + 16)
+    gen = _gen("packed16")
+    sizes = [rnd.choice([1, 4, 28, 29, 4064, 4068, 4092, 4096, 4100, 8191, 12289, 50_001]) for _ in range(160)]
+    offs, off = [], 4  # the first tensor 16 bytes into the buffer's first line
+    for n in sizes:
+        offs.append(off)
+        off += (n + 3) // 4 * 4
+    cpu = [_adam_state(n, gen, torch.float32) for n in sizes]
+    bufs = [torch.empty(off, device=DEV) for _ in range(4)]
+    gpu = []
+    for (p, g, m, v), o, n in zip(cpu, offs, sizes):
+        views = [b[o:o + n] for b in bufs]
+        for view, t in zip(views, (p, g, m, v)):
+            view.copy_(t)
+        gpu.append(views)
+    assert {o % 32 for o in offs} >= {4, 8, 12, 16, 20, 24, 28}, "the layout must cover every 16-byte offset in a line"
+    hp = dict(HP, adamw_mode=True, grad_scale=0.5)
+    ops.adam_step_multi(*[[t[k] for t in gpu] for k in range(4)], steps=[3] * len(sizes), **hp)
+    for i, ((p, g, m, v), (gp, _, gm, gv)) in enumerate(zip(cpu, gpu)):
+        ops.adam_step(p, g, m, v, step=3, **hp)
+        _same_bits(gp, p, f"param[{i}]")
+        _same_bits(gm, m, f"exp_avg[{i}]")
+        _same_bits(gv, v, f"exp_avg_sq[{i}]")
+
+
 def test_adam_device_grad_scale_and_nonfinite_grads():
     gen = _gen("scale")
     n = 50_001
