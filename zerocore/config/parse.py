@@ -36,30 +36,43 @@ def load_config(config: Any = None) -> ZeroConfig:
         config.validate()  # fields may have been assigned since construction
         return config
     if isinstance(config, (str, os.PathLike)):
-        path = os.fspath(config)
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except IsADirectoryError:
-            raise ConfigError(f"config file {path} is a directory; give the path of a JSON file") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}); give a JSON file") from None
-        except json.JSONDecodeError as e:
-            data = _read_hjson(path, e)
-        except OSError as e:
-            raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {path}: got a JSON {type(data).__name__}; allowed: a JSON object")
-        return from_dict(data)
+        return from_dict(read_config_file(os.fspath(config)))
     if isinstance(config, dict):
         return from_dict(config)
     raise ConfigError(f"config: got a {type(config).__name__}; allowed: a dict, a path to a JSON file, or a "
                       "zerocore.ZeroConfig")
 
 
-def _read_hjson(path: str, json_error: json.JSONDecodeError):
+def read_config_file(path: str) -> dict:
+    """The JSON (or, with ``hjson`` installed, HJSON) object in the file at ``path``. A key given twice in one
+    object is refused, naming it (``json`` would keep the last silently; DeepSpeed refuses it too)."""
+    def unique(pairs: list) -> dict:
+        seen = {}
+        for key, value in pairs:
+            if key in seen:
+                raise ConfigError(f"config file {path}: key {key!r} is given twice in one object; give it once")
+            seen[key] = value
+        return seen
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f, object_pairs_hook=unique)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory; give the path of a JSON file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}); give a JSON file") from None
+    except json.JSONDecodeError as e:
+        data = _read_hjson(path, e, unique)
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: got a JSON {type(data).__name__}; allowed: a JSON object")
+    return data
+
+
+def _read_hjson(path: str, json_error: json.JSONDecodeError, pairs_hook):
     """DeepSpeed reads its config files as HJSON (JSON with comments, unquoted keys and trailing commas): so
     does zerocore where the ``hjson`` package is installed (DeepSpeed depends on it); without it the JSON error
     says so."""
@@ -70,7 +83,7 @@ def _read_hjson(path: str, json_error: json.JSONDecodeError):
                           "files: pip install hjson for zerocore to read them too)") from None
     try:
         with open(path, encoding="utf-8") as f:
-            return hjson.load(f, object_pairs_hook=dict)
+            return hjson.load(f, object_pairs_hook=pairs_hook)
     except hjson.HjsonDecodeError as e:
         raise ConfigError(f"config file {path} is neither JSON ({json_error}) nor HJSON ({e})") from None
 

@@ -3,18 +3,22 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import warnings
 
 import torch
 
-from ..config import load_config
+from ..config import ConfigError, load_config
+from ..config.parse import read_config_file
 from .comm import init_distributed
 from .config_checks import check_deepspeed_rules
 from .semantics import prepare_config
 from .tensor_overrides import lifted
 from .utils.z3_leaf_module import apply_zero_leaf_module_config
+
+
+class ModelRequired(ValueError, AssertionError):
+    """initialize() without a model: DeepSpeed asserts it (an AssertionError), zerocore's errors are ValueErrors."""
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -59,11 +63,9 @@ def _raw_dict(config) -> dict | None:
         return config
     if isinstance(config, (str, os.PathLike)):
         try:
-            with open(config, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError):
+            return read_config_file(os.fspath(config))  # HJSON too, where hjson is installed
+        except ConfigError:
             return None  # zerocore's loader names the problem with the file
-        return data if isinstance(data, dict) else None
     return None
 
 
@@ -112,7 +114,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     data-parallel ranks as DeepSpeed's (``engine.training_dataloader``). ``mpu`` and
     ``mesh_param`` (model/sequence parallelism) are refused: zerocore is data parallel only."""
     if model is None:
-        raise ValueError("zerocore.deepspeed.initialize requires a model")
+        raise ModelRequired("zerocore.deepspeed.initialize requires a model")
     if mpu is not None:
         raise ValueError("zerocore.deepspeed.initialize: mpu (a model-parallel unit) is not supported: zerocore "
                          "shards over data-parallel ranks only and cannot honour tensor/pipeline parallel groups; "

@@ -1,7 +1,8 @@
-"""``deepspeed.runtime.config``: the optimizer names of a config's ``optimizer.type`` and
-``DeepSpeedConfigError``, which is zerocore's ``ConfigError`` itself: every config problem zerocore
-reports (a bad key, a value it cannot honour) is caught by ``except DeepSpeedConfigError``."""
+"""``deepspeed.runtime.config``: ``DeepSpeedConfig`` (config_object.py), the optimizer names of a config's
+``optimizer.type`` and ``DeepSpeedConfigError``, which is zerocore's ``ConfigError`` itself: every config problem
+zerocore reports (a bad key, a value it cannot honour) is caught by ``except DeepSpeedConfigError``."""
 from ...config import ConfigError as DeepSpeedConfigError  # noqa: F401
+from .config_object import DeepSpeedConfig  # noqa: F401
 
 ADAGRAD_OPTIMIZER = "adagrad"
 ADAM_OPTIMIZER = "adam"
