@@ -23,11 +23,12 @@ class BackwardBracket:
         (``grad_factor`` and ``late``: GradReducer.begin_backward)."""
         # (a caller that owns the boundary, unmanaged or through set_gradient_accumulation_boundary, may run several
         # backwards before one step(), as DeepSpeed allows)
-        if (self._backward_done and not self._in_no_sync and self.config.managed_gradient_accumulation
+        local = self._in_no_sync or self._coalescing  # each rank keeps its gradients: no reduction, no step due
+        if (self._backward_done and not local and self.config.managed_gradient_accumulation
                 and self._boundary_override is None):
             raise RuntimeError("zerocore: backward() called twice without step(); call engine.step() after "
                                "every micro-batch's backward (it only updates at the accumulation boundary)")
-        boundary = self.is_gradient_accumulation_boundary() and not self._in_no_sync
+        boundary = self.is_gradient_accumulation_boundary() and not local
         if late:
             self.reducer.check_late(grad_factor)
         if self.gatherer is not None:
@@ -45,7 +46,7 @@ class BackwardBracket:
         self._bracket = CLOSED
         if self.gatherer is not None:
             self.gatherer.end_backward()
-        if not self._in_no_sync:
+        if not (self._in_no_sync or self._coalescing):  # (coalesced_reduction.py sets it when the block ends)
             self._backward_done = True
             if not self.config.managed_gradient_accumulation:
                 self._window_backwards += 1

@@ -14,7 +14,7 @@ import stat
 import torch
 
 from ..sharding.gatherer import Running
-from . import provided
+from . import coalesced_reduction, provided
 from .checkpoint_marks import wait_pending
 from .misuse import NoSyncMisuse
 from .offload_states import check_resident
@@ -25,6 +25,8 @@ class DeepSpeedMethods:
     _boundary_override: bool | None = None  # set_gradient_accumulation_boundary(); None: the counter decides
     _window_start: int | None = None  # micro_steps at the last boundary; None: none since built or loaded
     _in_no_sync = False
+    _coalescing = False  # inside coalesce_grad_reduction() (runtime/coalesced_reduction.py)
+    pipeline_parallelism = False  # DeepSpeed's flag (its PipelineEngine's): zerocore has no pipeline engine
     _in_step = False  # step() is running: the boundary of managed_gradient_accumulation: false (unmanaged_window.py)
     _window_backwards = 0  # backward() calls since the last step(), counted where accumulation is unmanaged
     global_samples = 0  # samples of the global batches stepped so far (skipped steps included, as DeepSpeed)
@@ -42,6 +44,11 @@ class DeepSpeedMethods:
         if self._boundary_override is not None:
             return self._boundary_override
         return (self.micro_steps + 1) % self.gas == 0
+
+    @property
+    def _is_gradient_accumulation_boundary(self) -> bool | None:
+        """DeepSpeed's attribute: the value set_gradient_accumulation_boundary() gave (None: never set)."""
+        return self._boundary_override
 
     def managed_gradient_accumulation(self) -> bool:
         """DeepSpeed's: whether the engine ends accumulation windows itself (every gradient_accumulation_steps
@@ -75,14 +82,19 @@ class DeepSpeedMethods:
                                "partitioned, so every backward reduces them across ranks; use stage 0 or 1, or "
                                "gradient_accumulation_steps to accumulate without a step (DeepSpeed: no_sync context "
                                f"manager is incompatible with gradient partitioning logic of ZeRO stage {stage})")
-        if self._in_no_sync:
-            raise NoSyncMisuse("zerocore: no_sync() entered again inside no_sync(); nesting is not supported "
-                               "(DeepSpeed: no_sync context manager reentry is unsupported)")
+        if self._in_no_sync or self._coalescing:
+            raise NoSyncMisuse("zerocore: no_sync() entered again inside no_sync() or coalesce_grad_reduction(); "
+                               "nesting is not supported (DeepSpeed: no_sync context manager reentry is unsupported)")
         self._in_no_sync = True
         try:
             yield
         finally:
             self._in_no_sync = False
+
+    def coalesce_grad_reduction(self):
+        """DeepSpeed 0.19's context manager: the backwards inside reduce nothing, leaving the block reduces their
+        sum once (runtime/coalesced_reduction.py); call step() after the block."""
+        return coalesced_reduction.coalesced(self)
 
     def gradient_accumulation_steps(self) -> int:
         return self.gas

@@ -56,7 +56,7 @@ from . import ds_param_attrs
 from .module_face import ModuleFace
 from . import provided
 from ..debug.engine_waits import watch_engine
-from . import torch_backward, unmanaged_window
+from . import coalesced_reduction, torch_backward, unmanaged_window
 from .backward_bracket import AUTOGRAD, ENGINE, BackwardBracket
 from .torch_backward import AutogradBackward
 
@@ -309,7 +309,8 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
         """Ends a micro-batch; at the accumulation boundary updates the parameters and steps the
         lr schedule (with ``lr_kwargs``), except when the update is skipped (fp16 overflow). With
         ``managed_gradient_accumulation: false`` every step() is the boundary (runtime/unmanaged_window.py)."""
-        if self._in_no_sync:
+        if self._in_no_sync or self._coalescing:
+            coalesced_reduction.refuse_step(self)
             raise NoSyncMisuse("zerocore: step() inside no_sync(); leave the context for the last micro-batch's "
                                "backward (it reduces the accumulated gradients) and call step() after it (DeepSpeed: "
                                "It is illegal to call Engine.step() inside no_sync context manager)")

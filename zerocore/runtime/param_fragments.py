@@ -188,6 +188,8 @@ def full(param, kind: str) -> torch.Tensor | None:
     f = locate(param)
     if f is None:
         return None
+    if kind == "grad" and f.engine._coalescing:  # inside coalesce_grad_reduction(): this rank's own sum so far,
+        return param.grad                       # unreduced, as DeepSpeed documents it (no collective)
     if kind == "grad" and f.group.grad_full is not None:  # stages 0/1: every rank holds the whole gradient
         _, divisor = _owned_grad(f)  # (its state checked)
         whole = f.group.grad_full[f.offset:f.offset + f.numel].to(torch.float32, copy=True)

@@ -112,6 +112,10 @@ class GradReducer:
         self.launched = [False] * len(groups)
         self.next_launch = 0
         self.reducing = False  # does this backward reduce (always at stage 2; at the boundary at 0/1)?
+        # engine.coalesce_grad_reduction(): backwards reduce nothing (stages 2/3 too: gradients stay in .grad, summed
+        # by autograd) until the block's end runs the boundary pass (runtime/coalesced_reduction.py)
+        self.deferred = False
+        self.deferred_backwards = 0  # backwards finished while deferred (since the last pass)
         self.in_backward = False
         self.grad_factor = 1.0  # what this backward's gradients are multiplied by as they are added in
         # A backward that raises must leave the gradients as they were before it:
@@ -168,9 +172,14 @@ class GradReducer:
         buffer, so they are not taken out of it as a later micro-batch's are)."""
         if self.in_backward:
             raise RuntimeError("zerocore: backward called again before the previous one finished")
+        if self.deferred and not self.full_grads and grad_factor != 1.0:
+            raise RuntimeError(
+                "zerocore: loss.backward() inside coalesce_grad_reduction() at ZeRO stage 2/3 with "
+                "gradient_accumulation_steps > 1: its 1/gradient_accumulation_steps is applied as gradients are "
+                "reduced, and the block sums them in .grad first; call engine.backward(loss) inside the block")
         self.in_backward = True
         self.grad_factor = grad_factor
-        self.reducing = boundary or not self.full_grads
+        self.reducing = (boundary or not self.full_grads) and not self.deferred
         if not self.unit_signals:
             for s in self._arrived:
                 s.clear()
@@ -346,6 +355,8 @@ class GradReducer:
             self.in_backward = False
             if self.pool is not None:
                 self.pool.release()
+        if self.deferred:
+            self.deferred_backwards += 1
 
     def _reduce_late(self) -> None:
         """Stage 3: gradients that arrived after their unit's post-backward (a parameter used on
@@ -380,6 +391,9 @@ class GradReducer:
             for g in self.groups:
                 for p in g.params:
                     p.grad = None
+            if self.deferred and self.deferred_backwards:
+                self.window_lost = ("a backward inside coalesce_grad_reduction() raised: the gradients the block's "
+                                    "earlier backwards left in .grad were dropped with its own")
             for k in self._added:
                 g = self.groups[k]
                 if self._had_grad[k]:
@@ -398,6 +412,7 @@ class GradReducer:
             raise RuntimeError("zerocore: zero_grad() during backward")
         clear_grads_of(self.groups)
         self.window_lost = None
+        self.deferred_backwards = 0
 
     def remove_hooks(self) -> None:
         for h in self._hooks:
