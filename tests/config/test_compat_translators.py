@@ -8,6 +8,9 @@ import dataclasses
 import warnings
 
 import pytest
+import torch
+
+from zerocore.runtime.model_setup import accumulation_dtype
 
 from zerocore.config import ConfigError, ConfigWarning, ZeroConfig, load_config
 from zerocore.config.compat import (accepted_keys, colossalai, deepspeed, other_spellings, to_canonical,
@@ -220,15 +223,20 @@ def _quiet_load(cfg: dict) -> ZeroConfig:
     (0, "bf16", "fp32", False), (0, None, "fp16", False),  # DeepSpeed refuses these mixes without ZeRO too
     (1, "fp16", "fp32", True), (1, None, "bf16", True),  # DeepSpeed's stage-1 optimizer accumulates in the
     (2, "bf16", "fp32", True), (3, "fp16", "bf16", True),  # training dtype whatever it says, as zerocore
-    (1, "bf16", "fp32", False),  # DeepSpeed's BF16 optimizer would accumulate in fp32: not honoured, refused
+    (1, "bf16", "fp32", True),  # DeepSpeed's BF16 optimizer accumulates in fp32: so does zerocore (accumulation_dtype)
 ])
 def test_deepspeed_data_types_section(stage, train, accum, accepted):
     cfg = {"zero_optimization": {"stage": stage}, "data_types": {"grad_accum_dtype": accum}}
     if train:
         cfg[train] = {"enabled": True}
     if accepted:
-        assert deepspeed.translate(cfg).config["data_types"] == {}  # dropped: the schema's section keeps its defaults
-        _same_config(cfg, {k: v for k, v in cfg.items() if k != "data_types"})
+        loaded = _quiet_load(cfg)
+        assert loaded.data_types.grad_accum_dtype == accum
+        fp32 = (stage, train, accum) == (1, "bf16", "fp32")
+        assert accumulation_dtype(loaded) == (torch.float32 if fp32 else None)
+        if stage > 0:
+            offload = {**cfg, "zero_optimization": {"stage": stage, "offload_optimizer": {"device": "cpu"}}}
+            assert accumulation_dtype(_quiet_load(offload)) is None  # DeepSpeed's ZeRO optimizer then: bf16
     else:
         with pytest.raises(ConfigError, match=f"data_types.grad_accum_dtype: '{accum}' with {train or 'fp32'} "
                                               f"training at ZeRO stage {stage}"):

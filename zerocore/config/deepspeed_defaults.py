@@ -19,7 +19,7 @@ DEEPSPEED_DEFAULTS: dict[str, object] = {
     "fp16.enabled": False, "fp16.loss_scale": 0.0, "fp16.initial_scale_power": 16, "fp16.loss_scale_window": 1000,
     "fp16.hysteresis": 2, "fp16.consecutive_hysteresis": False, "fp16.min_loss_scale": 1.0,
     "bf16.enabled": False, "bf16.check_grad_overflow": True,
-    "data_types.buffer_dtype": None, "data_types.keep_in_fp32_modules": "auto", "data_types.master_init": ONLY_ZEROCORE,
+    "data_types.buffer_dtype": None, "data_types.grad_accum_dtype": None, "data_types.keep_in_fp32_modules": "auto", "data_types.master_init": ONLY_ZEROCORE,
     "zero_optimization.stage": 0, "zero_optimization.contiguous_gradients": True,
     "zero_optimization.reduce_scatter": True, "zero_optimization.overlap_comm": None,
     "zero_optimization.reduce_dtype": ONLY_ZEROCORE,

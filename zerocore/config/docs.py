@@ -45,8 +45,7 @@ warning, as is a feature section switched off (`{"enabled": false}`); any other
 the key, since ignoring it would train something else than the file asks for. The full list
 is at the end of this file. Where `zerocore.initialize` treats a DeepSpeed config differently
 from DeepSpeed on purpose (a setting refused where DeepSpeed silently ignores it, such as
-`offload_param` below stage 3, `ignore_unused_parameters: false`, bf16 with
-`data_types.grad_accum_dtype: "fp32"` at stage 1), `docs/deepspeed_unit_tests.md` says why,
+`offload_param` below stage 3, `ignore_unused_parameters: false`), `docs/deepspeed_unit_tests.md` says why,
 beside DeepSpeed's own unit tests run against zerocore.
 
 `zerocore.deepspeed.initialize` (the DeepSpeed face) follows DeepSpeed instead, and marks its
@@ -61,8 +60,7 @@ one warning naming it (`zerocore.initialize` refuses at the next `step()`); and 
 optimizer state saved at another data-parallel world size is refused (`ZeRORuntimeException`)
 unless `checkpoint.load_universal` is true (`zerocore.initialize` reshards it always); and
 `data_types.buffer_dtype` null keeps each buffer's dtype (`"keep"`; `zerocore.initialize` casts floating
-buffers to the training dtype then, as BatchNorm's kernels need). bf16 with
-`data_types.grad_accum_dtype: "fp32"` at stage 1 stays refused by both.
+buffers to the training dtype then, as BatchNorm's kernels need).
 
 `activation_checkpointing` is accepted as memory-only: its keys (`partition_activations`,
 `cpu_checkpointing`, `contiguous_memory_optimization`, `number_checkpoints`,

@@ -315,9 +315,9 @@ DTYPE_SPELLINGS = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.flo
 
 @dataclasses.dataclass
 class DataTypesConfig(_Section):
-    """DeepSpeed's ``data_types`` section: the dtype of the model's buffers. Its ``grad_accum_dtype`` and
-    ``param_dtype`` are checked and dropped by ``compat/deepspeed.py`` (they ask for nothing zerocore does
-    not do, or are refused as DeepSpeed refuses them)."""
+    """DeepSpeed's ``data_types`` section: the dtype of the model's buffers and of the accumulated gradients.
+    Its ``param_dtype`` is checked and dropped by ``compat/deepspeed.py`` (it asks for nothing zerocore does not
+    do, or is refused as DeepSpeed refuses it); so are the ``grad_accum_dtype`` mixes DeepSpeed refuses."""
 
     PATH = "data_types"
     buffer_dtype: str | None = option(
@@ -329,6 +329,14 @@ class DataTypesConfig(_Section):
         "\"keep\". Parameters always train in the training dtype; under fp32 training every floating buffer "
         "becomes fp32.", kind=str, optional=True,
         allowed="null, \"keep\" or one of " + ", ".join(f'"{k}"' for k in DTYPE_SPELLINGS))
+    grad_accum_dtype: str | None = option(
+        None, "The dtype gradients accumulate in across micro-batches: \"fp32\" with bf16 training at ZeRO stage 1 "
+        "and no optimizer offload keeps a full fp32 gradient buffer (2 bytes a parameter more than bf16's), each "
+        "backward's bf16 gradients added into it and reduced in fp32 (DeepSpeed's BF16 optimizer; .grad is None "
+        "between backward and step there, as in DeepSpeed). Elsewhere gradients accumulate in the training dtype "
+        "whatever it says, as DeepSpeed's ZeRO optimizer does; at stage 0 a dtype other than the training dtype is "
+        "refused, as DeepSpeed refuses it.", kind=str, optional=True,
+        allowed="null or one of " + ", ".join(f'"{k}"' for k in DTYPE_SPELLINGS))
     master_init: str = option(
         "given", "Where the fp32 master weights of bf16/fp16 training start: \"given\": the values the model held at "
         "initialize, unrounded (as FSDP2 and torch AMP keep fp32 weights); \"rounded\": those values rounded to the "
@@ -350,6 +358,11 @@ class DataTypesConfig(_Section):
                 raise ConfigError(f"{self.PATH}.buffer_dtype: got {self.buffer_dtype!r}{why}; allowed: null, "
                                   f"'keep' or one of {', '.join(repr(k) for k in DTYPE_SPELLINGS)}")
             self.buffer_dtype = DTYPE_SPELLINGS[self.buffer_dtype]
+        if self.grad_accum_dtype is not None:
+            if self.grad_accum_dtype not in DTYPE_SPELLINGS:
+                raise ConfigError(f"{self.PATH}.grad_accum_dtype: got {self.grad_accum_dtype!r}; allowed: null or one "
+                                  f"of {', '.join(repr(k) for k in DTYPE_SPELLINGS)}")
+            self.grad_accum_dtype = DTYPE_SPELLINGS[self.grad_accum_dtype]
         if self.master_init not in ("given", "rounded"):
             raise ConfigError(f"{self.PATH}.master_init: got {self.master_init!r}; allowed: \"given\" or \"rounded\"")
         keep = self.keep_in_fp32_modules

@@ -33,7 +33,7 @@ from ..runtime.grad_norm import reduce_dtype
 from ..runtime.frozen_groups import frozen_specs, gatherer_units, whole_frozen
 from ..runtime.group_specs import engine_groups
 from ..runtime.memory import held_bytes
-from ..runtime.model_setup import named_params, training_dtype
+from ..runtime.model_setup import accumulation_dtype, named_params, training_dtype
 from ..sharding import GradReducer, OptimizerShard, ShardedGroup, policy_for
 from ..sharding.gatherer import Limits, ParamGatherer
 
@@ -272,7 +272,7 @@ def build(module: nn.Module, config: ZeroConfig, world: int, rank: int, device: 
     ``device``), as ``Engine.__init__`` builds them; call inside FakeTensorMode."""
     z = config.zero_optimization
     comm = PlanComm(world, rank, backend or ("nccl" if device.type == "cuda" else "gloo"))
-    policy = policy_for(z.stage)
+    policy = policy_for(z.stage, accumulation_dtype(config))
     dtype = training_dtype(config)
     trainable, frozen = named_params(module)
     if not trainable:

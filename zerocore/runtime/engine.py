@@ -30,7 +30,7 @@ from .loss_scale import LossScaler
 from .memory import held_bytes, with_prediction
 from .grad_norm import clip_coef, device_norm, grad_sumsq, reduce_dtype, sum_across
 from .deferred_skip import PendingSkip, SettledCount, settle, skip_coef
-from .model_setup import convert_rest, named_params, training_dtype
+from .model_setup import accumulation_dtype, convert_rest, named_params, training_dtype
 from .gathered import register_engine
 from .partition_init import check_unchanged, initial_value
 from .group_specs import GroupSpec, engine_groups, hyper_pieces
@@ -79,7 +79,7 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
         self.config = config
         self.comm = comm
         z = config.zero_optimization
-        self.policy = policy_for(z.stage)
+        self.policy = policy_for(z.stage, accumulation_dtype(config))
         self.dtype = training_dtype(config)
         self.gas, _, _ = config.batch_sizes(comm.world)
         trainable, frozen = named_params(module)

@@ -20,6 +20,17 @@ def training_dtype(cfg: ZeroConfig) -> torch.dtype:
     return torch.float32
 
 
+def accumulation_dtype(cfg: ZeroConfig) -> torch.dtype | None:
+    """The dtype of stages 0/1's full gradient buffer where it is not the training dtype: fp32 for bf16 training at
+    stage 1 without optimizer offload when ``data_types.grad_accum_dtype`` says "fp32" (DeepSpeed's BF16 optimizer);
+    None elsewhere (the training dtype: DeepSpeed's ZeRO optimizer accumulates in it whatever the key says)."""
+    z = cfg.zero_optimization
+    if (cfg.data_types.grad_accum_dtype == "fp32" and cfg.bf16.enabled and z.stage == 1
+            and z.offload_optimizer.device == "none"):
+        return torch.float32
+    return None
+
+
 def named_params(module: torch.nn.Module) -> tuple[list[tuple[tuple[str, ...], torch.nn.Parameter]],
                                                    list[tuple[tuple[str, ...], torch.nn.Parameter]]]:
     """(trainable, frozen) as (all names, parameter) in registration order; a parameter shared by

@@ -52,8 +52,11 @@ class ShardedGroup:
         self._empty = torch.empty(0, dtype=layout.dtype, device=device)
         self.grad_state = grad_state(layout.index)
         # Stages 0/1: the full gradient buffer; stage 2+: only the owned, reduced slice.
-        self.grad_full = (torch.zeros(layout.padded, dtype=layout.dtype, device=device)
+        self.grad_full = (torch.zeros(layout.padded, dtype=policy.grad_dtype or layout.dtype, device=device)
                           if policy.keep_full_grads else None)
+        # a buffer wider than the parameters (fp32 accumulation of bf16 gradients) cannot be their .grad: each
+        # backward's .grad is added into it and dropped (GradReducer._rebind_full_grads)
+        self.grad_unbound = self.grad_full is not None and self.grad_full.dtype != layout.dtype
         self.grad_shard = (None if policy.keep_full_grads or not policy.trains  # frozen: never a gradient
                            else torch.zeros(self.hi - self.lo, dtype=layout.dtype, device=device))
         self.has_grad = False  # the owned slice holds a gradient of this optimizer step
@@ -230,8 +233,14 @@ class ShardedGroup:
         return self.grad_full[slot.offset:slot.end].view(slot.shape)
 
     def bind_grads(self) -> None:
-        """Stages 0/1: every parameter's ``.grad`` is a view of its slot in ``grad_full``."""
-        if self.grad_full is not None:
+        """Stages 0/1: every parameter's ``.grad`` is a view of its slot in ``grad_full`` (None where the buffer
+        is wider than the parameters: ``grad_unbound``)."""
+        if self.grad_unbound:
+            if not self.grad_views:
+                self.grad_views = [self.grad_view(i) for i in range(len(self.params))]
+            for p in self.params:
+                p.grad = None
+        elif self.grad_full is not None:
             if not self.grad_views:  # the same view objects every step: the reducer tests ``p.grad is view``
                 self.grad_views = [self.grad_view(i) for i in range(len(self.params))]
             for p, v in zip(self.params, self.grad_views):

@@ -96,7 +96,11 @@ class GradReducer:
         sharded = bool(groups) and groups[0].policy.shard_optimizer
         self._reduce = comm.reduce_scatter if reduce_scatter and sharded else comm.all_reduce
         self.full_grads = bool(groups) and groups[0].policy.keep_full_grads
-        train_dtype = groups[0].layout.dtype if groups else torch.float32
+        # stages 0/1 with a buffer wider than the parameters (fp32 accumulation of bf16): .grad is each backward's
+        # own, added into the buffer at its end; the buffer's dtype is what reduces
+        self._unbound = bool(groups) and groups[0].grad_unbound
+        train_dtype = (groups[0].grad_full.dtype if self.full_grads else groups[0].layout.dtype) if groups else \
+            torch.float32
         self.reduce_dtype = reduce_dtype or train_dtype
         self.pool = None
         if groups and (not self.full_grads or self.reduce_dtype != train_dtype):
@@ -155,7 +159,8 @@ class GradReducer:
         ``grad_factor``: stages 2/3 scale as they add the reduced gradients in, always; stages 0/1's
         buffer already holds them in place, summed with earlier micro-batches of the window unless
         this is its first."""
-        if self.full_grads and grad_factor != 1.0 and any(g.grad_state != GradState.EMPTY for g in self.groups):
+        if (self.full_grads and not self._unbound and grad_factor != 1.0
+                and any(g.grad_state != GradState.EMPTY for g in self.groups)):
             self.window_lost = ("a loss.backward() the engine saw only after its gradients were summed into the "
                                 "window's")
             raise RuntimeError(
@@ -195,7 +200,9 @@ class GradReducer:
                     g.grad_state.to(GradState.FILLING)
                 else:
                     self._fresh = not late
-            if self._fresh:
+            if self._unbound:  # .grad is None between backwards (or holds this one's first gradients, late)
+                self._fresh = True
+            elif self._fresh:
                 for g in self.groups:
                     for p in g.params:  # a plain loop: no Python call per parameter
                         p.grad = None
@@ -320,6 +327,12 @@ class GradReducer:
         this backward's gradients times it (the fresh ones as they are added; else the whole buffer,
         which then holds this backward's only)."""
         for g in self.groups:
+            if g.grad_unbound:  # each backward's own .grad, into the wider buffer, then dropped
+                for p, v in zip(g.params, g.grad_views):
+                    if p.grad is not None and keep:
+                        v.add_(p.grad) if factor == 1.0 else v.add_(p.grad, alpha=factor)
+                    p.grad = None
+                continue
             for p, v in zip(g.params, g.grad_views):  # a plain loop: no Python call per parameter
                 if p.grad is not v:
                     if p.grad is not None and keep:

@@ -52,9 +52,6 @@ ACCEPTED: dict[str, dict[str, tuple]] = {
     "data_types": {
         "param_dtype": (ANY, "DeepSpeed asserts it is the training dtype (the fp16/bf16 enabled flags) and casts "
                              "nothing else by it: checked the same way (before this table)"),
-        "grad_accum_dtype": (ANY, "null or the training dtype change nothing; at ZeRO stages 2-3 (and stage 1 but for "
-                                  "bf16 training with \"fp32\") DeepSpeed accumulates in the training dtype whatever "
-                                  "it says, as zerocore does; other values are refused (checked before this table)"),
     },
     "zero_optimization": {
         "ignore_unused_parameters": ((True,), "zerocore always trains models with unused parameters (their "
@@ -225,10 +222,9 @@ def _check_data_types(value, data: dict) -> None:
     stage = z.get("stage", 0) if isinstance(z, dict) else 0
     offload = isinstance(z, dict) and isinstance(z.get("offload_optimizer"), dict) and \
         z["offload_optimizer"].get("device", "none") not in ("none", None)
-    if stage >= 2 or stage == 1 and not (train == "bf16" and accum == "fp32" and not offload):
-        return  # DeepSpeed's ZeRO optimizer accumulates in the training dtype here, whatever the key says
-    why = ("DeepSpeed accumulates stage-1 bf16 gradients in fp32 then (its BF16 optimizer); zerocore accumulates "
-           "in the training dtype" if stage == 1 else "without ZeRO, DeepSpeed refuses this mix too")
+    if stage >= 1:
+        return  # stage 1, bf16, "fp32", no offload: fp32 accumulation; elsewhere the training dtype, as DeepSpeed
+    why = "without ZeRO, DeepSpeed refuses this mix too"
     raise ConfigError(f"data_types.grad_accum_dtype: {value.get('grad_accum_dtype')!r} with {train} training at "
                       f"ZeRO stage {stage}: zerocore cannot honour it ({why}); use null or {train!r}")
 
