@@ -183,3 +183,19 @@ def test_optimizer_offload_accumulates_in_bf16_as_deepspeeds_zero_optimizer():
     engine = zerocore.initialize(_net(), _cfg(offload_optimizer={"device": "cpu"}))
     assert engine.groups[0].grad_full.dtype == torch.bfloat16
     engine.destroy()
+
+
+def test_coalesce_grad_reduction_accumulates_in_fp32_too():
+    """(DeepSpeed's BF16 optimizer refuses coalesce_grad_reduction(); zerocore's stage 1 coalesces the same way
+    whatever the buffer's dtype.)"""
+    sums, _, _ = _reference(1)
+    engine = zerocore.initialize(_net(), _cfg())
+    with engine.coalesce_grad_reduction():
+        for j in range(GAS):
+            engine.set_gradient_accumulation_boundary(j == GAS - 1)
+            engine.backward(_loss(engine, j))
+    for got, want in zip(_accumulated(engine), sums[0]):
+        assert torch.equal(got, want)
+    engine.step()
+    assert engine.optimizer_steps == 1
+    engine.destroy()
