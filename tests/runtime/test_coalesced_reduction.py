@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 import zerocore
-from stage3_ranks import LR, MICRO, WD, batch, results, scenarios_of, spawn
+from stage3_ranks import LR, MICRO, WD, batch, scenarios_of, spawn
+from window_reference import adamw_windows, assert_ranks_match
 
 D, CLIP = 12, 0.05
 BLOCKS = (2, 4, 3)
@@ -76,30 +77,10 @@ def ranks(tmp_path_factory):
     return spawn(SCENARIOS, 2, tmp_path_factory.mktemp("coalesce"), timeout=400)
 
 
-def _reference(world=2):
-    model = _net()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD)
-    norms, i = [], 0
-    for n in BLOCKS:
-        opt.zero_grad()
-        for _ in range(n):
-            x, y = batch(i, MICRO * world, D)
-            (nn.functional.mse_loss(model(x), y) / n).backward()
-            i += 1
-        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
-        opt.step()
-    assert min(norms) > 2 * CLIP  # the clip bites
-    return model.state_dict(), norms
-
-
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_one_reduction_per_block_and_adamws_numbers(ranks, name):
-    want, norms = _reference()
-    for rank, r in enumerate(results(ranks, name)):
-        assert r["norms"] == pytest.approx(norms, rel=1e-5), f"{name} rank {rank}: global gradient norms"
-        for k, w in want.items():
-            torch.testing.assert_close(r["params"][k], w, rtol=1e-5, atol=1e-6,
-                                       msg=lambda m, k=k: f"{name} rank {rank}, {k}: {m}")
+    want, norms = adamw_windows(_net, BLOCKS, D, CLIP)
+    for r in assert_ranks_match(ranks, name, want, norms):
         assert r["reductions"] == [r["groups"]] * len(BLOCKS), f"{name}: each group reduced once per block"
         assert r["steps"] == len(BLOCKS)
 

@@ -13,7 +13,8 @@ from torch import nn
 
 import zerocore
 import zerocore.deepspeed as deepspeed
-from stage3_ranks import LR, MICRO, WD, batch, results, scenarios_of, spawn
+from stage3_ranks import LR, MICRO, WD, batch, scenarios_of, spawn
+from window_reference import adamw_windows, assert_ranks_match
 
 D, GAS, CLIP = 12, 4, 0.05
 WINDOWS = (2, 5, 3)
@@ -68,30 +69,10 @@ def ranks(tmp_path_factory):
     return spawn(SCENARIOS, 2, tmp_path_factory.mktemp("unmanaged"), timeout=400)
 
 
-def _reference(world=2):
-    model = _net()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD)
-    norms, i = [], 0
-    for n in WINDOWS:
-        opt.zero_grad()
-        for _ in range(n):
-            x, y = batch(i, MICRO * world, D)
-            (nn.functional.mse_loss(model(x), y) / n).backward()
-            i += 1
-        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
-        opt.step()
-    assert min(norms) > 2 * CLIP  # the clip bites
-    return model.state_dict(), norms
-
-
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_every_step_ends_the_callers_window(ranks, name):
-    want, norms = _reference()
-    for rank, r in enumerate(results(ranks, name)):
-        assert r["norms"] == pytest.approx(norms, rel=1e-5), f"{name} rank {rank}: global gradient norms"
-        for k, w in want.items():
-            torch.testing.assert_close(r["params"][k], w, rtol=1e-5, atol=1e-6,
-                                       msg=lambda m, k=k: f"{name} rank {rank}, {k}: {m}")
+    want, norms = adamw_windows(_net, WINDOWS, D, CLIP)
+    for r in assert_ranks_match(ranks, name, want, norms):
         assert r["applied"] == [True] * len(WINDOWS) and r["steps"] == (len(WINDOWS), len(WINDOWS))
         assert r["samples"] == [MICRO * 2 * sum(WINDOWS[:j + 1]) for j in range(len(WINDOWS))]  # 2 ranks
 

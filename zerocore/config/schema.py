@@ -311,6 +311,7 @@ KEEP = "keep"  # data_types.buffer_dtype: every buffer keeps its dtype (DeepSpee
 DTYPE_SPELLINGS = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
                    "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
                    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16"}
+_ANY_DTYPE = "one of " + ", ".join(f'"{k}"' for k in DTYPE_SPELLINGS)  # (the allowed values of a dtype option)
 
 
 @dataclasses.dataclass
@@ -327,16 +328,14 @@ class DataTypesConfig(_Section):
         "null: zerocore.initialize casts them to the training dtype (BatchNorm's kernels refuse bf16/fp16 weights "
         "beside fp32 running statistics); zerocore.deepspeed.initialize reads null as DeepSpeed 0.19.8 does, as "
         "\"keep\". Parameters always train in the training dtype; under fp32 training every floating buffer "
-        "becomes fp32.", kind=str, optional=True,
-        allowed="null, \"keep\" or one of " + ", ".join(f'"{k}"' for k in DTYPE_SPELLINGS))
+        "becomes fp32.", kind=str, optional=True, allowed="null, \"keep\" or " + _ANY_DTYPE)
     grad_accum_dtype: str | None = option(
         None, "The dtype gradients accumulate in across micro-batches: \"fp32\" with bf16 training at ZeRO stage 1 "
         "and no optimizer offload keeps a full fp32 gradient buffer (2 bytes a parameter more than bf16's), each "
         "backward's bf16 gradients added into it and reduced in fp32 (DeepSpeed's BF16 optimizer; .grad is None "
         "between backward and step there, as in DeepSpeed). Elsewhere gradients accumulate in the training dtype "
         "whatever it says, as DeepSpeed's ZeRO optimizer does; at stage 0 a dtype other than the training dtype is "
-        "refused, as DeepSpeed refuses it.", kind=str, optional=True,
-        allowed="null or one of " + ", ".join(f'"{k}"' for k in DTYPE_SPELLINGS))
+        "refused, as DeepSpeed refuses it.", kind=str, optional=True, allowed="null or " + _ANY_DTYPE)
     master_init: str = option(
         "given", "Where the fp32 master weights of bf16/fp16 training start: \"given\": the values the model held at "
         "initialize, unrounded (as FSDP2 and torch AMP keep fp32 weights); \"rounded\": those values rounded to the "
