@@ -26,7 +26,7 @@
 //   __launch_bounds__(256, 8) (registers capped at 32: 8 blocks per SM instead of 6), and the
 //   resident grid (adam_kernel_resident: a contiguous run of chunks per block, the search paid once
 //   per block, not per chunk) at 6 and 8 blocks per SM. On the packed layout, the production grid
-//   (each tensor's chunks moved onto 128-byte lines, LineAlignedAdamTable: adam.cu's since stop 47,
+//   (each tensor's chunks moved onto 128-byte lines, LineAlignedAdamTable: adam.cu's launch grid, chosen
 //   when it measured 94.1% of the copy rate there against the plain grid's 85.5%) launched here, and
 //   the plain grid (chunks from each tensor's first element). Each variant's p,
 //   m and v after one step are compared byte for byte with the production call's on the same layout
@@ -382,7 +382,7 @@ int main(int argc, char** argv) {
   const bool one_launch = zc::cuda::large_kernel_params() && plan.size() == 1 && packed_plan.size() == 1;
   if (one_launch) {
     // on the packed layout: the production grid (each tensor's chunks moved onto 128-byte lines) launched
-    // here, and the plain grid (chunks from each tensor's first element: adam.cu's before stop 47)
+    // here, and the plain grid (chunks from each tensor's first element: what adam.cu launched before)
     adams.push_back({"adam_200_packed_line_aligned", &packed, adam_line_aligned(packed.ts, packed_plan[0]), false});
     adams.push_back({"adam_200_packed_plain_grid", &packed, adam_variant<Searched, 0>(packed.ts, packed_plan[0]), false});
     // on the 512-byte layout (every shift 0: the two grids are one) the lookups and occupancy bounds
