@@ -58,6 +58,7 @@ from . import provided
 from ..debug.engine_waits import watch_engine
 from . import coalesced_reduction, torch_backward, unmanaged_window
 from .backward_bracket import AUTOGRAD, ENGINE, BackwardBracket
+from .group_labels import GroupLabels
 from .torch_backward import AutogradBackward
 
 
@@ -597,20 +598,3 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
         collective: call it on all ranks. Returns whether a file was written (on rank 0)."""
         return weights.save_16bit_model(self, save_dir, save_filename)
 
-
-class GroupLabels:
-    """The names divergence errors give the groups (a unit's module path, else the group's first
-    persistent parameter): plain strings, so the guard holds no reference to the engine."""
-
-    def __init__(self):
-        self.names: dict[int, str] = {}
-
-    def fill(self, groups, gatherer) -> None:
-        for g in groups:  # frozen groups are named by their unit below
-            self.names[g.index] = f"group {g.index} (persistent parameters '{g.layout.slots[0].name}'...)"
-        if gatherer is not None:
-            for index, unit in gatherer.by_group.items():
-                self.names[index] = unit.label
-
-    def __call__(self, op, index: int) -> str:
-        return self.names.get(index, f"group {index}")
