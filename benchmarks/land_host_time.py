@@ -114,10 +114,11 @@ class LineTimer:
             self._tool = mon.PROFILER_ID
             mon.use_tool_id(self._tool, "zerocore-land-timer")
             ev = mon.events
-            mon.register_callback(self._tool, ev.LINE, lambda code, line: self._line(line) if code is self.code else None)
-            mon.register_callback(self._tool, ev.PY_RETURN, lambda code, off, val: self._end() if code is self.code else None)
+            # the events are enabled on this one function only (set_local_events), so every callback is its
             # (an unwinding call is not a local event: the next call's start drops its last line instead)
-            mon.register_callback(self._tool, ev.PY_START, lambda code, off: self._start() if code is self.code else None)
+            mon.register_callback(self._tool, ev.LINE, lambda code, line: self._line(line))
+            mon.register_callback(self._tool, ev.PY_RETURN, lambda code, off, val: self._end())
+            mon.register_callback(self._tool, ev.PY_START, lambda code, off: self._start())
             mon.set_local_events(self._tool, self.code, ev.LINE | ev.PY_START | ev.PY_RETURN)
         else:  # this thread only (a CPU device runs the backward's hooks on it)
             def local(frame, event, arg):

@@ -13,16 +13,7 @@ import pytest
 import torch
 
 import zerocore
-
-
-class Boom(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        raise RuntimeError("boom in backward")
+from failing_backward import Boom
 
 
 class Net(torch.nn.Module):

@@ -9,13 +9,12 @@ optimizer leaves it), a failed backward leaves the window's earlier micro-batche
 optimizer then)."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from torch import nn
 
 import zerocore
+from failing_backward import Boom
 from zerocore.deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
 from zerocore.runtime.memory import held_bytes
 
@@ -132,7 +131,7 @@ def test_a_failed_backward_keeps_the_earlier_micro_batches():
         e.step()
     bad = engine(_batch(1)[0]).float()
     with pytest.raises(RuntimeError, match="boom"):
-        engine.backward(_Boom.apply(bad).sum() + bad.sum())  # some gradients arrive, then the backward raises
+        engine.backward(Boom.apply(bad).sum() + bad.sum())  # some gradients arrive, then the backward raises
     for j in range(1, GAS):
         for e in (engine, ref):
             e.backward(_loss(e, j))
@@ -145,16 +144,6 @@ def test_a_failed_backward_keeps_the_earlier_micro_batches():
         assert torch.equal(a, b)
     engine.destroy()
     ref.destroy()
-
-
-class _Boom(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        raise RuntimeError("boom")
 
 
 def test_no_sync_accumulates_in_fp32_too():

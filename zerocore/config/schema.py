@@ -492,26 +492,34 @@ class ZeroConfig(_Section):
             raise ConfigError("fp16.enabled and bf16.enabled: got both true; allowed: at most one")
 
     def batch_sizes(self, world_size: int) -> tuple[int, int | None, int | None]:
-        """(accumulation steps, micro batch, global batch) resolved DeepSpeed's way: any two of
-        the three batch keys determine the third; all three given must agree."""
-        tb, mb, ga = self.train_batch_size, self.train_micro_batch_size_per_gpu, self.gradient_accumulation_steps
-        if tb is not None and mb is not None and ga is not None:
-            if tb != mb * ga * world_size:
-                raise ConfigError(f"train_batch_size: got {tb}; must equal train_micro_batch_size_per_gpu ({mb}) x "
-                                  f"gradient_accumulation_steps ({ga}) x ranks ({world_size}) = {mb * ga * world_size}")
-        elif tb is not None and mb is not None:
-            ga, rem = divmod(tb, mb * world_size)
-            if rem or ga < 1:
-                raise ConfigError(f"train_batch_size: got {tb}; must be a multiple of train_micro_batch_size_per_gpu "
-                                  f"({mb}) x ranks ({world_size})")
-        elif tb is not None:
-            ga = ga or 1
-            mb, rem = divmod(tb, ga * world_size)
-            if rem or mb < 1:
-                raise ConfigError(f"train_batch_size: got {tb}; must be a multiple of gradient_accumulation_steps "
-                                  f"({ga}) x ranks ({world_size})")
-        else:
-            ga = ga or 1
-            if mb is not None:
-                tb = mb * ga * world_size
-        return ga, mb, tb
+        """(accumulation steps, micro batch, global batch) resolved DeepSpeed's way (``resolve_batch_sizes``)."""
+        return resolve_batch_sizes(self.train_batch_size, self.train_micro_batch_size_per_gpu,
+                                   self.gradient_accumulation_steps, world_size)
+
+
+def resolve_batch_sizes(tb: int | None, mb: int | None, ga: int | None,
+                        world_size) -> tuple[int, int | None, int | None]:
+    """(accumulation steps, micro batch, global batch) from ``train_batch_size``, ``train_micro_batch_size_per_gpu``
+    and ``gradient_accumulation_steps`` (each possibly None) over ``world_size`` ranks, DeepSpeed's way: any two
+    of the three determine the third, one alone with accumulation 1; all three given must agree. The engine's
+    rule and the DeepSpeed face's ``DeepSpeedConfig``'s (which raises DeepSpeed's AssertionErrors from it)."""
+    if tb is not None and mb is not None and ga is not None:
+        if tb != mb * ga * world_size:
+            raise ConfigError(f"train_batch_size: got {tb}; must equal train_micro_batch_size_per_gpu ({mb}) x "
+                              f"gradient_accumulation_steps ({ga}) x ranks ({world_size}) = {mb * ga * world_size}")
+    elif tb is not None and mb is not None:
+        ga, rem = divmod(tb, mb * world_size)
+        if rem or ga < 1:
+            raise ConfigError(f"train_batch_size: got {tb}; must be a multiple of train_micro_batch_size_per_gpu "
+                              f"({mb}) x ranks ({world_size})")
+    elif tb is not None:
+        ga = ga or 1
+        mb, rem = divmod(tb, ga * world_size)
+        if rem or mb < 1:
+            raise ConfigError(f"train_batch_size: got {tb}; must be a multiple of gradient_accumulation_steps "
+                              f"({ga}) x ranks ({world_size})")
+    else:
+        ga = ga or 1
+        if mb is not None:
+            tb = mb * ga * world_size
+    return ga, mb, tb

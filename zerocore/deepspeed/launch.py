@@ -126,7 +126,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     raw = _raw_dict(config)
     check_deepspeed_rules(raw)
     changed, semantics = prepare_config(raw)  # what DeepSpeed ignores here is dropped, with a warning
-    cfg = load_config(changed if changed is not None else config)
+    # (a file read once: its dict goes on; a file that could not be read goes to the loader, which names why)
+    cfg = load_config(changed if changed is not None else raw if raw is not None else config)
     if optimizer is not None:
         # with an optimizer section too, the passed optimizer is used (zerocore.initialize warns), as in DeepSpeed
         if not isinstance(optimizer, torch.optim.Optimizer):

@@ -9,9 +9,9 @@ Refused as DeepSpeed refuses: with ``managed_gradient_accumulation: false`` (the
 boundary: DeepSpeed's AssertionError), at stage 0 (NotImplementedError), nested in or around ``no_sync()``. A
 block left by an exception reduces nothing: its gradients are not reduced, so the window is refused at ``step()``
 until ``zero_grad()`` (named, not silent). Inside the block ``safe_get_full_grad(p)`` is this rank's own
-unreduced sum so far, ``p.grad`` (DeepSpeed's documented behaviour). Beyond DeepSpeed: ``loss.backward()`` (not ``engine.backward``) inside it
-at stages 2/3 with ``gradient_accumulation_steps`` > 1 is refused (its 1/gas factor is applied as gradients are
-reduced, and the block sums them in ``.grad`` first)."""
+unreduced sum so far, ``p.grad`` (DeepSpeed's documented behaviour). Beyond DeepSpeed: ``loss.backward()`` (not
+``engine.backward``) inside it at stages 2/3 with ``gradient_accumulation_steps`` > 1 is refused (its 1/gas factor
+is applied as gradients are reduced, and the block sums them in ``.grad`` first)."""
 from __future__ import annotations
 
 import contextlib
@@ -52,22 +52,9 @@ def coalesced(engine):
             reducer.window_lost = reducer.window_lost or (
                 "the coalesce_grad_reduction() block was left by an exception after its backwards: their gradients "
                 "were never reduced")
-    if ran:
-        _reduce_block(engine)
-
-
-def _reduce_block(engine) -> None:
-    """The block's one reduction: the reducer's pass over every group (stages 0/1 reduce the buffer at the
-    boundary, or keep it for the boundary's backward; stages 2/3 pack ``.grad`` and reduce it into their
-    shards), then step() may follow."""
-    reducer = engine.reducer
-    reducer.begin_backward(engine.is_gradient_accumulation_boundary())
-    try:
-        reducer.finish_backward()
-    except BaseException:
-        reducer.abort()
-        raise
-    engine._backward_done = True
+    if ran:  # the block's one reduction (stages 0/1 at the boundary, else kept for it), then step() may follow
+        engine.reducer.reduce_held(engine.is_gradient_accumulation_boundary())
+        engine._backward_done = True
 
 
 def refuse_step(engine) -> None:

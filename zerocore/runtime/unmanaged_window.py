@@ -27,8 +27,7 @@ def finish_window(engine) -> None:
     """Before the update of an unmanaged window's ``step()`` (``engine._in_step`` is set: the boundary)."""
     reducer = engine.reducer
     if reducer.full_grads:
-        reducer.begin_backward(True)  # nothing runs between: finish reduces every group's buffer
-        reducer.finish_backward()
+        reducer.reduce_held(True)
     elif engine.offload is not None:
         for g in engine.groups:
             if g.has_grad:

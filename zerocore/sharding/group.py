@@ -235,16 +235,12 @@ class ShardedGroup:
     def bind_grads(self) -> None:
         """Stages 0/1: every parameter's ``.grad`` is a view of its slot in ``grad_full`` (None where the buffer
         is wider than the parameters: ``grad_unbound``)."""
-        if self.grad_unbound:
-            if not self.grad_views:
-                self.grad_views = [self.grad_view(i) for i in range(len(self.params))]
-            for p in self.params:
-                p.grad = None
-        elif self.grad_full is not None:
-            if not self.grad_views:  # the same view objects every step: the reducer tests ``p.grad is view``
-                self.grad_views = [self.grad_view(i) for i in range(len(self.params))]
-            for p, v in zip(self.params, self.grad_views):
-                p.grad = v
+        if self.grad_full is None:
+            return
+        if not self.grad_views:  # the same view objects every step: the reducer tests ``p.grad is view``
+            self.grad_views = [self.grad_view(i) for i in range(len(self.params))]
+        for p, v in zip(self.params, self.grad_views):
+            p.grad = None if self.grad_unbound else v
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
         """The tensors this group holds, by role (for memory accounting)."""

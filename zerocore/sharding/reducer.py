@@ -371,6 +371,18 @@ class GradReducer:
         if self.deferred:
             self.deferred_backwards += 1
 
+    def reduce_held(self, boundary: bool) -> None:
+        """A reduction pass with no autograd in it, over the gradients held now (stages 0/1: the full buffer, reduced
+        at the boundary; stages 2/3: ``.grad`` packed into the shards): the end of an unmanaged accumulation window
+        (runtime/unmanaged_window.py) and of a coalesce_grad_reduction() block (runtime/coalesced_reduction.py).
+        A reduction that raises is aborted as a backward's is."""
+        self.begin_backward(boundary)
+        try:
+            self.finish_backward()
+        except BaseException:
+            self.abort()
+            raise
+
     def _reduce_late(self) -> None:
         """Stage 3: gradients that arrived after their unit's post-backward (a parameter used on
         a path that does not lead to the unit's inputs, after them) are reduced once more and

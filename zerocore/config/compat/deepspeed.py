@@ -220,13 +220,11 @@ def _check_data_types(value, data: dict) -> None:
         return
     z = data.get("zero_optimization")
     stage = z.get("stage", 0) if isinstance(z, dict) else 0
-    offload = isinstance(z, dict) and isinstance(z.get("offload_optimizer"), dict) and \
-        z["offload_optimizer"].get("device", "none") not in ("none", None)
-    if stage >= 1:
-        return  # stage 1, bf16, "fp32", no offload: fp32 accumulation; elsewhere the training dtype, as DeepSpeed
-    why = "without ZeRO, DeepSpeed refuses this mix too"
+    if stage >= 1:  # honoured where DeepSpeed honours it (runtime/model_setup.accumulation_dtype), else its training
+        return      # dtype, as DeepSpeed's ZeRO optimizer accumulates
     raise ConfigError(f"data_types.grad_accum_dtype: {value.get('grad_accum_dtype')!r} with {train} training at "
-                      f"ZeRO stage {stage}: zerocore cannot honour it ({why}); use null or {train!r}")
+                      f"ZeRO stage {stage}: zerocore cannot honour it (without ZeRO, DeepSpeed refuses this mix too); "
+                      f"use null or {train!r}")
 
 
 def _check_param_dtype(param, data: dict) -> None:

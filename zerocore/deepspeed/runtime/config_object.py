@@ -7,9 +7,10 @@ parameters, with DeepSpeed 0.19's defaults and its checks (AssertionErrors with 
 The features DeepSpeed 0.19.8 removed (``quantize_training``, ``elasticity``, ``zero_optimization.mics_shard_size``,
 ...) are refused as it refuses them (a ``DeepSpeedConfigError``, here zerocore's ``ConfigError``, naming the key);
 other keys zerocore does not train with stay in ``_param_dict`` (``zerocore.deepspeed.initialize`` is where those
-are refused). The sections zerocore has (``zero_optimization``, ``fp16``, ``bf16``) are validated by its schema, so a bad value there
-is a ``ConfigError`` naming the key. A file is read as JSON, else HJSON, a key given twice refused; a string
-that is no file is read as base64 of such a text (DeepSpeed's launcher passes configs that way)."""
+are refused). The sections zerocore has (``zero_optimization``, ``fp16``, ``bf16``) are validated by its schema,
+so a bad value there is a ``ConfigError`` naming the key. A file is read as JSON, else HJSON, a key given twice
+refused; a string that is no file is read as base64 of such a text (DeepSpeed's launcher passes configs that
+way)."""
 from __future__ import annotations
 
 import base64
@@ -20,6 +21,7 @@ import os
 
 from ...config import ConfigError
 from ...config.parse import read_config_file
+from ...config.schema import resolve_batch_sizes
 from ..utils.logging import logger
 from .precision_config import get_bfloat16_config, get_float16_config
 from .zero.config import DeepSpeedZeroConfig
@@ -142,38 +144,21 @@ class DeepSpeedConfig:
         self.buffer_dtype = types.get("buffer_dtype")
 
     # -- the batch sizes, as DeepSpeed resolves and checks them --------------------------------------
-    def _set_batch_related_parameters(self) -> None:
+    def _configure_train_batch_size(self) -> None:
+        """The three batch sizes (as given, or as a caller set them on this object) resolved against the
+        data-parallel world by the engine's own rule (``config.schema.resolve_batch_sizes``: any two give the third,
+        one alone with accumulation 1), a mismatch refused with DeepSpeed's AssertionError."""
         tb, mb, ga = self.train_batch_size, self.train_micro_batch_size_per_gpu, self.gradient_accumulation_steps
-        w = self.world_size
-        if tb is not None and mb is not None and ga is not None:
-            return
-        if tb is not None and mb is not None:
-            self.gradient_accumulation_steps = tb // mb // w
-        elif tb is not None and ga is not None:
-            self.train_micro_batch_size_per_gpu = tb // w // ga
-        elif mb is not None and ga is not None:
-            self.train_batch_size = mb * ga * w
-        elif tb is not None:
-            self.gradient_accumulation_steps = 1
-            self.train_micro_batch_size_per_gpu = tb // w
-        elif mb is not None:
-            self.train_batch_size = mb * w
-            self.gradient_accumulation_steps = 1
-        else:
-            raise AssertionError("Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided")
-
-    def _batch_assertion(self) -> None:
-        tb, mb, ga = self.train_batch_size, self.train_micro_batch_size_per_gpu, self.gradient_accumulation_steps
+        assert tb is not None or mb is not None, \
+            "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided"
+        try:
+            ga, mb, tb = resolve_batch_sizes(tb, mb, ga, self.world_size)
+        except ConfigError as e:
+            raise AssertionError(f"Check batch related parameters: {e}") from None
         assert tb > 0, f"Train batch size: {tb} has to be greater than 0"
         assert mb > 0, f"Micro batch size per gpu: {mb} has to be greater than 0"
         assert ga > 0, f"Gradient accumulation steps: {ga} has to be greater than 0"
-        assert tb == mb * ga * self.world_size, (
-            "Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
-            f"gradient_acc_step * world_size {tb} != {mb} * {ga} * {self.world_size}")
-
-    def _configure_train_batch_size(self) -> None:
-        self._set_batch_related_parameters()
-        self._batch_assertion()
+        self.train_batch_size, self.train_micro_batch_size_per_gpu, self.gradient_accumulation_steps = tb, mb, ga
 
     # -- DeepSpeed's other checks --------------------------------------------------------------------
     def _do_sanity_check(self) -> None:
