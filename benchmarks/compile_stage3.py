@@ -9,6 +9,11 @@ stage 3 compiled each unit on its own).
 Protocol: every variant is built (same seed) and warmed up (``--warmup`` steps; the first is the compile), then
 the variants take turns in ``--rounds`` rounds of ``--steps`` timed steps, in a fresh random order each round
 (interleaved against the VM's drift). A step = forward + cross-entropy + ``engine.backward`` + ``engine.step``.
+Python's cyclic collector runs before each variant's turn and is off during it (a collection landing in one
+variant's steps and not another's was a spread of its own). The compiled / eager ratio is reported two ways:
+the medians over all timed steps, and paired by round (each round's compiled median over the same round's eager
+median: the drift between rounds cancels), with the paired ratios' median and range; the target is read from the
+paired median.
 
 Dynamo, per variant (counted around that variant's own steps, Dynamo's counters cleared before each):
 - first step: graph breaks (``counters["graph_break"]``), unique graphs (``counters["stats"]["unique_graphs"]``),
@@ -23,6 +28,7 @@ Dynamo, per variant (counted around that variant's own steps, Dynamo's counters 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -162,8 +168,13 @@ def run(args) -> dict:
         random.Random(r).shuffle(order)
         for v in order:
             times[v].append([])
-            for i in range(args.steps):
-                one(v, i, True)
+            gc.collect()
+            gc.disable()
+            try:
+                for i in range(args.steps):
+                    one(v, i, True)
+            finally:
+                gc.enable()
     counts.close()
     out = {"machine": machine_info(), "device": args.device, "args": vars(args), "variants": {}}
     for v in variants:
@@ -184,10 +195,17 @@ def run(args) -> dict:
         e, c = out["variants"].get(f"stage{s}_eager"), out["variants"].get(f"stage{s}_compiled")
         if e and c:
             out[f"stage{s}_compiled_over_eager"] = c["median_ms"] / e["median_ms"]
+            out[f"stage{s}_compiled_over_eager_paired"] = paired(c["round_medians_ms"], e["round_medians_ms"])
     c, k = out["variants"].get("stage3_compiled"), out["variants"].get("stage3_compiled_checks")
     if c and k:
         out["stage3_compiled_over_compiled_checks"] = c["median_ms"] / k["median_ms"]
     return out
+
+
+def paired(num_ms: list[float], den_ms: list[float]) -> dict:
+    """Round-by-round ratios of two variants timed in the same rounds: their median, min and max."""
+    ratios = [a / b for a, b in zip(num_ms, den_ms)]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "per_round": ratios}
 
 
 def table(res: dict) -> str:
@@ -202,7 +220,9 @@ def table(res: dict) -> str:
     for s in (2, 3):
         k = f"stage{s}_compiled_over_eager"
         if k in res:
-            lines.append(f"\nstage {s}: compiled / eager = {res[k]:.2f}x")
+            p = res[k + "_paired"]
+            lines.append(f"\nstage {s}: compiled / eager = {res[k]:.2f}x (all steps' medians); paired by round "
+                         f"{p['median']:.2f}x (range {p['min']:.2f}-{p['max']:.2f}, {len(p['per_round'])} rounds)")
     if "stage3_compiled_over_compiled_checks" in res:
         lines.append(f"stage 3 compiled: without / with Inductor's generated-code checks = "
                      f"{res['stage3_compiled_over_compiled_checks']:.3f}x")

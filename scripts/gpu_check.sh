@@ -39,7 +39,7 @@
 # (DeepSpeed's own wheel: `DS_BUILD_OPS=0 pip wheel --no-deps deepspeed==0.19.8`, a py3-none-any build.)
 # Environment: PY (default python3), ZC_ARCH (default 9.0); step limits in seconds T_BUILD, T_TESTS, T_STEP,
 # T_OFFLOAD, T_CPUOFFLOAD, T_LLAMA, T_COMPILE, T_KERNELS, T_VARIANTS, T_HOSTBATCH, T_SPECULATION, T_HOSTADAM, T_LANDTIME; B_TESTS (the tests' budget), GPU_TEST_FILES,
-# LLAMA_ROUNDS, KERNEL_ROUNDS, COMPILE_ROUNDS, CPUOFFLOAD_VARIANTS, CPUOFFLOAD_PROFILE, SPECULATION_EXTRA, SPECULATION_PROFILE.
+# LLAMA_ROUNDS, KERNEL_ROUNDS, COMPILE_ROUNDS, COMPILE_STEPS, CPUOFFLOAD_VARIANTS, CPUOFFLOAD_PROFILE, SPECULATION_EXTRA, SPECULATION_PROFILE.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a folder for the results}
@@ -139,7 +139,7 @@ CPUAdamBuilder().load(); FusedAdamBuilder().load(); print('DeepSpeed ops built')
         zerocore_stage3_no_nan_check --profile "$W/profile" --profile-steps 2 --out "$W/step_llama.json" ;;
     compile)
       run compile "${T_COMPILE:-240}" "$PY" benchmarks/compile_stage3.py --device cuda --vocab 8192 --dim 512 \
-        --layers 8 --ctx 256 --batch 8 --rounds "${COMPILE_ROUNDS:-3}" --steps 8 --variants stage2_eager stage2_compiled stage3_eager \
+        --layers 8 --ctx 256 --batch 8 --rounds "${COMPILE_ROUNDS:-3}" --steps "${COMPILE_STEPS:-16}" --variants stage2_eager stage2_compiled stage3_eager \
         stage3_compiled stage3_compiled_checks --out "$W/compile_stage3.json" ;;
     *) note "unknown step $s" ;;
   esac
