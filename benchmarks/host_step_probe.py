@@ -27,7 +27,7 @@ def host_shards(engine) -> list[HostOptimizerShard]:
 
 
 def host_step_seconds(engine, reps: int = 3) -> dict | None:
-    """{'median_ms', 'min_ms', 'threads', 'elements', 'reps'} of the host Adam over ``engine``'s host
+    """{'median_ms', 'min_ms', 'threads', 'elements', 'reps', 'shards_writing_16bit'} of the host Adam over ``engine``'s host
     shards, or None when it has none (no CPU optimizer offload)."""
     shards = host_shards(engine)
     if not shards:
@@ -37,7 +37,10 @@ def host_step_seconds(engine, reps: int = 3) -> dict | None:
     copies = []
     for s in shards:
         h = s.split
-        out = None if s.out_h is None else torch.empty_like(s.out_h)
+        # the 16-bit values the step writes: staged (out_h), or straight into host-resident parameters
+        # (stage 3 with parameter offload: a write of the same size, timed here into a buffer of its own)
+        out = torch.empty_like(s.out_h) if s.out_h is not None else (
+            torch.empty(h, dtype=s.group.layout.dtype) if s.half else None)
         copies.append((s.master_h.clone(), s.grad_h, s.exp_avg_h.clone(), s.exp_avg_sq_h.clone(), out, s.tile, h))
     stepper = engine.offload.stepper  # None: stages 1/2 step inline, with the training thread's count
     threads = stepper.threads if stepper is not None else torch.get_num_threads()
@@ -58,4 +61,5 @@ def host_step_seconds(engine, reps: int = 3) -> dict | None:
 
     times = run_on_thread(run, "host-step-probe")
     return {"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3, "threads": threads,
-            "elements": sum(c[-1] for c in copies), "reps": reps}
+            "elements": sum(c[-1] for c in copies), "reps": reps,
+            "shards_writing_16bit": sum(c[4] is not None for c in copies)}

@@ -16,14 +16,19 @@ import host_step_probe  # noqa: E402
 import step  # noqa: E402
 
 
-def _engine(stage: int, offload: bool):
+def _engine(stage: int, offload: bool, bf16: bool = False, offload_param: bool = False):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
     z = {"stage": stage}
     if offload:
         z["offload_optimizer"] = {"device": "cpu"}
-    return zerocore.initialize(model, {"train_micro_batch_size_per_gpu": 4, "zero_optimization": z,
-                                       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
+    if offload_param:
+        z["offload_param"] = {"device": "cpu"}
+    cfg = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": z,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    if bf16:
+        cfg["bf16"] = {"enabled": True}
+    return zerocore.initialize(model, cfg)
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -43,6 +48,23 @@ def test_probe_times_the_host_step_and_leaves_the_state_alone(stage):
     assert t["threads"] == (stepper.threads if stepper is not None else torch.get_num_threads())
     after = [t for s in shards for t in (s.master_h, s.exp_avg_h, s.exp_avg_sq_h)]
     assert all(torch.equal(a, b) for a, b in zip(before, after))  # copies were stepped, not the state
+    engine.destroy()
+
+
+@pytest.mark.parametrize("offload_param", [False, True])
+def test_probe_times_the_16bit_write_wherever_the_step_makes_it(offload_param):
+    """bf16 at stage 3: the host step writes 16-bit values, staged for a GPU or straight into host-resident
+    parameters (a CPU device; parameter offload); the probe times that write wherever the step makes it."""
+    engine = _engine(3, offload=True, bf16=True, offload_param=offload_param)
+    for _ in range(2):
+        engine.backward(engine(torch.randn(4, 64, dtype=torch.bfloat16)).float().square().mean())
+        engine.step()
+    shards = host_step_probe.host_shards(engine)
+    assert shards and all(s.half for s in shards)
+    owned = [s.group.owned_params_raw().clone() for s in shards]
+    t = host_step_probe.host_step_seconds(engine, reps=1)
+    assert t["shards_writing_16bit"] == len(shards)
+    assert all(torch.equal(a, s.group.owned_params_raw()) for a, s in zip(owned, shards))  # its own buffer
     engine.destroy()
 
 
