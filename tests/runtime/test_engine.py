@@ -35,9 +35,29 @@ def test_loss_scaler_follows_deepspeed_and_never_aborts():
     assert sc.scale == 4
     for _ in range(3):
         sc.update(False)
-    assert sc.scale == 8  # doubled after loss_scale_window clean steps
+    assert sc.scale == 4  # loss_scale_window clean steps after an overflow: not yet (DeepSpeed >= 0.17.1)
+    sc.update(False)
+    assert sc.scale == 8  # doubled at the end of the window + 1'th
+    for _ in range(2):
+        sc.update(False)
+    assert sc.scale == 8
+    sc.update(False)
+    assert sc.scale == 16  # then every loss_scale_window clean steps
     assert LossScaler(FP16Config(enabled=True, loss_scale=128)).scale == 128
     assert LossScaler(None).scale == 1.0
+
+
+def test_loss_scaler_at_stage_0_halves_at_every_overflow():
+    """DeepSpeed's stage-0 fp16 optimizers have no hysteresis; its ZeRO optimizers do (default 2)."""
+    fp16 = FP16Config(enabled=True, initial_scale_power=4, loss_scale_window=2)
+    zero, stage0 = LossScaler(fp16), LossScaler(fp16, hysteresis=False)
+    zero.update(True)
+    stage0.update(True)
+    assert (zero.scale, stage0.scale) == (16, 8)
+    for _ in range(3):  # the first raise: window + 1 clean steps after the overflow, hysteresis or not
+        zero.update(False)
+        stage0.update(False)
+    assert (zero.scale, stage0.scale) == (32, 16)
 
 
 def test_world_of_one_end_to_end_bf16_names_and_lr():

@@ -277,8 +277,11 @@ class FP16Config(_Section):
     loss_scale: float = option(0.0, "0: dynamic loss scaling; > 0: this static scale.", kind=float, ge=0.0)
     initial_scale_power: int = option(16, "Dynamic scaling starts at 2**initial_scale_power.", kind=int, ge=0,
                                       le=64)
-    loss_scale_window: int = option(1000, "Steps without overflow before the scale doubles.", kind=int, ge=1)
-    hysteresis: int = option(2, "Overflows tolerated before the scale is lowered.", kind=int, ge=1)
+    loss_scale_window: int = option(1000, "Steps without overflow before the scale doubles: it doubles at the end of "
+                                    "the next clean one, then every this many (DeepSpeed's rule since 0.17.1).",
+                                    kind=int, ge=1)
+    hysteresis: int = option(2, "Overflows tolerated before the scale is lowered, at stages 1-3; at stage 0 every "
+                                "overflow lowers it (as DeepSpeed's stage-0 fp16 optimizers do).", kind=int, ge=1)
     consecutive_hysteresis: bool = option(False, "Refill hysteresis after every step without overflow.",
                                           kind=bool)
     min_loss_scale: float = option(1.0, "The scale never goes below this; training continues there with a "

@@ -148,7 +148,8 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
             self.gatherer.on_unit_done = weak_call(self.reducer.group_done)
             self.gatherer.on_outside = weak_call(self._opened_late)
         self._labels.fill(self.groups, self.gatherer)
-        self.scaler = LossScaler(config.fp16 if config.fp16.enabled else None)
+        # fp16's hysteresis as DeepSpeed applies it: at its ZeRO stages, not at stage 0 (runtime/loss_scale.py)
+        self.scaler = LossScaler(config.fp16 if config.fp16.enabled else None, hysteresis=z.stage > 0)
         # skip an update whose gradients hold Inf/NaN: the one host read of a step (fp16; bf16 if asked)
         self._checks_overflow = config.fp16.enabled or (config.bf16.enabled and config.bf16.check_grad_overflow)
         # the optimizer face: its param_groups are the hyper-parameter groups the update reads
@@ -379,10 +380,12 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
                         coef, flag = skip_coef(total, coef)
                         pending = PendingSkip(flag, self.global_steps)
         if sumsq is not None:
-            if bad or not math.isfinite(sumsq):
+            bad = bad or not math.isfinite(sumsq)
+            if bad and self._checks_overflow:
                 self._skip()
                 return
-            norm = math.sqrt(sumsq) / denom
+            # Inf/NaN without the check (bf16.check_grad_overflow: false): applied, as without offload (inf norm)
+            norm = math.inf if bad else math.sqrt(sumsq) / denom
             self.global_grad_norm = norm
             coef = 1.0 / denom
             if clip > 0:

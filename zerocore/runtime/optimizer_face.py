@@ -17,23 +17,7 @@ import torch
 
 from .._weak import GONE, back_ref
 from ..sharding import ALIGN_ELEMS, AdamHyper
-
-
-class ScalerView:
-    """``optimizer.loss_scaler``: DeepSpeed's names for the engine's loss scale, read when asked."""
-
-    def __init__(self, scaler):
-        self._scaler = scaler
-
-    @property
-    def loss_scale(self) -> float:
-        return self._scaler.scale
-
-    cur_scale = loss_scale
-
-    @property
-    def dynamic(self) -> bool:
-        return self._scaler.dynamic
+from .scaler_views import LossScaleConfigView, ScalerView, engine_scaler, set_scale
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
@@ -225,20 +209,34 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     @property
     def cur_scale(self) -> float:
-        """DeepSpeed's: the loss scale the next backward uses (1 without fp16)."""
+        """DeepSpeed's: the loss scale the next backward uses (1 without fp16); may be set (a positive finite
+        number), as DeepSpeed's optimizers let it be."""
         return self._scaler().scale
 
+    @cur_scale.setter
+    def cur_scale(self, value) -> None:
+        set_scale(self._scaler(), value)
+
+    loss_scale = cur_scale  # the name every DeepSpeed fp16 optimizer has, stage 0 included
+
     @property
-    def loss_scaler(self):
-        """DeepSpeed's loss scaler object, read-only: ``loss_scale`` / ``cur_scale`` (the scale now) and
-        ``dynamic``; the engine's own scaler (runtime/loss_scale.py) keeps the state."""
-        return ScalerView(self._scaler())
+    def loss_scaler(self) -> ScalerView:
+        """DeepSpeed's ZeRO optimizers' loss scaler object, read when asked (runtime/scaler_views.py)."""
+        return ScalerView(self._scaler)
+
+    @property
+    def loss_scale_config(self) -> LossScaleConfigView:
+        """DeepSpeed's stage-0 fp16 optimizers' ``LossScaleConfig``, read when asked (runtime/scaler_views.py)."""
+        return LossScaleConfigView(self._scaler, self._boundaries)
 
     def _scaler(self):
+        return engine_scaler(self)
+
+    def _boundaries(self) -> int:
         engine = self._engine
         if engine is None:
             raise RuntimeError(GONE)
-        return engine.scaler
+        return engine.global_steps
 
     def needs_scaler(self) -> bool:
         """DeepSpeed's: whether a ``loss.backward()`` needs ``engine.scale(loss)`` first (fp16 with a loss
