@@ -163,3 +163,27 @@ def test_version_attributes_as_deepspeeds():
     real = pytest.importorskip("deepspeed", reason="compares with DeepSpeed's own")
     for name in ("__version_major__", "__version_minor__", "__version_patch__", "__git_hash__", "__git_branch__"):
         assert type(getattr(deepspeed, name)) is type(getattr(real, name)), name
+
+
+def test_repeating_loader_repeats_as_deepspeeds():
+    """``deepspeed.utils.RepeatingLoader``: the same items in the same order as DeepSpeed's over a list, a
+    shuffling DataLoader (each pass reshuffles from torch's generator) and an empty iterable (which ends)."""
+    from zerocore.deepspeed.runtime.dataloader import RepeatingLoader as from_runtime
+    from zerocore.deepspeed.utils import RepeatingLoader
+
+    assert RepeatingLoader is from_runtime
+    loader = RepeatingLoader([1, 2, 3])
+    assert iter(loader) is loader and [next(loader) for _ in range(7)] == [1, 2, 3, 1, 2, 3, 1]
+    with pytest.raises(StopIteration):
+        next(RepeatingLoader([]))
+
+    def shuffled(cls) -> list[int]:
+        torch.manual_seed(3)
+        data = torch.utils.data.DataLoader(torch.arange(10), batch_size=4, shuffle=True)
+        it = cls(data)
+        return [int(v) for _ in range(9) for v in next(it)]
+
+    ours = shuffled(RepeatingLoader)
+    assert sorted(ours[:10]) == list(range(10)) and ours[:10] != ours[10:20]  # each pass a new order
+    ds = pytest.importorskip("deepspeed.utils", reason="comparing with DeepSpeed needs it installed")
+    assert ours == shuffled(ds.RepeatingLoader)
