@@ -19,6 +19,12 @@ CASES = [
                              "consecutive_hysteresis": True}),
     ("defaults", {}),
 ]
+# (name, fp16 section, engine config): the defaults (no step raises the scale) with clipping that bites, and with
+# the optimizer on the host; ZeRO stages only (DeepSpeed's CPU offload needs them)
+ZERO_CASES = [
+    ("defaults_clipped", {}, {"gradient_clipping": 0.05}),
+    ("defaults_offload", {}, {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}),
+]
 
 
 def scale_of(engine) -> float:
@@ -26,12 +32,14 @@ def scale_of(engine) -> float:
     return float(engine.optimizer.loss_scale)
 
 
-def run(stage: int, fp16: dict) -> dict:
+def run(stage: int, fp16: dict, extra: dict | None = None) -> dict:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     cfg = {"train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": True, "loss_scale": 0, **fp16},
            "gradient_clipping": 0.0, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
            "zero_optimization": {"stage": stage}}
+    for key, value in (extra or {}).items():
+        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) else value
     if stage == 3:
         cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
@@ -53,7 +61,9 @@ def run(stage: int, fp16: dict) -> dict:
 
 def main():
     out = start(deepspeed)
-    torch.save({(stage, name): run(stage, fp16) for stage in (0, 1, 2, 3) for name, fp16 in CASES}, out)
+    runs = {(stage, name): run(stage, fp16) for stage in (0, 1, 2, 3) for name, fp16 in CASES}
+    runs.update({(stage, name): run(stage, fp16, extra) for stage in (1, 2, 3) for name, fp16, extra in ZERO_CASES})
+    torch.save(runs, out)
 
 
 if __name__ == "__main__":
