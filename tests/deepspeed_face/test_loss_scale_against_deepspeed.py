@@ -6,7 +6,9 @@ step whose update raised the scale (bit for bit).
 
 After such a step the two part, by DeepSpeed: its optimizers (stage 0 and ZeRO 1-3, 0.19.8) update the scale before
 they unscale the gradients (``_update_scale`` then ``unscale_and_clip_grads``, which divides by the new scale), so on
-a step that doubles the scale its update reads half the gradient it was given. zerocore divides by the scale the
+a step that doubles the scale its update reads half the gradient it was given (where clipping does not bite; said
+for its stage-0 optimizers in deepspeedai/DeepSpeed pull request 8588's discussion, seen here at stages 1-3 too).
+zerocore divides by the scale the
 backward used (tests/runtime/test_engine.py and the stage tests check each update against torch's AdamW). With the
 defaults (a window of 1000) no step raises it, and the losses are equal at every step, clipped and offloaded too. Stage 0's losses are not
 compared: DeepSpeed's stage-0 fp16 optimizer (FP16_Optimizer over FusedAdam) steps differently from its ZeRO stages
