@@ -19,11 +19,14 @@ CASES = [
                              "consecutive_hysteresis": True}),
     ("defaults", {}),
 ]
-# (name, fp16 section, engine config): the defaults (no step raises the scale) with clipping that bites, and with
-# the optimizer on the host; ZeRO stages only (DeepSpeed's CPU offload needs them)
+# (name, fp16 section, engine config): the defaults (no step raises the scale) with clipping that bites, with the
+# optimizer on the host, with two micro-steps a boundary, and a fixed scale; ZeRO stages (DeepSpeed's CPU offload
+# needs them)
 ZERO_CASES = [
     ("defaults_clipped", {}, {"gradient_clipping": 0.05}),
     ("defaults_offload", {}, {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}),
+    ("defaults_accumulated", {}, {"gradient_accumulation_steps": 2}),  # an Inf in either micro-step skips the boundary
+    ("static_128", {"loss_scale": 128}, {}),  # a fixed scale: overflows skip, the scale stays
 ]
 
 
