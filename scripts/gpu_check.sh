@@ -25,6 +25,7 @@
 #   variants benchmarks/cuda_variants.py: the cast and Adam kernels' device time beside other launch layouts
 #   hostbatch  benchmarks/offload_host_batch.py on a 337M GPT: stage 2 + CPU offload's engine.step() with each
 #            group's host step handed over on its own against consecutive groups as one job (the default)
+#   hostthreads  benchmarks/offload_speculation.py at ctx 128, stage 2, once per host thread count (HOST_THREADS_LIST)
 #   speculation  benchmarks/offload_speculation.py on the same GPT: stage 2 + CPU offload with the host Adam started
 #            during the backward (offload_optimizer.speculative_step; kept, and always dropped) against the step as
 #            before, beside T_device and T_host; speculation3: the same at stage 3; SPECULATION_EXTRA: more arguments
@@ -38,8 +39,8 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl NAME
 # (DeepSpeed's own wheel: `DS_BUILD_OPS=0 pip wheel --no-deps deepspeed==0.19.8`, a py3-none-any build.)
 # Environment: PY (default python3), ZC_ARCH (default 9.0); step limits in seconds T_BUILD, T_TESTS, T_STEP,
-# T_OFFLOAD, T_CPUOFFLOAD, T_LLAMA, T_COMPILE, T_KERNELS, T_VARIANTS, T_HOSTBATCH, T_SPECULATION, T_HOSTADAM, T_LANDTIME; B_TESTS (the tests' budget), GPU_TEST_FILES,
-# LLAMA_ROUNDS, KERNEL_ROUNDS, COMPILE_ROUNDS, COMPILE_STEPS, CPUOFFLOAD_VARIANTS, CPUOFFLOAD_PROFILE, SPECULATION_EXTRA, SPECULATION_PROFILE.
+# T_OFFLOAD, T_CPUOFFLOAD, T_LLAMA, T_COMPILE, T_KERNELS, T_VARIANTS, T_HOSTBATCH, T_SPECULATION, T_HOSTADAM, T_LANDTIME, T_HOSTTHREADS; B_TESTS (the tests' budget), GPU_TEST_FILES,
+# LLAMA_ROUNDS, KERNEL_ROUNDS, COMPILE_ROUNDS, COMPILE_STEPS, CPUOFFLOAD_VARIANTS, CPUOFFLOAD_PROFILE, SPECULATION_EXTRA, SPECULATION_PROFILE, HOST_THREADS_LIST.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a folder for the results}
@@ -114,6 +115,14 @@ CPUAdamBuilder().load(); FusedAdamBuilder().load(); print('DeepSpeed ops built')
       run $s "${T_SPECULATION:-150}" "$PY" benchmarks/offload_speculation.py --device cuda --dim 1024 \
         --layers 24 --heads 16 --ctx 128 --batch 8 --vocab 8192 --bucket 2.5e6 --threads "$(( $(nproc) - 1 ))" \
         --rounds 5 --steps 3 --stage $stage ${SPECULATION_EXTRA:-} "${prof[@]}" --out "$W/offload_$s.json" ;;
+    hostthreads)  # the host step's thread count: T_host and the stage-2 offload step at ctx 128 (host-bound), each
+      # count in its own run (HOST_THREADS_LIST, default every core but 1, 2, 4 and 8): where the host Adam stops
+      # gaining from threads (memory bandwidth) while the backward's host work competes for the cores
+      for n in ${HOST_THREADS_LIST:-$(( $(nproc) - 1 )) $(( $(nproc) - 2 )) $(( $(nproc) - 4 )) 8}; do
+        run hostthreads_$n "${T_HOSTTHREADS:-60}" "$PY" benchmarks/offload_speculation.py --device cuda --dim 1024 \
+          --layers 24 --heads 16 --ctx 128 --batch 8 --vocab 8192 --bucket 2.5e6 --threads "$n" --rounds 3 --steps 3 \
+          --stage 2 --variants no_offload after_backward speculative --out "$W/offload_threads_$n.json"
+      done ;;
     landtime)  # where the host time of the offload's gradient landing goes (per operation, per line)
       run landtime "${T_LANDTIME:-90}" "$PY" benchmarks/land_host_time.py --device cuda --out "$W/land_host_time.json" ;;
     hostadam)  # the host Adam against this host's memory roofline (T_host's floor), in and out of place
