@@ -34,10 +34,12 @@ def set_scale(scaler, value) -> None:
     scaler.scale = float(value)
 
 
-class ScalerView:
-    """``optimizer.loss_scaler`` (see the module's docstring)."""
+class _ScaleView:
+    """What both views share: the engine's scaler behind a getter, ``cur_scale`` read and set, nothing else set."""
 
     __slots__ = ("_get",)
+    _NAME = ""
+    _SETTABLE = ("cur_scale",)
 
     def __init__(self, get_scaler):
         object.__setattr__(self, "_get", get_scaler)  # () -> the engine's scaler (raises once the engine is gone)
@@ -50,7 +52,21 @@ class ScalerView:
     def cur_scale(self, value) -> None:
         set_scale(self._get(), value)
 
-    loss_scale = cur_scale
+    def __setattr__(self, name: str, value) -> None:
+        if name in self._SETTABLE:
+            object.__setattr__(self, name, value)  # the property's setter
+            return
+        raise AttributeError(f"{self._NAME}.{name} is read-only (the engine's scaler keeps it; only cur_scale may "
+                             "be set)")
+
+
+class ScalerView(_ScaleView):
+    """``optimizer.loss_scaler`` (see the module's docstring)."""
+
+    __slots__ = ()
+    _NAME = "optimizer.loss_scaler"
+    _SETTABLE = ("cur_scale", "loss_scale")
+    loss_scale = _ScaleView.cur_scale
 
     @property
     def dynamic(self) -> bool:
@@ -70,21 +86,15 @@ class ScalerView:
         s = self._dynamic_only(name)
         return _CONSTANT[name] if attr is None else getattr(s, attr)
 
-    def __setattr__(self, name: str, value) -> None:
-        if name in ("cur_scale", "loss_scale"):
-            object.__setattr__(self, name, value)  # the property's setter
-            return
-        raise AttributeError(f"optimizer.loss_scaler.{name} is read-only (the engine's scaler keeps it; only "
-                             "cur_scale may be set)")
 
-
-class LossScaleConfigView:
+class LossScaleConfigView(_ScaleView):
     """``optimizer.loss_scale_config`` (see the module's docstring)."""
 
-    __slots__ = ("_get", "_steps")
+    __slots__ = ("_steps",)
+    _NAME = "optimizer.loss_scale_config"
 
     def __init__(self, get_scaler, get_steps):
-        object.__setattr__(self, "_get", get_scaler)
+        super().__init__(get_scaler)
         object.__setattr__(self, "_steps", get_steps)  # () -> the engine's boundaries so far (a fixed scale's count)
 
     @property
@@ -94,14 +104,6 @@ class LossScaleConfigView:
     @property
     def dynamic_loss_scale(self) -> bool:
         return self._get().dynamic
-
-    @property
-    def cur_scale(self) -> float:
-        return self._get().scale
-
-    @cur_scale.setter
-    def cur_scale(self, value) -> None:
-        set_scale(self._get(), value)
 
     @property
     def cur_iter(self) -> int:
@@ -126,13 +128,6 @@ class LossScaleConfigView:
     def min_loss_scale(self):
         s = self._get()
         return s.min_scale if s.dynamic else None
-
-    def __setattr__(self, name: str, value) -> None:
-        if name == "cur_scale":
-            object.__setattr__(self, name, value)
-            return
-        raise AttributeError(f"optimizer.loss_scale_config.{name} is read-only (the engine's scaler keeps it; only "
-                             "cur_scale may be set)")
 
 
 def engine_scaler(face):
