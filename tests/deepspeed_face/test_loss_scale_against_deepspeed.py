@@ -1,19 +1,18 @@
 """fp16's dynamic loss scale, DeepSpeed's and the face's, step by step (loss_scale_script.py): the same model, the
 same overflows (an Inf in the input at chosen steps), ZeRO stages 0-3, four ``fp16`` sections (hysteresis 1 and 2,
 consecutive hysteresis, windows 2 and 3, the defaults), and at stages 1-3 the defaults with clipping that bites,
-with CPU offload and with two micro-steps a boundary, and a fixed scale. Equal: the scale after every step, the skipped-step counts, and the losses up to the first
-step whose update raised the scale (bit for bit).
+with CPU offload and with two micro-steps a boundary, and a fixed scale. Equal: the scale after every step, the
+skipped-step counts, and the losses up to the first step whose update raised the scale (bit for bit).
 
 After such a step the two part, by DeepSpeed: its optimizers (stage 0 and ZeRO 1-3, 0.19.8) update the scale before
 they unscale the gradients (``_update_scale`` then ``unscale_and_clip_grads``, which divides by the new scale), so on
 a step that doubles the scale its update reads half the gradient it was given (where clipping does not bite; said
 for its stage-0 optimizers in deepspeedai/DeepSpeed pull request 8588's discussion, seen here at stages 1-3 too).
-zerocore divides by the scale the
-backward used (tests/runtime/test_engine.py and the stage tests check each update against torch's AdamW). With the
-defaults (a window of 1000) no step raises it, and the losses are equal at every step, clipped and offloaded too. Stage 0's losses are not
-compared: DeepSpeed's stage-0 fp16 optimizer (FP16_Optimizer over FusedAdam) steps differently from its ZeRO stages
-on this CPU even with no overflow at all (measured: the second step's loss 0.036323 against 0.035970, which is also
-zerocore's at every stage)."""
+zerocore divides by the scale the backward used (tests/runtime/test_engine.py and the stage tests check each update
+against torch's AdamW). With the defaults (a window of 1000) no step raises it, and the losses are equal at every
+step, clipped, offloaded and accumulated too. Stage 0's losses are not compared: DeepSpeed's stage-0 fp16 optimizer
+(FP16_Optimizer over FusedAdam) steps differently from its ZeRO stages on this CPU even with no overflow at all
+(measured: the second step's loss 0.036323 against 0.035970, which is also zerocore's at every stage)."""
 from __future__ import annotations
 
 import os

@@ -92,6 +92,9 @@ def test_bf16_reports_no_grad_scaling_and_a_view_outliving_its_engine_says_so():
     e = zerocore.initialize(torch.nn.Linear(4, 4), {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}})
     cfg, scaler = e.optimizer.loss_scale_config, e.optimizer.loss_scaler
     assert not cfg.use_grad_scaling and cfg.cur_scale == 1.0 and not scaler.dynamic
+    with pytest.raises(ValueError, match="only fp16 training is loss-scaled"):
+        e.optimizer.cur_scale = 128
+    assert e.scaler.scale == 1.0 and not e.scaler.needed
     e.destroy()
     del e
     gc.collect()

@@ -209,8 +209,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     @property
     def cur_scale(self) -> float:
-        """DeepSpeed's: the loss scale the next backward uses (1 without fp16); may be set (a positive finite
-        number), as DeepSpeed's optimizers let it be."""
+        """DeepSpeed's: the loss scale the next backward uses (1 without fp16); may be set with fp16 (a positive
+        finite number), as DeepSpeed's optimizers let it be."""
         return self._scaler().scale
 
     @cur_scale.setter

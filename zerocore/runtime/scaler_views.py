@@ -9,8 +9,8 @@
   ``scale_factor``, ``scale_window``, ``min_loss_scale``).
 
 Both read the engine's scaler (runtime/loss_scale.py) when asked, so they never go stale; ``cur_scale`` may be
-set (a positive finite number), as DeepSpeed lets it be; the rest is read-only. ``raise_error_at_min_scale`` is
-False: at the minimum scale zerocore warns and goes on (loss_scale.py).
+set (a positive finite number, fp16 only), as DeepSpeed lets it be; the rest is read-only.
+``raise_error_at_min_scale`` is False: at the minimum scale zerocore warns and goes on (loss_scale.py).
 """
 from __future__ import annotations
 
@@ -28,7 +28,11 @@ _CONSTANT = {"scale_factor": SCALE_FACTOR, "raise_error_at_min_scale": False}
 
 
 def set_scale(scaler, value) -> None:
-    """``cur_scale = value`` through a view: a positive finite number, or a ValueError naming it."""
+    """``cur_scale = value`` through a view: a positive finite number, with fp16 (bf16 and fp32 are not scaled),
+    or a ValueError naming what is wrong (the scale unchanged)."""
+    if not scaler.fp16:
+        raise ValueError(f"zerocore: cannot set the loss scale to {value!r}: only fp16 training is loss-scaled "
+                         "(bf16 and fp32 keep 1)")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"zerocore: the loss scale must be a positive finite number, got {value!r}")
     scaler.scale = float(value)
