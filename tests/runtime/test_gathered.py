@@ -9,6 +9,7 @@ One spawn of 2 ranks runs every scenario (tests/stage3_ranks.py); the tests chec
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -28,7 +29,8 @@ def sc_gathered_engine(rank: int, world: int) -> dict:
     sd = engine.full_state_dict()
     names = dict(model.named_parameters())
     seen_full, seen_equal = {}, {}
-    with zerocore.gathered(list(model.parameters())) as ps:
+    with pytest.warns(RuntimeWarning, match="in-place modification of .* discarded on exit") as caught, \
+            zerocore.gathered(list(model.parameters())) as ps:
         out["yields_params"] = [id(p) for p in ps] == [id(p) for p in model.parameters()]
         for n, p in names.items():
             seen_full[n] = tuple(p.shape)
@@ -39,6 +41,11 @@ def sc_gathered_engine(rank: int, world: int) -> dict:
         with torch.no_grad():
             for p in ps:
                 p.add_(1.0)  # no modifier_rank: discarded
+    out["warned_of"] = str(caught[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reading only: no warning
+        with zerocore.gathered(list(model.parameters())):
+            pass
     out["seen_full"], out["seen_equal"] = seen_full, seen_equal
     out["shape_after"] = {n: tuple(p.shape) for n, p in names.items()}
     sd_discard = engine.full_state_dict()
@@ -108,10 +115,11 @@ def sc_gathered_persistent(rank: int, world: int) -> dict:
         train(engine, 1, rank, world, 32, dtype=tdtype)
         before = engine.full_state_dict()
         b, w = model.blocks[0].bias, model.blocks[0].weight
-        with zerocore.gathered([b, w]):
-            with torch.no_grad():
-                b.add_(1.0)  # no modifier_rank: discarded
-                w.add_(1.0)
+        with pytest.warns(RuntimeWarning, match=r"of blocks\.0\.bias, blocks\.0\.weight inside"):
+            with zerocore.gathered([b, w]):
+                with torch.no_grad():
+                    b.add_(1.0)  # no modifier_rank: discarded (the persistent bias restored from its copy)
+                    w.add_(1.0)
         out[f"{dtype}_discard"] = engine.full_state_dict()
         out[f"{dtype}_discard_local"] = b.detach().float().clone()
         with zerocore.gathered([b], modifier_rank=0):
@@ -183,6 +191,7 @@ def test_gathered_shows_full_params_and_discards_edits(world2):
             assert r["shape_after"][n] == (0,)  # partitioned again
         assert r["inside_sd_equal"]
         assert r["discarded"]
+        assert "blocks.0.weight" in r["warned_of"] and "modifier_rank=<rank>" in r["warned_of"]
 
 
 

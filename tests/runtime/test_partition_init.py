@@ -7,6 +7,8 @@ One spawn of 2 ranks runs both scenarios (tests/stage3_ranks.py); the tests chec
 """
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -165,6 +167,15 @@ def sc_init_trap(rank: int, world: int) -> dict:
             out[kind] = None
         except RuntimeError as e:
             out[kind] = str(e)
+    # a read-only gathered() edit of a parameter zerocore.init partitioned: discarded, with a warning naming it
+    with zerocore.init(config()):
+        model = Stack()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with zerocore.gathered([model.blocks[0].weight]):
+            with torch.no_grad():
+                model.blocks[0].weight.add_(1.0)
+    out["loose_warned"] = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     # the fix: the parent's change made under gathered(modifier_rank=0); rank r seeds with r
     torch.manual_seed(rank)
     with zerocore.init(config()):
@@ -237,6 +248,12 @@ def test_parent_initializing_a_child_just_built_works(world2):
     assert torch.count_nonzero(state["0.attn.out_proj.bias"]) == 0
     assert torch.count_nonzero(state["0.attn.out_proj.weight"]) > 0
 
+
+
+def test_read_only_gathered_edit_of_an_init_parameter_is_discarded_with_a_warning(world2):
+    for r in results(world2, "init_trap"):
+        assert len(r["loose_warned"]) == 1
+        assert "parameter of shape (32, 32) inside a block without modifier_rank" in r["loose_warned"][0]
 
 
 def test_gathered_modifier_fixes_the_trap(world2):
