@@ -176,6 +176,15 @@ def sc_init_trap(rank: int, world: int) -> dict:
             with torch.no_grad():
                 model.blocks[0].weight.add_(1.0)
     out["loose_warned"] = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    with zerocore.init(config(enable_sanity_checks=True)):  # DeepSpeed's rule there: an error
+        model = Stack()
+    try:
+        with zerocore.gathered([model.blocks[0].weight]):
+            with torch.no_grad():
+                model.blocks[0].weight.add_(1.0)
+        out["loose_raised"] = None
+    except RuntimeError as e:
+        out["loose_raised"] = str(e)
     # the fix: the parent's change made under gathered(modifier_rank=0); rank r seeds with r
     torch.manual_seed(rank)
     with zerocore.init(config()):
@@ -254,6 +263,7 @@ def test_read_only_gathered_edit_of_an_init_parameter_is_discarded_with_a_warnin
     for r in results(world2, "init_trap"):
         assert len(r["loose_warned"]) == 1
         assert "parameter of shape (32, 32) inside a block without modifier_rank" in r["loose_warned"][0]
+        assert "enable_sanity_checks" in r["loose_raised"] and "parameter of shape (32, 32)" in r["loose_raised"]
 
 
 def test_gathered_modifier_fixes_the_trap(world2):

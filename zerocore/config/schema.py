@@ -230,6 +230,10 @@ class ZeroOptimizationConfig(_Section):
                                            "is about to issue the same one, and raise naming the unit and ranks "
                                            "if not (instead of hanging or crashing).", kind=bool,
                                            applies_if=_only_stage3, applies="stage 3")
+    enable_sanity_checks: bool = option(False, "DeepSpeed's debugging checks; here: an in-place edit that "
+                                        "zerocore.gathered / GatheredParameters without modifier_rank discards "
+                                        "raises a RuntimeError at the block's end (else a warning names it).",
+                                        kind=bool)
     stage3_divergence_timeout: float = option(120.0, "zerocore: seconds a rank waits for the others at a stage-3 "
                                               "collective before raising (a rank that stopped issuing them).",
                                               kind=float, gt=0, le=MAX_TIMEOUT_S, applies_if=_only_stage3,

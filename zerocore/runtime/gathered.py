@@ -18,7 +18,8 @@ discarded on exit (reading is what the context is for): gathered copies
 are dropped, and a stage-3 parameter that was whole already (a persistent one, or a unit
 gathered by a forward under way) is restored from a copy taken on entry; such a discarded edit is
 not silent: a RuntimeWarning names the parameters (seen by their version counters, so only an
-in-place change; DeepSpeed raises there under ``enable_sanity_checks`` and is silent otherwise). At
+in-place change), or with ``zero_optimization.enable_sanity_checks`` a RuntimeError does (DeepSpeed's
+rule there; without it DeepSpeed is silent). At
 stages 0-2 the parameters are always whole and nothing is gathered or copied: edit them only with
 ``modifier_rank``. A collective: every rank must enter with the same parameters.
 """
@@ -109,9 +110,10 @@ def gathered(params, modifier_rank: int | None = None):
                 inits.append((p, rec))
         if modifier_rank is None:
             watched = _discarded_on_exit(engine_groups, inits)
-            versions = [p._version for p, _ in watched]
+            versions = [p._version for p, _, _ in watched]
             yield params
-            _warn_of_discarded_edits([name for (p, name), v in zip(watched, versions) if p._version != v])
+            _report_discarded_edits([(name, strict) for (p, name, strict), v in zip(watched, versions)
+                                     if p._version != v])
         else:
             raised = None
             try:
@@ -151,24 +153,31 @@ def gathered(params, modifier_rank: int | None = None):
                 g.free_full_keeping_aliases()  # what the user took from the parameters stays valid
 
 
-def _discarded_on_exit(engine_groups: dict, inits: list) -> list[tuple[nn.Parameter, str]]:
-    """(parameter, name) of those named whose in-place edit a read-only context drops on exit: stage-3 ones
-    (gathered copies, or restored from the entry copy) and those partitioned by ``zerocore.init``."""
+def _discarded_on_exit(engine_groups: dict, inits: list) -> list[tuple[nn.Parameter, str, bool]]:
+    """(parameter, name, whether its config asks for DeepSpeed's sanity checks) of those named whose in-place edit
+    a read-only context drops on exit: stage-3 ones (gathered copies, or restored from the entry copy) and those
+    partitioned by ``zerocore.init``."""
     out = []
     for engine, gi, slots in engine_groups.values():
-        if engine.config.zero_optimization.stage == 3:  # (stages 0-2: the live parameters, edits stay)
+        z = engine.config.zero_optimization
+        if z.stage == 3:  # (stages 0-2: the live parameters, edits stay)
             g = group_at(engine, gi)
-            out += [(g.params[si], g.layout.slots[si].name) for si in slots]
-    out += [(p, f"a {rec.owner} parameter of shape {tuple(rec.shape)}") for p, rec in inits]
+            out += [(g.params[si], g.layout.slots[si].name, z.enable_sanity_checks) for si in slots]
+    out += [(p, f"a {rec.owner} parameter of shape {tuple(rec.shape)}", rec.sanity_checks) for p, rec in inits]
     return out
 
 
-def _warn_of_discarded_edits(names: list[str]) -> None:
-    if names:
-        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        warnings.warn(f"zerocore.gathered: in-place modification of {shown} inside a block without modifier_rank "
-                      "was discarded on exit (the block is for reading; pass modifier_rank=<rank> to keep one rank's "
-                      "edit)", RuntimeWarning, stacklevel=4)
+def _report_discarded_edits(edited: list[tuple[str, bool]]) -> None:
+    """A RuntimeWarning naming the discarded edits, or (``enable_sanity_checks``, DeepSpeed's rule) an error."""
+    if not edited:
+        return
+    names = [name for name, _ in edited]
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    msg = (f"zerocore.gathered: in-place modification of {shown} inside a block without modifier_rank was discarded "
+           "on exit (the block is for reading; pass modifier_rank=<rank> to keep one rank's edit)")
+    if any(strict for _, strict in edited):
+        raise RuntimeError(msg + " [zero_optimization.enable_sanity_checks]")
+    warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
 
 def _with_unit_siblings(engine_groups: dict) -> dict:

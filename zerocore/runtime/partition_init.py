@@ -42,6 +42,7 @@ class InitShard:
     version: int  # the parameter's version counter when partitioned (in-place edits move it)
     owner: str  # the module class that registered it (for error messages)
     open: bool = False  # whole for a while, under zerocore.gathered()
+    sanity_checks: bool = False  # the init config's zero_optimization.enable_sanity_checks (runtime/gathered.py)
 
     @property
     def numel(self) -> int:
@@ -64,13 +65,13 @@ def chunk_numel(numel: int, world: int) -> int:
     return max(1, -(-numel // world))
 
 
-def partition_param(p: nn.Parameter, comm: Comm, owner: str) -> None:
+def partition_param(p: nn.Parameter, comm: Comm, owner: str, sanity_checks: bool = False) -> None:
     full = p.data
     comm.broadcast(full)
     chunk = torch.empty(chunk_numel(full.numel(), comm.world), dtype=full.dtype, device=full.device)
     cut_chunk(full.reshape(-1), chunk, comm.rank)
     p.data = torch.empty(0, dtype=full.dtype, device=full.device)
-    p._zc_init = InitShard(full.shape, chunk, comm.world, p._version, owner)
+    p._zc_init = InitShard(full.shape, chunk, comm.world, p._version, owner, sanity_checks=sanity_checks)
     mark_init(p)  # DeepSpeed's ds_* attributes (ds_param_attrs.py)
 
 
@@ -109,8 +110,10 @@ def initial_value(p: nn.Parameter, comm: Comm) -> torch.Tensor:
 class _Patcher:
     """Wraps ``__init__`` of every nn.Module subclass (and of those defined inside the context)."""
 
-    def __init__(self, comm: Comm, dtype: torch.dtype | None, device: torch.device | None, after_module):
+    def __init__(self, comm: Comm, dtype: torch.dtype | None, device: torch.device | None, after_module,
+                 sanity_checks: bool = False):
         self.comm = comm
+        self.sanity_checks = sanity_checks
         self.dtype = dtype
         self.device = device
         self.after_module = after_module
@@ -186,7 +189,7 @@ class _Patcher:
                 p.data = p.data.to(self.device)
             if self.dtype is not None and p.dtype != self.dtype:
                 p.data = p.data.to(self.dtype)
-            partition_param(p, self.comm, owner)
+            partition_param(p, self.comm, owner, self.sanity_checks)
 
     def __enter__(self):
         stack = [nn.Module]
@@ -244,6 +247,7 @@ def init(config=None, *, dtype: torch.dtype | None = None, device: torch.device 
     ``initialize``). ``after_module(module)``: called as each module's outermost ``__init__``
     returns. Needs the process group (or torchrun's environment); one rank: a single chunk.
     """
+    sanity_checks = False
     if config is not None:
         from ..config import load_config
 
@@ -251,5 +255,6 @@ def init(config=None, *, dtype: torch.dtype | None = None, device: torch.device 
         if cfg.zero_optimization.stage != 3:
             raise ValueError(f"zerocore.init partitions parameters for stage 3; the config has "
                              f"zero_optimization.stage={cfg.zero_optimization.stage}")
-    with _Patcher(default_comm(), dtype, device, after_module):
+        sanity_checks = cfg.zero_optimization.enable_sanity_checks
+    with _Patcher(default_comm(), dtype, device, after_module, sanity_checks):
         yield

@@ -84,7 +84,6 @@ ACCEPTED: dict[str, dict[str, tuple]] = {
         "parameter_alignment": (ANY, "a DeepSpeed memory-layout knob"),
         "pipeline_loading_checkpoint": (ANY, "a DeepSpeed loading knob"),
         "override_module_apply": (ANY, "zerocore.init lets module.apply run on the module being built"),
-        "enable_sanity_checks": (ANY, "a DeepSpeed debugging knob"),
         "save_muon_momentum_buffer_in_memory": (ANY, "a DeepSpeed Muon knob"),
         "zenflow": ((None,), "ZenFlow (stale CPU updates) is not implemented"),
     },
