@@ -116,9 +116,9 @@ CPUAdamBuilder().load(); FusedAdamBuilder().load(); print('DeepSpeed ops built')
         --layers 24 --heads 16 --ctx 128 --batch 8 --vocab 8192 --bucket 2.5e6 --threads "$(( $(nproc) - 1 ))" \
         --rounds 5 --steps 3 --stage $stage ${SPECULATION_EXTRA:-} "${prof[@]}" --out "$W/offload_$s.json" ;;
     hostthreads)  # the host step's thread count: T_host and the stage-2 offload step at ctx 128 (host-bound), each
-      # count in its own run (HOST_THREADS_LIST, default every core but 1, 2, 4 and 8): where the host Adam stops
-      # gaining from threads (memory bandwidth) while the backward's host work competes for the cores
-      for n in ${HOST_THREADS_LIST:-$(( $(nproc) - 1 )) $(( $(nproc) - 2 )) $(( $(nproc) - 4 )) 8}; do
+      # count in its own run (HOST_THREADS_LIST, default every core but 1, every core but 4, and 8): where the host
+      # Adam stops gaining from threads (memory bandwidth) while the backward's host work competes for the cores
+      for n in ${HOST_THREADS_LIST:-$(( $(nproc) - 1 )) $(( $(nproc) - 4 )) 8}; do
         run hostthreads_$n "${T_HOSTTHREADS:-60}" "$PY" benchmarks/offload_speculation.py --device cuda --dim 1024 \
           --layers 24 --heads 16 --ctx 128 --batch 8 --vocab 8192 --bucket 2.5e6 --threads "$n" --rounds 3 --steps 3 \
           --stage 2 --variants no_offload after_backward speculative --out "$W/offload_threads_$n.json"
