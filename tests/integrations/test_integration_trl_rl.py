@@ -1,0 +1,53 @@
+"""TRL's trainers that do more than a loss, driving zerocore on CPU ranks, against the same trainer with plain DDP
+(trl_run.py): GRPOTrainer (it generates with the model being trained every step: the same completions are sampled
+in both runs, equal rewards at every step, so each update is compared on the same data) and DPOTrainer (a reference
+model beside the trained one). Equal: the logged losses (and rewards, reward margins) and the final weights, to fp32
+reduction-order tolerance."""
+import pytest
+
+pytest.importorskip("transformers", reason="transformers is not installed")
+pytest.importorskip("trl", reason="trl is not installed")
+
+from integration_launch import max_diff, max_rel_diff, torchrun  # noqa: E402
+
+TOL = 2e-5
+
+
+def run(tmp, name, *opts, nproc):
+    d = tmp / name
+    d.mkdir()
+    out = str(d / "out.json")
+    return torchrun("trl_run.py", [out, *opts], out, nproc=nproc)
+
+
+def _same_training(ref, got, steps):
+    assert len(got["losses"]) == len(ref["losses"]) == steps
+    assert max_diff(ref["losses"], got["losses"]) < TOL
+    assert max_rel_diff(ref["weights"], got["weights"]) < TOL
+
+
+def _same_grpo(ref, got):
+    assert max_diff(ref["reward"], got["reward"]) == 0.0  # the same completions were sampled
+    assert any(s > 0 for s in ref["reward_std"])  # rewards differed within a group: the steps moved the weights
+    _same_training(ref, got, 3)
+
+
+def test_grpo_stage3_one_rank_matches_plain(tmp_path):
+    both = run(tmp_path, "both", "trainer=grpo", "backend=both", "stage=3", nproc=1)  # one launch: plain, zerocore
+    _same_grpo(both["plain"], both["zerocore"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_grpo_two_ranks_matches_ddp(tmp_path, stage):
+    _same_grpo(run(tmp_path, "ddp", "trainer=grpo", "backend=ddp", nproc=2),
+               run(tmp_path, f"z{stage}", "trainer=grpo", "backend=zerocore", f"stage={stage}", nproc=2))
+
+
+@pytest.mark.slow
+def test_dpo_with_a_reference_model_stage3_two_ranks_matches_ddp(tmp_path):
+    ref = run(tmp_path, "ddp", "trainer=dpo", "backend=ddp", nproc=2)
+    got = run(tmp_path, "z3", "trainer=dpo", "backend=zerocore", "stage=3", nproc=2)
+    assert ref["rewards/margins"][-1] > 0  # the policy moved away from the reference
+    assert max_diff(ref["rewards/margins"], got["rewards/margins"]) < TOL
+    _same_training(ref, got, 4)

@@ -1,0 +1,102 @@
+"""TRL's trainers that need more than a loss on CPU ranks (torchrun, gloo), with zerocore
+(``make_zero_trainer(Trainer)``) or plain DDP (``use_cpu=True``): a 2-layer Llama from its config, a word-level
+tokenizer built here (nothing downloaded), prompts of 4 tokens.
+
+- ``trainer=grpo``: GRPOTrainer, 4 sampled completions of up to 6 tokens per prompt scored by a reward that counts
+  two tokens and the length, 3 steps: each step generates with the model being trained (``model.generate`` on every
+  rank), scores, and takes a policy-gradient step.
+- ``trainer=dpo``: DPOTrainer with a reference model (a copy of the model, kept whole on every rank) and chosen /
+  rejected completions, 4 steps.
+
+Writes (rank 0) the logged losses (and GRPO's rewards, DPO's reward margins) and the final weights as JSON.
+
+    torchrun --nproc_per_node 2 trl_run.py OUT trainer=grpo backend=zerocore stage=3
+
+``backend=both`` (one rank): the plain run, then zerocore's, in one process (one launch's imports, not two),
+written as ``{"plain": ..., "zerocore": ...}``.
+"""
+import json
+import os
+import sys
+
+import torch
+
+VOCAB = 32
+
+
+def options(argv: list[str]) -> dict:
+    o = {"backend": "zerocore", "stage": "3", "trainer": "grpo"}
+    o.update(a.split("=", 1) for a in argv)
+    return o
+
+
+def main() -> None:
+    out, o = sys.argv[1], options(sys.argv[2:])
+    if o["backend"] == "both":
+        res = {b: train(out, dict(o, backend=b)) for b in ("ddp", "zerocore")}
+        res = {"plain": res["ddp"], "zerocore": res["zerocore"]}
+    else:
+        res = train(out, o)
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(res, f)
+
+
+def train(out: str, o: dict) -> dict:
+    import copy
+
+    import datasets
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                                         pad_token_id=0, eos_token_id=1, bos_token_id=2))
+    words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="t0", eos_token="t1", bos_token="t2")
+    n = 32
+    prompts = [" ".join(f"t{(i + j) % 20 + 3}" for j in range(4)) for i in range(n)]
+    common = dict(output_dir=os.path.join(os.path.dirname(out), "run"), per_device_train_batch_size=4,
+                  logging_steps=1, learning_rate=1e-3, report_to=[], use_cpu=True, save_strategy="no", bf16=False,
+                  seed=0, ddp_backend="gloo")
+    if o["trainer"] == "grpo":
+        from trl import GRPOConfig, GRPOTrainer
+
+        def reward(completions, **kw):
+            return [float(c.count("t5") + c.count("t7")) + 0.1 * len(c.split()) for c in completions]
+
+        base, logged = GRPOTrainer, ("reward", "reward_std")
+        kw = dict(reward_funcs=reward, train_dataset=datasets.Dataset.from_dict({"prompt": prompts}),
+                  args=GRPOConfig(num_generations=4, max_completion_length=6, max_steps=3, **common))
+    else:
+        from trl import DPOConfig, DPOTrainer
+
+        pairs = {"prompt": prompts,
+                 "chosen": [" ".join(f"t{(i * 3 + j) % 20 + 3}" for j in range(3)) for i in range(n)],
+                 "rejected": [" ".join(f"t{(i * 7 + j) % 20 + 3}" for j in range(5)) for i in range(n)]}
+        base, logged = DPOTrainer, ("rewards/margins",)
+        kw = dict(ref_model=copy.deepcopy(model), train_dataset=datasets.Dataset.from_dict(pairs),
+                  args=DPOConfig(max_steps=4, **common))
+    kw.update(model=model, processing_class=tok)
+    if o["backend"] == "zerocore":
+        from zerocore.integrations.transformers import make_zero_trainer
+
+        trainer = make_zero_trainer(base)(**kw, zerocore_config={"zero_optimization": {
+            "stage": int(o["stage"]), "stage3_param_persistence_threshold": 0}})
+    else:
+        trainer = base(**kw)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    eng = getattr(trainer, "zerocore_engine", None)
+    sd = eng.full_state_dict() if eng is not None else {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if eng is not None:
+        eng.destroy()
+    return {"losses": [h["loss"] for h in logs], **{k: [h[k] for h in logs] for k in logged},
+            "weights": {k: v.float().reshape(-1).tolist() for k, v in sd.items()}}
+
+
+if __name__ == "__main__":
+    main()
