@@ -19,9 +19,9 @@ are dropped, and a stage-3 parameter that was whole already (a persistent one, o
 gathered by a forward under way) is restored from a copy taken on entry; such a discarded edit is
 not silent: a RuntimeWarning names the parameters (seen by their version counters, so only an
 in-place change), or with ``zero_optimization.enable_sanity_checks`` a RuntimeError does (DeepSpeed's
-rule there; without it DeepSpeed is silent). At
-stages 0-2 the parameters are always whole and nothing is gathered or copied: edit them only with
-``modifier_rank``. A collective: every rank must enter with the same parameters.
+rule there; without it DeepSpeed is silent). At stages 0-2 the parameters are always whole and
+nothing is gathered or copied: edit them only with ``modifier_rank``. A collective: every rank must
+enter with the same parameters.
 """
 from __future__ import annotations
 
