@@ -34,6 +34,7 @@ def _raised_at(scales: list[float], initial: float) -> int | None:
     return None
 
 
+@pytest.mark.slow  # (18 s: DeepSpeed and the face each build 28 engines; the rule itself: tests/runtime/test_engine.py)
 def test_dynamic_loss_scale_is_deepspeeds_step_by_step(tmp_path):
     pytest.importorskip("deepspeed", reason="comparing with DeepSpeed needs it installed (pip install deepspeed)")
     from deepspeed.accelerator import get_accelerator
