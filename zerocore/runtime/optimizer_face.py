@@ -17,7 +17,7 @@ import torch
 
 from .._weak import GONE, back_ref
 from ..sharding import ALIGN_ELEMS, AdamHyper
-from .scaler_views import LossScaleConfigView, ScalerView, engine_scaler, set_scale
+from .scaler_views import LossScaleConfigView, ScalerView, set_scale
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
@@ -90,9 +90,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         without fp16/bf16 (where DeepSpeed has no wrapper) this face, else a view of this rank's
         Adam state over the flat fp32 master pieces (``shard_view.py``), as DeepSpeed's basic
         optimizer holds the flat partitions."""
-        engine = self._engine
-        if engine is None:
-            raise RuntimeError(GONE)
+        engine = self._live()
         if engine.client_optimizer is not None:
             return engine.client_optimizer
         if engine.zero_optimization_stage() == 0 and engine.dtype == torch.float32:
@@ -105,9 +103,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return view
 
     def _stage12(self, name: str):
-        engine = self._engine
-        if engine is None:
-            raise RuntimeError(GONE)
+        engine = self._live()
         if engine.zero_optimization_stage() not in (1, 2):
             raise AttributeError(f"'ZeroOptimizer' has {name} at ZeRO stages 1 and 2 only (DeepSpeed's stage 1-2 "
                                  "optimizer's partitions)")
@@ -138,9 +134,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         unit), the tensors ``optimizer.optimizer`` (the state view) steps. Only at stage 3 without a
         client optimizer (DeepSpeed's stage 1-2 optimizer has no such attributes): AttributeError
         otherwise."""
-        engine = self._engine
-        if engine is None:
-            raise RuntimeError(GONE)
+        engine = self._live()
         if engine.zero_optimization_stage() != 3 or engine.client_optimizer is not None:
             raise AttributeError(f"'ZeroOptimizer' has {name} at ZeRO stage 3 without a client optimizer only "
                                  "(DeepSpeed's stage-3 optimizer's sub-groups)")
@@ -174,9 +168,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         gathered and freed with the module as a whole (sharding/leaf_modules.py)."""
         from ..sharding.leaf_modules import leaf_ids
 
-        engine = self._engine
-        if engine is None:
-            raise RuntimeError(GONE)
+        engine = self._live()
         if engine.zero_optimization_stage() != 3:
             raise AttributeError("'ZeroOptimizer' has leaf_parameters at ZeRO stage 3 only (DeepSpeed's stage-3 "
                                  "optimizer's)")
@@ -197,10 +189,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     @property
     def overflow(self) -> bool:
         """Whether the last accumulation boundary skipped its update (fp16 overflow, Inf/NaN)."""
-        engine = self._engine
-        if engine is None:
-            raise RuntimeError(GONE)
-        return engine.overflow
+        return self._live().overflow
 
     @property
     def dynamic_loss_scale(self) -> bool:
@@ -229,14 +218,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """DeepSpeed's stage-0 fp16 optimizers' ``LossScaleConfig``, read when asked (runtime/scaler_views.py)."""
         return LossScaleConfigView(self._scaler, self._boundaries)
 
-    def _scaler(self):
-        return engine_scaler(self)
-
-    def _boundaries(self) -> int:
+    def _live(self):
+        """The engine this face belongs to, or the error naming a destroyed one."""
         engine = self._engine
         if engine is None:
             raise RuntimeError(GONE)
-        return engine.global_steps
+        return engine
+
+    def _scaler(self):
+        return self._live().scaler
+
+    def _boundaries(self) -> int:
+        return self._live().global_steps
 
     def needs_scaler(self) -> bool:
         """DeepSpeed's: whether a ``loss.backward()`` needs ``engine.scale(loss)`` first (fp16 with a loss

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import math
 
-from .._weak import GONE
-
 # DynamicLossScaler's attribute -> the engine scaler's (runtime/loss_scale.py)
 _DYNAMIC = {"cur_iter": "iter", "last_overflow_iter": "last_overflow_iter", "scale_window": "window",
             "min_scale": "min_scale", "delayed_shift": "hysteresis", "cur_hysteresis": "cur_hysteresis",
@@ -132,11 +130,3 @@ class LossScaleConfigView(_ScaleView):
     def min_loss_scale(self):
         s = self._get()
         return s.min_scale if s.dynamic else None
-
-
-def engine_scaler(face):
-    """The engine's scaler behind an optimizer face, or the error naming a destroyed engine."""
-    engine = face._engine
-    if engine is None:
-        raise RuntimeError(GONE)
-    return engine.scaler
