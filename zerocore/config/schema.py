@@ -356,19 +356,22 @@ class DataTypesConfig(_Section):
         "fp16); []: none.", allowed="\"auto\" or a list of name patterns (strings)",
         auto_is_value=True)
 
+    def _canonical_dtype(self, key: str, others: str, why: str = "") -> None:
+        """``key``'s value (a dtype in any of DeepSpeed's spellings) as its canonical name, else a ConfigError
+        naming the key; ``others``: the allowed values besides the dtypes, as the message lists them."""
+        value = getattr(self, key)
+        if value not in DTYPE_SPELLINGS:
+            raise ConfigError(f"{self.PATH}.{key}: got {value!r}{why}; allowed: {others} "
+                              f"one of {', '.join(repr(k) for k in DTYPE_SPELLINGS)}")
+        setattr(self, key, DTYPE_SPELLINGS[value])
+
     def check(self):
         if self.buffer_dtype is not None and self.buffer_dtype != KEEP:
-            if self.buffer_dtype not in DTYPE_SPELLINGS:
-                why = (" (integer buffers cannot train; DeepSpeed would cast floating buffers to int8)"
-                       if self.buffer_dtype in ("int8", "torch.int8") else "")
-                raise ConfigError(f"{self.PATH}.buffer_dtype: got {self.buffer_dtype!r}{why}; allowed: null, "
-                                  f"'keep' or one of {', '.join(repr(k) for k in DTYPE_SPELLINGS)}")
-            self.buffer_dtype = DTYPE_SPELLINGS[self.buffer_dtype]
+            why = (" (integer buffers cannot train; DeepSpeed would cast floating buffers to int8)"
+                   if self.buffer_dtype in ("int8", "torch.int8") else "")
+            self._canonical_dtype("buffer_dtype", "null, 'keep' or", why)
         if self.grad_accum_dtype is not None:
-            if self.grad_accum_dtype not in DTYPE_SPELLINGS:
-                raise ConfigError(f"{self.PATH}.grad_accum_dtype: got {self.grad_accum_dtype!r}; allowed: null or one "
-                                  f"of {', '.join(repr(k) for k in DTYPE_SPELLINGS)}")
-            self.grad_accum_dtype = DTYPE_SPELLINGS[self.grad_accum_dtype]
+            self._canonical_dtype("grad_accum_dtype", "null or")
         if self.master_init not in ("given", "rounded"):
             raise ConfigError(f"{self.PATH}.master_init: got {self.master_init!r}; allowed: \"given\" or \"rounded\"")
         keep = self.keep_in_fp32_modules
