@@ -21,6 +21,8 @@ import sys
 
 import torch
 
+from ddp_teardown import end_reference_group  # (this folder: the script's own, first on sys.path)
+
 VOCAB = 32
 
 
@@ -41,6 +43,8 @@ def main() -> None:
     if rank == 0:
         with open(out, "w") as f:
             json.dump(res, f)
+    if o["backend"] == "ddp":
+        end_reference_group()  # (zerocore's engine tears its group down itself)
 
 
 def train(out: str, o: dict) -> dict:
