@@ -45,6 +45,14 @@ def advise_hugepages(t: torch.Tensor) -> bool:
     return libc.madvise(ctypes.c_void_p(a), ctypes.c_size_t(length), MADV_HUGEPAGE) == 0
 
 
+def paired_by_round(num: list[list[float]], den: list[list[float]]) -> dict:
+    """Two variants timed in the same interleaved rounds (each a list of step times): each round's median of
+    ``num`` over the same round's median of ``den`` (the drift between rounds cancels), and their range."""
+    per_round = [statistics.median(a) / statistics.median(b) for a, b in zip(num, den)]
+    return {"per_round": per_round, "round_min": min(per_round), "round_median": statistics.median(per_round),
+            "round_max": max(per_round)}
+
+
 def summary(times_s: list[float]) -> dict:
     ms = sorted(t * 1e3 for t in times_s)
     return {"median_ms": statistics.median(ms), "min_ms": ms[0], "max_ms": ms[-1], "n": len(ms),

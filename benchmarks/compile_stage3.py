@@ -39,7 +39,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import machine_info, summary  # noqa: E402
+from _common import machine_info, paired_by_round, summary  # noqa: E402
 
 VARIANTS = ("stage2_eager", "stage2_compiled", "stage3_eager", "stage3_compiled", "stage3_compiled_checks")
 # stage3_compiled_checks: engine.compile() with Inductor's generated-code checks on (torch's defaults), which
@@ -195,17 +195,12 @@ def run(args) -> dict:
         e, c = out["variants"].get(f"stage{s}_eager"), out["variants"].get(f"stage{s}_compiled")
         if e and c:
             out[f"stage{s}_compiled_over_eager"] = c["median_ms"] / e["median_ms"]
-            out[f"stage{s}_compiled_over_eager_paired"] = paired(c["round_medians_ms"], e["round_medians_ms"])
+            out[f"stage{s}_compiled_over_eager_paired"] = paired_by_round(times[f"stage{s}_compiled"],
+                                                                          times[f"stage{s}_eager"])
     c, k = out["variants"].get("stage3_compiled"), out["variants"].get("stage3_compiled_checks")
     if c and k:
         out["stage3_compiled_over_compiled_checks"] = c["median_ms"] / k["median_ms"]
     return out
-
-
-def paired(num_ms: list[float], den_ms: list[float]) -> dict:
-    """Round-by-round ratios of two variants timed in the same rounds: their median, min and max."""
-    ratios = [a / b for a, b in zip(num_ms, den_ms)]
-    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "per_round": ratios}
 
 
 def table(res: dict) -> str:
@@ -222,7 +217,8 @@ def table(res: dict) -> str:
         if k in res:
             p = res[k + "_paired"]
             lines.append(f"\nstage {s}: compiled / eager = {res[k]:.2f}x (all steps' medians); paired by round "
-                         f"{p['median']:.2f}x (range {p['min']:.2f}-{p['max']:.2f}, {len(p['per_round'])} rounds)")
+                         f"{p['round_median']:.2f}x (range {p['round_min']:.2f}-{p['round_max']:.2f}, "
+                         f"{len(p['per_round'])} rounds)")
     if "stage3_compiled_over_compiled_checks" in res:
         lines.append(f"stage 3 compiled: without / with Inductor's generated-code checks = "
                      f"{res['stage3_compiled_over_compiled_checks']:.3f}x")

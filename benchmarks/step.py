@@ -66,7 +66,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import gather_objects, machine_info, summary, spawn_ranks  # noqa: E402
+from _common import gather_objects, machine_info, paired_by_round, summary, spawn_ranks  # noqa: E402
 
 import step_cuda  # noqa: E402
 import host_step_probe  # noqa: E402
@@ -420,9 +420,7 @@ def main(argv=None) -> dict:
     if pairs:
         print(f"\n{'ratio (median step time)':<52}{'overall':>9}{'per-round min':>15}{'median':>8}{'max':>8}")
     for a, b in pairs:
-        per_round = [statistics.median(x) / statistics.median(y) for x, y in zip(res["times"][a], res["times"][b])]
-        r = {"overall": med[a] / med[b], "per_round": per_round, "round_min": min(per_round),
-             "round_median": statistics.median(per_round), "round_max": max(per_round)}
+        r = {"overall": med[a] / med[b], **paired_by_round(res["times"][a], res["times"][b])}
         ratios[f"{a}/{b}"] = r
         print(f"{a + ' / ' + b:<52}{r['overall']:>8.3f}x{r['round_min']:>14.3f}x{r['round_median']:>7.3f}x"
               f"{r['round_max']:>7.3f}x")
