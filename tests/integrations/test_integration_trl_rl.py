@@ -32,6 +32,14 @@ def _same_grpo(ref, got):
     _same_training(ref, got, 3)
 
 
+def _reference_partitioned(got, world):
+    """zerocore at stage 3 held the reference model partitioned: one engine, 1/world of the weights (the partition's
+    padding aside), nothing whole outside a forward."""
+    ref = got["ref"]
+    assert ref["engines"] == 1 and ref["param_elems"] == 0
+    assert ref["whole"] / world <= ref["held"] <= ref["whole"] / world + 64 * 4
+
+
 def test_grpo_stage3_one_rank_matches_plain(tmp_path):
     both = run(tmp_path, "both", "trainer=grpo", "backend=both", "stage=3", nproc=1)  # one launch: plain, zerocore
     _same_grpo(both["plain"], both["zerocore"])
@@ -44,10 +52,35 @@ def test_grpo_two_ranks_matches_ddp(tmp_path, stage):
                run(tmp_path, f"z{stage}", "trainer=grpo", "backend=zerocore", f"stage={stage}", nproc=2))
 
 
-@pytest.mark.slow
-def test_dpo_with_a_reference_model_stage3_two_ranks_matches_ddp(tmp_path):
-    ref = run(tmp_path, "ddp", "trainer=dpo", "backend=ddp", nproc=2)
-    got = run(tmp_path, "z3", "trainer=dpo", "backend=zerocore", "stage=3", nproc=2)
+def _same_dpo(ref, got):
     assert ref["rewards/margins"][-1] > 0  # the policy moved away from the reference
     assert max_diff(ref["rewards/margins"], got["rewards/margins"]) < TOL
     _same_training(ref, got, 4)
+
+
+def test_dpo_stage3_one_rank_matches_plain(tmp_path):
+    both = run(tmp_path, "both", "trainer=dpo", "backend=both", "stage=3", nproc=1)
+    _same_dpo(both["plain"], both["zerocore"])
+    _reference_partitioned(both["zerocore"], 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_dpo_with_a_reference_model_two_ranks_matches_ddp(tmp_path, stage):
+    ref = run(tmp_path, "ddp", "trainer=dpo", "backend=ddp", nproc=2)
+    got = run(tmp_path, f"z{stage}", "trainer=dpo", "backend=zerocore", f"stage={stage}", nproc=2)
+    _same_dpo(ref, got)
+    if stage == 3:  # partitioned, as TRL's DeepSpeed path does; below stage 3 whole on every rank, as TRL keeps it
+        _reference_partitioned(got, 2)
+    else:
+        assert got["ref"]["engines"] == 0 and got["ref"]["param_elems"] * 4 == got["ref"]["whole"]
+
+
+@pytest.mark.slow
+def test_grpo_with_a_kl_term_stage3_two_ranks_matches_ddp(tmp_path):
+    """beta > 0: GRPO loads a reference model (the policy's initial weights, from the name in its config) and adds a
+    KL term to the loss; at stage 3 zerocore partitions that model."""
+    ref = run(tmp_path, "ddp", "trainer=grpo", "backend=ddp", "beta=0.04", nproc=2)
+    got = run(tmp_path, "z3", "trainer=grpo", "backend=zerocore", "stage=3", "beta=0.04", nproc=2)
+    _same_grpo(ref, got)
+    _reference_partitioned(got, 2)

@@ -5,10 +5,14 @@ tokenizer built here (nothing downloaded), prompts of 4 tokens.
 - ``trainer=grpo``: GRPOTrainer, 4 sampled completions of up to 6 tokens per prompt scored by a reward that counts
   two tokens and the length, 3 steps: each step generates with the model being trained (``model.generate`` on every
   rank), scores, and takes a policy-gradient step.
-- ``trainer=dpo``: DPOTrainer with a reference model (a copy of the model, kept whole on every rank) and chosen /
-  rejected completions, 4 steps.
+- ``trainer=dpo``: DPOTrainer with a reference model (a copy of the model; with zerocore at stage 3 partitioned
+  over the ranks, as TRL's DeepSpeed path does) and chosen / rejected completions, 4 steps.
+- ``beta=0.04`` (GRPO): a KL term against a reference model (TRL loads it from the name in the policy's config:
+  the policy's initial weights, saved here first).
 
-Writes (rank 0) the logged losses (and GRPO's rewards, DPO's reward margins) and the final weights as JSON.
+Writes (rank 0) the logged losses (and GRPO's rewards, DPO's reward margins), the final weights, and what rank 0
+holds of the reference model (``ref``: bytes of the whole model, bytes its zerocore engines hold, the elements its
+parameters have outside a forward) as JSON.
 
     torchrun --nproc_per_node 2 trl_run.py OUT trainer=grpo backend=zerocore stage=3
 
@@ -72,9 +76,15 @@ def train(out: str, o: dict) -> dict:
         def reward(completions, **kw):
             return [float(c.count("t5") + c.count("t7")) + 0.1 * len(c.split()) for c in completions]
 
+        if float(o.get("beta", 0.0)) > 0:  # TRL builds the reference model from the name in the policy's config
+            rank = os.environ.get("RANK", "0")
+            saved = os.path.join(os.path.dirname(out), f"policy_{o['backend']}_rank{rank}")
+            model.save_pretrained(saved)
+            model.config._name_or_path = saved
         base, logged = GRPOTrainer, ("reward", "reward_std")
         kw = dict(reward_funcs=reward, train_dataset=datasets.Dataset.from_dict({"prompt": prompts}),
-                  args=GRPOConfig(num_generations=4, max_completion_length=6, max_steps=3, **common))
+                  args=GRPOConfig(num_generations=4, max_completion_length=6, max_steps=3,
+                                  beta=float(o.get("beta", 0.0)), **common))  # beta > 0: a KL term, a reference model
     else:
         from trl import DPOConfig, DPOTrainer
 
@@ -84,6 +94,7 @@ def train(out: str, o: dict) -> dict:
         base, logged = DPOTrainer, ("rewards/margins",)
         kw = dict(ref_model=copy.deepcopy(model), train_dataset=datasets.Dataset.from_dict(pairs),
                   args=DPOConfig(max_steps=4, **common))
+    whole = sum(p.numel() * p.element_size() for p in model.parameters())  # (before a stage-3 engine takes it)
     kw.update(model=model, processing_class=tok)
     if o["backend"] == "zerocore":
         from zerocore.integrations.transformers import make_zero_trainer
@@ -96,10 +107,18 @@ def train(out: str, o: dict) -> dict:
     logs = [h for h in trainer.state.log_history if "loss" in h]
     eng = getattr(trainer, "zerocore_engine", None)
     sd = eng.full_state_dict() if eng is not None else {k: v.detach().clone() for k, v in model.state_dict().items()}
+    # what this rank holds of the reference model: partitioned by zerocore at stage 3, whole otherwise
+    ref = getattr(trainer, "ref_model", None)
+    held = None
+    if ref is not None:
+        frozen = getattr(trainer, "zerocore_frozen_engines", [])
+        held = {"whole": whole,
+                "engines": len(frozen), "held": sum(e.memory_report()["frozen"] for e in frozen),
+                "param_elems": sum(p.numel() for p in ref.parameters())}
     if eng is not None:
         eng.destroy()
     return {"losses": [h["loss"] for h in logs], **{k: [h[k] for h in logs] for k in logged},
-            "weights": {k: v.float().reshape(-1).tolist() for k, v in sd.items()}}
+            "weights": {k: v.float().reshape(-1).tolist() for k, v in sd.items()}, "ref": held}
 
 
 if __name__ == "__main__":

@@ -112,7 +112,12 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     model's parameters when None) and returning one; with an ``optimizer`` section in the config
     too, the passed one is used (as DeepSpeed does; zerocore warns). ``training_data``: a torch Dataset, read through a loader over the
     data-parallel ranks as DeepSpeed's (``engine.training_dataloader``). ``mpu`` and
-    ``mesh_param`` (model/sequence parallelism) are refused: zerocore is data parallel only."""
+    ``mesh_param`` (model/sequence parallelism) are refused: zerocore is data parallel only.
+
+    No ``optimizer`` and no ``optimizer`` section: as DeepSpeed, an engine for inference (a reference or
+    evaluation model; TRL's ``prepare_deepspeed`` and Transformers' ``deepspeed_init(inference=True)`` make
+    one): at stage 3 its parameters partitioned and gathered module by module, no optimizer state, the
+    returned optimizer None, ``backward``/``step`` refused; stages 1 and 2 refuse it, as DeepSpeed asserts."""
     if model is None:
         raise ModelRequired("zerocore.deepspeed.initialize requires a model")
     if mpu is not None:
@@ -160,12 +165,39 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     semantics.check_config(cfg)
     if optimizer is not None:
         model_parameters = None  # the optimizer's param_groups say what is trained, as in DeepSpeed
+    frozen = optimizer is None and "optimizer" not in cfg.given_sections
+    if frozen:  # DeepSpeed's engine without an optimizer: inference only (runtime/trains_nothing.py)
+        model_parameters, lr_scheduler = _no_optimizer(cfg, model_parameters, lr_scheduler)
     _take_over(model)
     # DeepSpeed's engine flags the modules zero_optimization.leaf_module names (at any stage): the flags stay
     # on the model, where set_z3_leaf_modules' would (zerocore's stage 3 reads the section itself too)
     apply_zero_leaf_module_config(model, cfg.zero_optimization.leaf_module)
     engine = zc_initialize(model, cfg, model_parameters=model_parameters, optimizer=optimizer,
-                           lr_scheduler=lr_scheduler, training_data=training_data, collate_fn=collate_fn)
+                           lr_scheduler=lr_scheduler, training_data=training_data, collate_fn=collate_fn,
+                           frozen=frozen)
     semantics.attach(engine)
-    returned = engine.optimizer.optimizer if plain else engine.optimizer
+    returned = None if frozen else engine.optimizer.optimizer if plain else engine.optimizer
     return engine, returned, engine.training_dataloader, engine.lr_scheduler
+
+
+class OptimizerRequired(ValueError, AssertionError):
+    """ZeRO stage 1 or 2 without an optimizer: DeepSpeed asserts it (an AssertionError)."""
+
+
+def _no_optimizer(cfg, model_parameters, lr_scheduler):
+    """DeepSpeed given no optimizer and no ``optimizer`` section: at stages 1 and 2 an AssertionError
+    ("zero stage N requires an optimizer"); at stages 0 and 3 an engine that trains nothing (stage 3:
+    ``DeepSpeedZeRoOffload``, the parameters partitioned), which ignores ``model_parameters`` and a
+    schedule, as DeepSpeed's does (said here). Returns them as the engine takes them: None."""
+    stage = cfg.zero_optimization.stage
+    if stage in (1, 2):
+        raise OptimizerRequired(f"zerocore.deepspeed.initialize: zero stage {stage} requires an optimizer (as in "
+                                "DeepSpeed): pass optimizer=..., or give the config an 'optimizer' section; without "
+                                "one only stage 0 or 3 builds an engine, for inference")
+    ignored = [name for name, value in (("model_parameters", model_parameters), ("lr_scheduler", lr_scheduler))
+               if value is not None]
+    if ignored:
+        warnings.warn(f"zerocore.deepspeed.initialize: no optimizer and no 'optimizer' section: the engine trains "
+                      f"nothing (inference, as DeepSpeed's) and {' and '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} "
+                      "ignored", UserWarning, stacklevel=3)
+    return None, None

@@ -12,7 +12,7 @@ from .partition_init import init
 
 
 def initialize(model: torch.nn.Module, config=None, *, model_parameters=None, optimizer=None,
-               lr_scheduler=None, training_data=None, collate_fn=None) -> Engine:
+               lr_scheduler=None, training_data=None, collate_fn=None, frozen: bool = False) -> Engine:
     """Wraps ``model`` for ZeRO training over the default torch.distributed process group.
 
     ``config``: a dict, a path to a DeepSpeed-style JSON file, or a :class:`zerocore.ZeroConfig`.
@@ -28,6 +28,11 @@ def initialize(model: torch.nn.Module, config=None, *, model_parameters=None, op
     ``LRScheduler`` over ``engine.optimizer`` (or over ``optimizer``), or a callable taking
     ``engine.optimizer`` and returning one; it wins over the config's ``scheduler`` section.
 
+    ``frozen``: the engine trains nothing (a reference, teacher or evaluation model): every parameter
+    is frozen, at stage 3 partitioned over the ranks and gathered unit by unit in the forward, with no
+    gradient buffer and no optimizer state; ``backward``/``step`` are refused (a backward through its
+    outputs brings gradients to their inputs). A model with no parameter that requires grad needs it.
+
     ``training_data``: a torch Dataset; ``engine.training_dataloader`` then reads it over the
     data-parallel ranks, ``train_micro_batch_size_per_gpu`` samples per batch, with ``collate_fn``
     (DeepSpeed's loader: a ``DistributedSampler`` with torch's defaults).
@@ -40,7 +45,7 @@ def initialize(model: torch.nn.Module, config=None, *, model_parameters=None, op
         loader = build_dataloader(training_data, cfg.batch_sizes(comm.world)[1], comm, collate_fn,
                                   cfg.dataloader_drop_last)
     engine = Engine(model, cfg, comm, model_parameters=model_parameters, optimizer=optimizer,
-                    lr_scheduler=lr_scheduler)
+                    lr_scheduler=lr_scheduler, trains=not frozen)
     engine.training_dataloader = loader
     return engine
 

@@ -46,7 +46,9 @@ class BackwardBracket:
         self._bracket = CLOSED
         if self.gatherer is not None:
             self.gatherer.end_backward()
-        if not (self._in_no_sync or self._coalescing):  # (coalesced_reduction.py sets it when the block ends)
+        # (coalesced_reduction.py sets it when the block ends; an engine that trains nothing has no step to wait
+        # for: a backward through it only brings gradients to its inputs, trains_nothing.py)
+        if self.trains and not (self._in_no_sync or self._coalescing):
             self._backward_done = True
             if not self.config.managed_gradient_accumulation:
                 self._window_backwards += 1

@@ -60,6 +60,7 @@ from . import coalesced_reduction, torch_backward, unmanaged_window
 from .backward_bracket import AUTOGRAD, ENGINE, BackwardBracket
 from .group_labels import GroupLabels
 from .torch_backward import AutogradBackward
+from . import trains_nothing
 
 
 class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, torch.nn.Module):
@@ -68,10 +69,11 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
     ``train()``/``eval()`` act on the wrapped model (``module_face.py`` for the rest)."""
 
     def __init__(self, module: torch.nn.Module, config: ZeroConfig, comm: Comm, *, model_parameters=None,
-                 optimizer=None, lr_scheduler=None):
+                 optimizer=None, lr_scheduler=None, trains: bool = True):
         """``model_parameters``: the parameters to train, or hyper-parameter groups (``param_groups.py``);
         ``optimizer``: a client optimizer (``client_optimizer.py``); ``lr_scheduler``: a client
-        schedule (``zerocore.schedules``). See ``zerocore.initialize``."""
+        schedule (``zerocore.schedules``); ``trains`` False: the engine trains nothing (``trains_nothing.py``).
+        See ``zerocore.initialize``."""
         torch.nn.Module.__init__(self)  # before any attribute: nn.Module keeps its registries in __dict__
         import_off_stack()  # before anything here can be caught in a cycle of torch's (off_stack.py)
         # every rank checks its model and config, then all compare them: any failure raises on every rank
@@ -84,21 +86,25 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
         self.dtype = training_dtype(config)
         self.gas, _, _ = config.batch_sizes(comm.world)
         trainable, frozen = named_params(module)
-        if not trainable:
-            raise ValueError("zerocore: the model has no trainable parameters")
-        client = classify_optimizer(optimizer, config, lambda: model_parameters if model_parameters is not None
-                                    else [p for _, p in trainable])
-        hyper = resolve_groups(module, client.optimizer.param_groups if client.optimizer is not None
-                               else model_parameters, client.defaults,
-                               source="optimizer.param_groups" if client.optimizer is not None else "model_parameters",
-                               checked=("lr", "betas", "eps", "weight_decay") if client.fused_adam else ("lr",))
+        # nothing to train (a reference or evaluation model): every parameter frozen, no optimizer state
+        self.trains = trains_nothing.trains(trains, trainable, frozen, optimizer, model_parameters, lr_scheduler)
+        if self.trains:
+            client = classify_optimizer(optimizer, config, lambda: model_parameters if model_parameters is not None
+                                        else [p for _, p in trainable])
+            hyper = resolve_groups(module, client.optimizer.param_groups if client.optimizer is not None
+                                   else model_parameters, client.defaults,
+                                   source="optimizer.param_groups" if client.optimizer is not None
+                                   else "model_parameters",
+                                   checked=("lr", "betas", "eps", "weight_decay") if client.fused_adam else ("lr",))
+        else:
+            trainable, frozen, client, hyper = trains_nothing.everything_frozen(module, config)
         if not client.fused_adam:
             check_torch_optimizer(client, config)
         # requires_grad parameters in no group are not trained: kept whole, like frozen ones
         self._ungrouped = hyper.ungrouped
         skip = {id(p) for _, p in hyper.ungrouped}
         trainable = [(n, p) for n, p in trainable if id(p) not in skip]
-        self.device = trainable[0][1].device
+        self.device = (trainable + frozen)[0][1].device
         self._upcast = upcast_from(trainable, self.dtype)  # a 16-bit model trained in fp32: warned, named on errors
         self._requires_grad = RequiresGradWatch(trainable, frozen)
         own_module_zero_grad(self)
@@ -173,7 +179,7 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
         self._backward_done = False
         self._dropped = False  # zero_grad() between backward() and step() (named by step())
         # the hook every forward puts on its outputs, to see a loss.backward() (runtime/torch_backward.py)
-        self._output_hook = torch_backward.output_hook(self)
+        self._output_hook = (torch_backward.output_hook(self) if self.trains else trains_nothing.output_hook(self))
         self._call_before = param_ops().call_before_node  # (the native extension is loaded by now)
         self._batches = self._step_batches()  # after the face and _torch_step: the batches use them
         self._speculations = speculation.attach(self, self._batches)  # offload_optimizer.speculative_step
@@ -274,7 +280,8 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
             if better is None:
                 raise
             raise better from e
-        if torch.is_grad_enabled():  # loss.backward() on these outputs opens the engine's backward
+        if torch.is_grad_enabled() and self._output_hook is not None:  # loss.backward() on these outputs opens the
+            # engine's backward
             torch_backward.hook_outputs(out, self._output_hook, self._call_before)
         return out
 
@@ -285,6 +292,7 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
         accumulation steps (``loss`` itself without ``scale_wrt_gas``), as DeepSpeed does.
         Inside ``no_sync()`` (stages 0/1) gradients accumulate on each rank without a reduction."""
         self._alive()
+        trains_nothing.refuse(self, "backward()")
         states_aside.check_resident(self, "backward")
         check_loss(loss)
         if self._bracket is AUTOGRAD:
@@ -303,6 +311,7 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
         return loss / div if scale_wrt_gas else loss
 
     def _unmanaged_step(self, lr_kwargs: dict | None = None) -> None:
+        trains_nothing.refuse(self, "step()")
         unmanaged_window.step(self, lr_kwargs)
 
     @reports_stalls
@@ -311,6 +320,7 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
         """Ends a micro-batch; at the accumulation boundary updates the parameters and steps the
         lr schedule (with ``lr_kwargs``), except when the update is skipped (fp16 overflow). With
         ``managed_gradient_accumulation: false`` every step() is the boundary (runtime/unmanaged_window.py)."""
+        trains_nothing.refuse(self, "step()")
         if self._in_no_sync or self._coalescing:
             coalesced_reduction.refuse_step(self)
             raise NoSyncMisuse("zerocore: step() inside no_sync(); leave the context for the last micro-batch's "

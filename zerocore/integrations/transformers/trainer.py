@@ -17,7 +17,9 @@ class) and overrides the Trainer's overridable methods, nothing in the library i
 - checkpoints: ``_save_optimizer_and_scheduler`` / ``_load_optimizer_and_scheduler`` write and
   read a zerocore checkpoint (loadable at any world size) plus the scheduler's state;
 - ``save_model``: full weights gathered from the shards, written by ``save_pretrained`` as
-  safetensors (PEFT models: the adapters only).
+  safetensors (PEFT models: the adapters only);
+- at stage 3 a reference, teacher or reward model the trainer holds (TRL's) runs on an engine that trains
+  nothing, its parameters partitioned, as TRL's DeepSpeed path does (``frozen_models.py``).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import torch
 from .._common import EngineOptimizer, backward_at, global_grad_norm, initialize, optimizer_section, sync_lr
 from .._wrapping import EngineModule, read_config
 from .config import fill_auto
+from .frozen_models import shard_frozen_models
 from .zero3 import zero3_visible
 
 SCHEDULER_NAME = "scheduler.pt"
@@ -71,6 +74,8 @@ class ZeroTrainerMixin:
                              "zerocore_config= and leave deepspeed unset (it would import DeepSpeed)")
         # fail on contradictions now rather than when training starts
         fill_auto(self.zerocore_config, self.args, self.model)
+        # a reference / teacher / reward model the trainer holds: partitioned at stage 3 (frozen_models.py)
+        self.zerocore_frozen_engines = shard_frozen_models(self)
 
     # -- the engine ----------------------------------------------------------------------
     def create_optimizer(self, model=None):
