@@ -56,10 +56,13 @@ def optimizer_section(optimizer: torch.optim.Optimizer) -> tuple[dict, list[dict
     return {"type": cfg_type, "params": params}, groups
 
 
-def initialize(model: torch.nn.Module, config: dict, groups: list[dict] | None = None):
+def initialize(model: torch.nn.Module, config: dict, groups: list[dict] | None = None, frozen: bool = False):
     """``zerocore.initialize`` with the trainer's parameter groups: passed on where the engine takes
     ``model_parameters``; otherwise every group must share one set of hyperparameters (the
-    parameters outside every group are frozen either way)."""
+    parameters outside every group are frozen either way). ``frozen``: an engine that trains
+    nothing (no groups then)."""
+    if frozen:
+        return zerocore.initialize(model, config, frozen=True)
     if groups is not None:
         in_groups = {id(p) for g in groups for p in g["params"]}
         for name, p in model.named_parameters():

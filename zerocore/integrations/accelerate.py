@@ -4,7 +4,9 @@ A subclass that overrides Accelerate's public preparation and training methods (
 library is patched; Accelerate's own DeepSpeed route is not used):
 
 - ``prepare(model, optimizer, loader, scheduler)``: the model and the (Adam/AdamW) optimizer build
-  the engine; the model comes back as a module whose forward is the engine's (no DDP), the
+  the engine (a model with no optimizer, and no ``optimizer`` section in the config: an engine that
+  trains nothing, for evaluation, as Accelerate's DeepSpeed route builds DeepSpeed's inference
+  engine); the model comes back as a module whose forward is the engine's (no DDP), the
   optimizer as Accelerate's wrapper of a face whose ``param_groups`` the scheduler writes and the
   engine reads, whose ``step``/``zero_grad`` do nothing; loaders and schedulers as Accelerate does;
 - ``backward(loss)``: the engine's backward, then its step, which updates where Accelerate syncs
@@ -73,7 +75,9 @@ class ZeroAccelerator(Accelerator):
         if optimizer is not None:
             section, groups = optimizer_section(optimizer)
             cfg.setdefault("optimizer", section)
-        engine = initialize(model, cfg, groups)
+        # a model prepared with no optimizer, and none in the config: Accelerate's DeepSpeed route builds DeepSpeed's
+        # inference engine; so here, an engine that trains nothing (at stage 3 its weights partitioned)
+        engine = initialize(model, cfg, groups, frozen=optimizer is None and "optimizer" not in cfg)
         self.zerocore_engine = engine
         self._zc[id(model)] = EngineModule(engine)
         if optimizer is not None:

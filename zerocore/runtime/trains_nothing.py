@@ -65,10 +65,10 @@ def refuse(engine, what: str) -> None:
     if engine.trains:
         return
     raise NothingToTrain(
-        f"zerocore: {what} on an engine that trains nothing (initialized with frozen=True, or by "
-        "zerocore.deepspeed.initialize with no optimizer and no 'optimizer' section: DeepSpeed's inference engine, "
-        "'must provide optimizer during init'); run its forward under torch.no_grad(), or initialize it with an "
-        "optimizer to train it")
+        f"zerocore: {what} on an engine that trains nothing (built with no optimizer: zerocore.initialize(frozen=True), "
+        "or zerocore.deepspeed.initialize / ZeroAccelerator.prepare given no optimizer and a config with no "
+        "'optimizer' section, which is DeepSpeed's inference engine: 'must provide optimizer during init'); run its "
+        "forward under torch.no_grad(), or give it an optimizer to train it")
 
 
 def output_hook(engine):
