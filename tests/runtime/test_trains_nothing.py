@@ -152,3 +152,21 @@ def test_deepspeed_face_without_an_optimizer_is_deepspeeds_inference_engine():
         model=stack(n=2, d=8), config={**_config(3), "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
     assert engine.trains and optimizer is engine.optimizer
     engine.destroy()
+
+
+def test_frozen_engine_over_a_model_built_under_zerocore_init():
+    """A model partitioned as it was built (``zerocore.init``, how a model larger than one rank is loaded) runs on an
+    engine that trains nothing: its values are the ones built, nothing is made whole outside the forward."""
+    cfg = _config(3)
+    torch.manual_seed(0)
+    plain = stack(n=3, d=16)
+    torch.manual_seed(0)
+    with zerocore.init(cfg):
+        model = stack(n=3, d=16)
+    engine = zerocore.initialize(model, cfg, frozen=True)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        assert torch.equal(engine(x), plain(x))
+    assert all(p.numel() == 0 for p in model.parameters())
+    assert engine.memory_report()["master"] == 0
+    engine.destroy()

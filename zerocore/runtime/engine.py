@@ -292,7 +292,8 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
         accumulation steps (``loss`` itself without ``scale_wrt_gas``), as DeepSpeed does.
         Inside ``no_sync()`` (stages 0/1) gradients accumulate on each rank without a reduction."""
         self._alive()
-        trains_nothing.refuse(self, "backward()")
+        if not self.trains:
+            trains_nothing.refuse(self, "backward()")
         states_aside.check_resident(self, "backward")
         check_loss(loss)
         if self._bracket is AUTOGRAD:
@@ -311,7 +312,8 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
         return loss / div if scale_wrt_gas else loss
 
     def _unmanaged_step(self, lr_kwargs: dict | None = None) -> None:
-        trains_nothing.refuse(self, "step()")
+        if not self.trains:  # (no call on the hot path: tests/runtime/test_hot_path_counts.py)
+            trains_nothing.refuse(self, "step()")
         unmanaged_window.step(self, lr_kwargs)
 
     @reports_stalls
@@ -320,7 +322,8 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
         """Ends a micro-batch; at the accumulation boundary updates the parameters and steps the
         lr schedule (with ``lr_kwargs``), except when the update is skipped (fp16 overflow). With
         ``managed_gradient_accumulation: false`` every step() is the boundary (runtime/unmanaged_window.py)."""
-        trains_nothing.refuse(self, "step()")
+        if not self.trains:  # (no call on the hot path: tests/runtime/test_hot_path_counts.py)
+            trains_nothing.refuse(self, "step()")
         if self._in_no_sync or self._coalescing:
             coalesced_reduction.refuse_step(self)
             raise NoSyncMisuse("zerocore: step() inside no_sync(); leave the context for the last micro-batch's "

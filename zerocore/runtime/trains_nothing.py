@@ -61,9 +61,7 @@ def everything_frozen(module: torch.nn.Module, config):
 
 
 def refuse(engine, what: str) -> None:
-    """Raises ``NothingToTrain`` for ``what`` (``backward``, ``step()``...) on an engine that trains nothing."""
-    if engine.trains:
-        return
+    """Raises ``NothingToTrain`` for ``what`` (``backward``, ``step()``...) on ``engine``, which trains nothing."""
     raise NothingToTrain(
         f"zerocore: {what} on an engine that trains nothing (built with no optimizer: zerocore.initialize(frozen=True), "
         "or zerocore.deepspeed.initialize / ZeroAccelerator.prepare given no optimizer and a config with no "
