@@ -149,7 +149,8 @@ def test_steady_state_steps_wait_for_nothing_and_train_the_same(name, stage, mon
     if name in READS_OVERFLOW:  # the overflow decision: one read per boundary, in the step (GradScaler's)
         for log in steady:
             assert log.count == 1, str(log)
-            assert all(w.site.endswith(" in step") and "engine.py" in w.site for w in log.waits), str(log)
+            # (the boundary's coefficient, computed for step(): zerocore/runtime/update_coef.py)
+            assert all(w.site.endswith(" in boundary_coef") and "update_coef.py" in w.site for w in log.waits), str(log)
     else:  # fp16 with offload included: the overflow flag is host data there
         assert [log.count for log in steady] == [0] * len(steady), "\n".join(map(str, steady))
     assert all(not log.events for log in steady)  # a CPU device records no events
@@ -182,7 +183,7 @@ def test_raise_mode_trains_through_without_a_wait(name, stage, monkeypatch):
 
 
 def test_raise_mode_names_fp16s_overflow_read(monkeypatch):
-    with pytest.raises(HostWaitError, match=r"zerocore/runtime/engine.py:\d+ in step"):
+    with pytest.raises(HostWaitError, match=r"zerocore/runtime/update_coef.py:\d+ in boundary_coef"):
         train("fp16_dynamic", 2, monkeypatch, "raise")
 
 

@@ -125,10 +125,11 @@ def test_backward_and_step_costs_scale_with_units_not_parameters(stage):
         assert r["python_calls_per_step"] <= p + 20 * u + 100, r
     else:  # forward + backward: no call per parameter (no gradient hook; the attribute hook is native),
         # ~38 per unit: gather and free twice through their one helper each, every state change through
-        # the transition table (~9), two autograd hooks, one pack and reduction; the step is ~30 calls
-        # whatever the number of units (one multi-tensor norm and Adam call)
+        # the transition table (~9), two autograd hooks, one pack and reduction; the step is ~60 calls
+        # whatever the number of units (one multi-tensor norm and Adam call; the bound guards that it stays
+        # constant, not the count itself: the boundary's coefficient in its own module, update_coef.py, is one more)
         assert r["python_calls_forward_backward"] <= 40 * u, r
-        assert r["python_calls_per_step"] - r["python_calls_forward_backward"] <= 60, r
+        assert r["python_calls_per_step"] - r["python_calls_forward_backward"] <= 64, r
     # native kernels (pack, norm, Adam) and collectives: a few per group/unit per backward
     assert r["native_calls_per_backward"] <= 3 * u + 4, r
     assert r["collectives_per_backward"] <= 2 * u + 2, r

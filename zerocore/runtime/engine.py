@@ -28,8 +28,9 @@ from ..sharding.gatherer import Limits, ParamGatherer
 from ..sharding.optimizer import MultiShardStep, owned_grads
 from .loss_scale import LossScaler
 from .memory import held_bytes, with_prediction
-from .grad_norm import clip_coef, device_norm, grad_sumsq, reduce_dtype, sum_across
-from .deferred_skip import PendingSkip, SettledCount, settle, skip_coef
+from .grad_norm import reduce_dtype
+from .update_coef import boundary_coef
+from .deferred_skip import PendingSkip, SettledCount, settle
 from .model_setup import accumulation_dtype, convert_rest, named_params, training_dtype
 from .gathered import register_engine
 from .partition_init import check_unchanged, initial_value
@@ -362,47 +363,11 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
         if self.gatherer is not None:
             self.gatherer.free_all()  # no full buffer may outlive the update of its chunk
         self.guard.check(Op.STEP, 0)
-        # The reduced gradients are sums over ranks of loss-scaled gradients.
-        denom = self.comm.world * self.scaler.scale
-        across = self.policy.partitions(self.comm.world) > 1
         grads = owned_grads(self.groups)
-        clip = self.config.gradient_clipping
-        pending = None
-        with label("zerocore.grad_norm"):
-            # No host wait here but fp16's overflow decision (zerocore/debug/host_waits.py counts them):
-            # offloaded gradients' norms are host values already; bf16/fp32 keep norm and clip coefficient
-            # on the device (the kernel reads the coefficient, the norm is read when asked). A step with
-            # Inf/NaN gradients is applied (torch.optim's behaviour) unless bf16.check_grad_overflow (on by
-            # default, DeepSpeed's) asks to skip it: the kernels skip it on the device and the host learns it
-            # at the next step or when asked (runtime/deferred_skip.py).
-            if self.offload is not None:  # accumulated on the host as the buckets landed
-                sumsq, bad = sum_across(self._host_comm, *self.offload.landed_sumsq(self.groups, self.shards),
-                                        across_ranks=across)
-            else:
-                total = grad_sumsq(grads, self.comm, across_ranks=across, device=self.device)
-                if self._checks_overflow and not self._defers_skip:
-                    # fp16 (or a client torch optimizer): skip the update on Inf/NaN, one read per boundary
-                    sumsq, nbad = total.tolist()
-                    bad = nbad > 0
-                else:
-                    sumsq = bad = None
-                    norm = device_norm(total, denom)
-                    self.global_grad_norm = norm  # a device tensor: read when asked (global_grad_norm)
-                    coef = clip_coef(norm, denom, clip)
-                    if self._defers_skip:  # bf16.check_grad_overflow: the kernels skip, the host learns later
-                        coef, flag = skip_coef(total, coef)
-                        pending = PendingSkip(flag, self.global_steps)
-        if sumsq is not None:
-            bad = bad or not math.isfinite(sumsq)
-            if bad and self._checks_overflow:
-                self._skip()
-                return
-            # Inf/NaN without the check (bf16.check_grad_overflow: false): applied, as without offload (inf norm)
-            norm = math.inf if bad else math.sqrt(sumsq) / denom
-            self.global_grad_norm = norm
-            coef = 1.0 / denom
-            if clip > 0:
-                coef *= min(1.0, clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s coefficient
+        scaled = boundary_coef(self, grads)  # the norm, the clip and the Inf/NaN decision (update_coef.py)
+        if scaled is None:  # skipped
+            return
+        coef, pending = scaled
         hypers = self.optimizer.hypers()  # the groups' values now (edits and schedules take effect here)
         self._optimizer_steps += 1  # (settled at the start of step(): keeps_counters_on_failure reads it)
         if self._zc_pending_save is not None:  # an asynchronous save may still be copying the state
