@@ -87,11 +87,13 @@ def worker(args) -> None:
         json.dump(rec, f)
 
 
-def launch(variant: str, world: int, out_dir: str, opts: list[str]) -> list[dict]:
+def launch(variant: str, world: int, out_dir: str, opts: list[str], malloc: str = "default") -> list[dict]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    if malloc == "fixed":  # glibc's mmap threshold pinned at its 128 KiB default: large frees go back to the system
+        env["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_port", str(port),
            __file__, "--worker", "--variant", variant, "--out_dir", out_dir, *opts]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
@@ -112,6 +114,8 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--malloc", choices=("default", "fixed"), default="default",
+                   help="glibc's mmap threshold in the workers: dynamic (glibc's default) or pinned at 128 KiB")
     args = p.parse_args()
     if args.worker:
         return worker(args)
@@ -120,7 +124,7 @@ def main() -> None:
     runs = {v: [] for v in VARIANTS}
     for r in range(args.rounds):
         for v in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):  # interleaved, the order alternating
-            runs[v] += launch(v, args.world, tempfile.mkdtemp(), opts)
+            runs[v] += launch(v, args.world, tempfile.mkdtemp(), opts, args.malloc)
     mib = 1 << 20
     rows = {}
     for v, recs in runs.items():
@@ -134,7 +138,8 @@ def main() -> None:
              for key in ("rss_after_build", "rss_after_train", "peak_rss")}
     expect = rows["whole"]["ref_bytes_whole_mib"] * (1 - 1 / args.world)
     print(f"DPO reference model {rows['whole']['ref_bytes_whole_mib']:.1f} MiB (bf16), world {args.world}, stage 3, "
-          f"{args.rounds} rounds; per rank, medians over rounds and ranks [min, max]")
+          f"{args.rounds} rounds, glibc mmap threshold {args.malloc}; "
+          "per rank, medians over rounds and ranks [min, max]")
     print(f"{'':22}{'sharded':>24}{'whole':>24}{'saved':>10}")
     for key in ("rss_after_build", "rss_after_train", "peak_rss"):
         cells = [f"{rows[v][key]['median_mib']:8.1f} [{rows[v][key]['min_mib']:.0f}, {rows[v][key]['max_mib']:.0f}]"
@@ -144,6 +149,7 @@ def main() -> None:
           f"the partition saves {expect:.1f} MiB per rank by the formula")
     result = {"machine": __import__("_common").machine_info(), "world": args.world, "rounds": args.rounds,
               "model": {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab}, "steps": args.steps,
+              "malloc": args.malloc,
               "variants": rows, "saved_mib": saved, "expected_saving_mib": expect,
               "command": "python benchmarks/frozen_reference_memory.py " + " ".join(sys.argv[1:])}
     if args.out:

@@ -62,6 +62,7 @@ from .backward_bracket import AUTOGRAD, ENGINE, BackwardBracket
 from .group_labels import GroupLabels
 from .torch_backward import AutogradBackward
 from . import trains_nothing
+from .host_heap import give_back_freed
 
 
 class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, torch.nn.Module):
@@ -193,6 +194,7 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
             self.step = weak_call(self._unmanaged_step)
         watch_engine(self)  # ZEROCORE_DEBUG_HOST_WAITS: each step's host waits (zerocore/debug/engine_waits.py)
         engine_started(self)  # the process groups zerocore created live while an engine does
+        give_back_freed()  # what the build freed leaves the resident set too (host_heap.py)
 
     def _group_specs(self, module, trainable, z, hyper: dict[int, int], frozen=()) -> list[GroupSpec]:
         return engine_groups(module, trainable, z, self.comm.world, self.dtype, self.policy, hyper, frozen)
