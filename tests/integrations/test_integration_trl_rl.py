@@ -1,7 +1,7 @@
 """TRL's trainers that do more than a loss, driving zerocore on CPU ranks, against the same trainer with plain DDP
 (trl_run.py): GRPOTrainer (it generates with the model being trained every step: the same completions are sampled
-in both runs, equal rewards at every step, so each update is compared on the same data) and DPOTrainer (a reference
-model beside the trained one). Equal: the logged losses (and rewards, reward margins) and the final weights, to fp32
+in both runs, equal rewards at every step, so each update is compared on the same data), DPOTrainer (a reference
+model beside the trained one) and DistillationTrainer (a teacher; the student generates its completions). Equal: the logged losses (and rewards, reward margins) and the final weights, to fp32
 reduction-order tolerance."""
 import pytest
 
@@ -84,3 +84,24 @@ def test_grpo_with_a_kl_term_stage3_two_ranks_matches_ddp(tmp_path):
     got = run(tmp_path, "z3", "trainer=grpo", "backend=zerocore", "stage=3", "beta=0.04", nproc=2)
     _same_grpo(ref, got)
     _reference_partitioned(got, 2)
+
+
+def _same_distillation(ref, got):
+    assert ref["losses"][0] > 0  # the student differs from the teacher (a loss of 0.0 was the partitioned lm_head)
+    _same_training(ref, got, 3)
+    teacher = got["ref"]  # kept whole: TRL's loss reads its lm_head weight after its forward (frozen_models.py)
+    assert teacher["engines"] == 0 and teacher["param_elems"] * 4 == teacher["whole"]
+
+
+def test_distillation_stage3_one_rank_matches_plain(tmp_path):
+    """TRL's DistillationTrainer computes its loss inside the student's forward (forward redirection through the
+    trainer's accelerator.unwrap_model) and projects with the student's lm_head weight read there: gathered at
+    stage 3, as DDP's whole weight."""
+    both = run(tmp_path, "both", "trainer=distill", "backend=both", "stage=3", nproc=1)
+    _same_distillation(both["plain"], both["zerocore"])
+
+
+@pytest.mark.slow
+def test_distillation_stage3_two_ranks_matches_ddp(tmp_path):
+    _same_distillation(run(tmp_path, "ddp", "trainer=distill", "backend=ddp", nproc=2),
+                       run(tmp_path, "z3", "trainer=distill", "backend=zerocore", "stage=3", nproc=2))

@@ -7,6 +7,7 @@ tokenizer built here (nothing downloaded), prompts of 4 tokens.
   rank), scores, and takes a policy-gradient step.
 - ``trainer=dpo``: DPOTrainer with a reference model (a copy of the model; with zerocore at stage 3 partitioned
   over the ranks, as TRL's DeepSpeed path does) and chosen / rejected completions, 4 steps.
+- ``trainer=distill``: DistillationTrainer, a teacher (the model with noise added) and on-policy completions, 3 steps.
 - ``beta=0.04`` (GRPO): a KL term against a reference model (TRL loads it from the name in the policy's config:
   the policy's initial weights, saved here first).
 
@@ -85,6 +86,16 @@ def train(out: str, o: dict) -> dict:
         kw = dict(reward_funcs=reward, train_dataset=datasets.Dataset.from_dict({"prompt": prompts}),
                   args=GRPOConfig(num_generations=4, max_completion_length=6, max_steps=3,
                                   beta=float(o.get("beta", 0.0)), **common))  # beta > 0: a KL term, a reference model
+    elif o["trainer"] == "distill":
+        from trl import DistillationConfig, DistillationTrainer
+
+        teacher = copy.deepcopy(model)
+        with torch.no_grad():  # a teacher that differs from the student
+            for p in teacher.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        base, logged = DistillationTrainer, ()
+        kw = dict(teacher_model=teacher, train_dataset=datasets.Dataset.from_dict({"prompt": prompts}),
+                  args=DistillationConfig(max_completion_length=6, max_steps=3, **common))
     else:
         from trl import DPOConfig, DPOTrainer
 
@@ -108,7 +119,7 @@ def train(out: str, o: dict) -> dict:
     eng = getattr(trainer, "zerocore_engine", None)
     sd = eng.full_state_dict() if eng is not None else {k: v.detach().clone() for k, v in model.state_dict().items()}
     # what this rank holds of the reference model: partitioned by zerocore at stage 3, whole otherwise
-    ref = getattr(trainer, "ref_model", None)
+    ref = getattr(trainer, "ref_model", None) or getattr(trainer, "teacher_model", None)
     held = None
     if ref is not None:
         frozen = getattr(trainer, "zerocore_frozen_engines", [])

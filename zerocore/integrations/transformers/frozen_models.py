@@ -1,5 +1,5 @@
-"""The models a trainer runs but does not train (TRL's reference model, a distillation teacher, a reward
-model), partitioned at stage 3 as TRL's DeepSpeed path partitions them.
+"""The models a trainer runs but does not train (TRL's reference model, its reward models), partitioned at stage 3
+as TRL's DeepSpeed path partitions them.
 
 TRL wraps each one with ``prepare_deepspeed``: its config without the ``optimizer`` / ``scheduler`` sections
 and without ``offload_optimizer``, given to ``deepspeed.initialize`` with no optimizer, which at stage 3 is an
@@ -19,9 +19,11 @@ import torch
 from .._wrapping import EngineModule
 from .config import fill_auto
 
-# the attributes TRL's trainers hold such models in (DPO, KTO, GRPO, RLOO, Online DPO: ref_model;
-# GKD, distillation: teacher_model), and GRPO / RLOO's reward_funcs, whose modules are reward models
-FROZEN_ATTRS = ("ref_model", "teacher_model")
+# the attributes TRL's trainers hold such models in (DPO, KTO, GRPO, RLOO, Online DPO: ref_model), and GRPO / RLOO's
+# reward_funcs, whose modules are reward models: each only called (its forward). Not teacher_model (GKD,
+# distillation): TRL's distillation loss projects with the teacher's lm_head weight read after the teacher's forward
+# has returned, where a partitioned weight is the empty tensor (its loss was 0.0 at stage 3): a teacher stays whole
+FROZEN_ATTRS = ("ref_model",)
 REWARD_LIST = "reward_funcs"
 
 

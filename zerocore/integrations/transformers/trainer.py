@@ -18,13 +18,14 @@ class) and overrides the Trainer's overridable methods, nothing in the library i
   read a zerocore checkpoint (loadable at any world size) plus the scheduler's state;
 - ``save_model``: full weights gathered from the shards, written by ``save_pretrained`` as
   safetensors (PEFT models: the adapters only);
-- at stage 3 a reference, teacher or reward model the trainer holds (TRL's) runs on an engine that trains
+- at stage 3 a reference or reward model the trainer holds (TRL's) runs on an engine that trains
   nothing, its parameters partitioned, as TRL's DeepSpeed path does (``frozen_models.py``).
 """
 from __future__ import annotations
 
 import os
 import warnings
+import weakref
 
 import torch
 from .._common import EngineOptimizer, backward_at, global_grad_norm, initialize, optimizer_section, sync_lr
@@ -74,7 +75,8 @@ class ZeroTrainerMixin:
                              "zerocore_config= and leave deepspeed unset (it would import DeepSpeed)")
         # fail on contradictions now rather than when training starts
         fill_auto(self.zerocore_config, self.args, self.model)
-        # a reference / teacher / reward model the trainer holds: partitioned at stage 3 (frozen_models.py)
+        unwrap_engine_modules(self.accelerator)
+        # a reference / reward model the trainer holds: partitioned at stage 3 (frozen_models.py)
         self.zerocore_frozen_engines = shard_frozen_models(self)
 
     # -- the engine ----------------------------------------------------------------------
@@ -201,6 +203,25 @@ class ZeroTrainerMixin:
         self._save(output_dir, state_dict=state)
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+
+def unwrap_engine_modules(accelerator) -> None:
+    """The Trainer's ``accelerator.unwrap_model`` gives the model inside an ``EngineModule`` (the wrapper the
+    trainer calls in place of DDP), as Accelerate gives the model inside DDP or DeepSpeed's engine. Trainers
+    rely on it: TRL's forward redirection patches the unwrapped model's ``forward`` and calls the wrapper, so
+    the loss runs inside the engine's forward (at stage 3 a parameter read there, such as the ``lm_head``
+    weight TRL's distillation loss projects with, is gathered; outside it is the empty partition), and the
+    Trainer's label smoothing reads the unwrapped model's class name. Only this instance is changed, holding
+    it weakly (no cycle through the accelerator)."""
+    unwrap = type(accelerator).unwrap_model
+    me = weakref.ref(accelerator)
+
+    def unwrap_model(model, *args, **kwargs):
+        if isinstance(model, EngineModule):
+            return model.module
+        return unwrap(me(), model, *args, **kwargs)
+
+    accelerator.unwrap_model = unwrap_model
 
 
 def make_zero_trainer(trainer_cls: type) -> type:
