@@ -1,6 +1,6 @@
-"""What the single-rank comparison scripts share (init_values_script.py, master_init_script.py, run by
-``runner.run_one_rank``): the library ``ZC_FACE=deepspeed|zerocore`` picks, and their start (``--out``, one gloo
-rank)."""
+"""What the comparison scripts share: the library ``ZC_FACE=deepspeed|zerocore`` picks; the single-rank scripts'
+start (init_values_script.py, master_init_script.py, run by ``runner.run_one_rank``: ``--out``, one gloo rank); and
+the multi-rank scripts' case loop (no_optimizer_script.py, run by ``runner.launch``: ``each_case``)."""
 import argparse
 import datetime
 import os
@@ -24,3 +24,24 @@ def start(deepspeed) -> str:
     # once hung so in CI) fails the run in two minutes instead of costing CI ten
     deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=120))
     return args.out
+
+
+def each_case(deepspeed, run) -> None:
+    """The multi-rank scripts' protocol (``runner.launch``): ``--out`` and ``--cases`` (a JSON list of objects with a
+    "name"), the gloo group joined (120 s timeout, as ``start``), and ``run(case, rank)``'s record written as JSON to
+    ``<out>/<name>/rank<r>.json`` for each case."""
+    import json
+
+    import torch
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--cases", required=True)
+    args = parser.parse_args()
+    deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=120))
+    rank = torch.distributed.get_rank()
+    for case in json.loads(args.cases):
+        rec = run(case, rank)
+        os.makedirs(os.path.join(args.out, case["name"]), exist_ok=True)
+        with open(os.path.join(args.out, case["name"], f"rank{rank}.json"), "w") as f:
+            json.dump(rec, f)

@@ -1,20 +1,14 @@
 """``deepspeed.initialize`` with no optimizer and no ``optimizer`` section (the engine TRL's ``prepare_deepspeed`` and
 Transformers' ``deepspeed_init(inference=True)`` build for a model they only run), under torchrun with the real
-DeepSpeed or with zerocore.deepspeed (``ZC_FACE`` picks, nothing else differs). Per case (a stage, a dtype, a model
+DeepSpeed or with zerocore.deepspeed (``ZC_FACE`` picks, nothing else differs; face_script.py). Per case (a stage, a dtype, a model
 frozen by requires_grad or not): whether initialize refused and with what type, whether it returned an optimizer,
 the forward's output under no_grad on this rank's batch, each parameter's numel outside the forward (stage 3:
 partitioned), and whether ``engine.step()`` raised. Written to ``<out>/<name>/rank<r>.json``."""
-import argparse
-import datetime
-import json
-import os
-
 import torch
 
-if os.environ.get("ZC_FACE") == "zerocore":
-    import zerocore.deepspeed as deepspeed
-else:
-    import deepspeed
+from face_script import each_case, library
+
+deepspeed = library()
 
 
 def run(case: dict, rank: int) -> dict:
@@ -44,19 +38,5 @@ def run(case: dict, rank: int) -> dict:
     return rec
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--cases", required=True)
-    args = parser.parse_args()
-    deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=120))
-    rank = torch.distributed.get_rank()
-    for case in json.loads(args.cases):
-        rec = run(case, rank)
-        os.makedirs(os.path.join(args.out, case["name"]), exist_ok=True)
-        with open(os.path.join(args.out, case["name"], f"rank{rank}.json"), "w") as f:
-            json.dump(rec, f)
-
-
 if __name__ == "__main__":
-    main()
+    each_case(deepspeed, run)
