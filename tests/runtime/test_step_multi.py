@@ -192,8 +192,9 @@ def test_step_python_and_native_calls_do_not_grow_with_groups(stage, bucket, bf1
     assert groups == 100
     # before: ~29 Python and 2 native calls per group (2,920 and 200 for this model)
     # per step, not per group: bf16's deferred Inf/NaN decision (runtime/deferred_skip.py: the flag's copy, the
-    # schedule's saved state) adds ~7 calls a step to that configuration
-    assert python <= (70 if bf16 else 60), python
+    # schedule's saved state) adds ~7 calls a step to that configuration; the bound guards that the count is per step,
+    # not the count itself (the boundary's coefficient in its own module, runtime/update_coef.py, is one call more)
+    assert python <= (74 if bf16 else 64), python
     assert native <= 3, native  # the norm and one Adam call
 
 
