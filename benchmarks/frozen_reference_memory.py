@@ -1,6 +1,6 @@
 """What a rank holds of TRL's DPO reference model at ZeRO stage 3: partitioned by zerocore (the trainer wraps it in an
-engine that trains nothing, as TRL's DeepSpeed path wraps it in DeepSpeed's inference engine) or kept whole (what
-``make_zero_trainer`` did before: TRL leaves a reference model whole without DeepSpeed).
+engine that trains nothing, as TRL's DeepSpeed path wraps it in DeepSpeed's inference engine) or kept whole on every
+rank (as TRL keeps a reference model without DeepSpeed).
 
 Each variant runs in fresh processes (``torchrun --nproc_per_node WORLD``, gloo, CPU): a Llama built from its
 config (the policy) and a copy of it (the reference), ``make_zero_trainer(DPOTrainer)`` at stage 3 in bf16, a few

@@ -147,7 +147,7 @@ def test_deepspeed_face_without_an_optimizer_is_deepspeeds_inference_engine():
     with pytest.warns(UserWarning, match="trains nothing .*model_parameters is ignored"):
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=_config(3))
     engine.destroy()
-    # with a section, or an optimizer, it trains as before
+    # with an 'optimizer' section (or an optimizer passed) it trains
     engine, optimizer, _, _ = deepspeed.initialize(
         model=stack(n=2, d=8), config={**_config(3), "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
     assert engine.trains and optimizer is engine.optimizer
