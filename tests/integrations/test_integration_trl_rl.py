@@ -58,6 +58,7 @@ def _same_dpo(ref, got):
     _same_training(ref, got, 4)
 
 
+@pytest.mark.slow  # (7.5 s; CI keeps GRPO's and distillation's one-rank runs, and the frozen engines' own tests)
 def test_dpo_stage3_one_rank_matches_plain(tmp_path):
     both = run(tmp_path, "both", "trainer=dpo", "backend=both", "stage=3", nproc=1)
     _same_dpo(both["plain"], both["zerocore"])
