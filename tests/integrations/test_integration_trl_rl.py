@@ -106,3 +106,13 @@ def test_distillation_stage3_one_rank_matches_plain(tmp_path):
 def test_distillation_stage3_two_ranks_matches_ddp(tmp_path):
     _same_distillation(run(tmp_path, "ddp", "trainer=distill", "backend=ddp", nproc=2),
                        run(tmp_path, "z3", "trainer=distill", "backend=zerocore", "stage=3", nproc=2))
+
+
+@pytest.mark.slow
+def test_grpo_with_a_reward_model_stage3_two_ranks_matches_ddp(tmp_path):
+    """A reward model in reward_funcs (TRL calls it under torch.inference_mode): partitioned at stage 3 by an engine
+    that trains nothing; its rewards equal DDP's whole model's bit for bit."""
+    ref = run(tmp_path, "ddp", "trainer=grpo", "backend=ddp", "reward=model", nproc=2)
+    got = run(tmp_path, "z3", "trainer=grpo", "backend=zerocore", "stage=3", "reward=model", nproc=2)
+    _same_grpo(ref, got)
+    assert got["frozen_engines"] == 1

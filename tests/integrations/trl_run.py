@@ -8,6 +8,7 @@ tokenizer built here (nothing downloaded), prompts of 4 tokens.
 - ``trainer=dpo``: DPOTrainer with a reference model (a copy of the model; with zerocore at stage 3 partitioned
   over the ranks, as TRL's DeepSpeed path does) and chosen / rejected completions, 4 steps.
 - ``trainer=distill``: DistillationTrainer, a teacher (the model with noise added) and on-policy completions, 3 steps.
+- ``reward=model`` (GRPO): a reward model (a 1-layer Llama scoring head) beside the reward function.
 - ``beta=0.04`` (GRPO): a KL term against a reference model (TRL loads it from the name in the policy's config:
   the policy's initial weights, saved here first).
 
@@ -83,7 +84,18 @@ def train(out: str, o: dict) -> dict:
             model.save_pretrained(saved)
             model.config._name_or_path = saved
         base, logged = GRPOTrainer, ("reward", "reward_std")
-        kw = dict(reward_funcs=reward, train_dataset=datasets.Dataset.from_dict({"prompt": prompts}),
+        rewards, processing = reward, None
+        if o.get("reward") == "model":  # a reward model beside the function (TRL calls it under inference_mode)
+            from transformers import LlamaForSequenceClassification
+
+            torch.manual_seed(1)
+            scorer = LlamaForSequenceClassification(LlamaConfig(
+                vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                num_labels=1))
+            rewards, processing = [reward, scorer], [None, tok]
+        kw = dict(reward_funcs=rewards, reward_processing_classes=processing,
+                  train_dataset=datasets.Dataset.from_dict({"prompt": prompts}),
                   args=GRPOConfig(num_generations=4, max_completion_length=6, max_steps=3,
                                   beta=float(o.get("beta", 0.0)), **common))  # beta > 0: a KL term, a reference model
     elif o["trainer"] == "distill":
@@ -126,9 +138,10 @@ def train(out: str, o: dict) -> dict:
         held = {"whole": whole,
                 "engines": len(frozen), "held": sum(e.memory_report()["frozen"] for e in frozen),
                 "param_elems": sum(p.numel() for p in ref.parameters())}
+    frozen_engines = len(getattr(trainer, "zerocore_frozen_engines", []))
     if eng is not None:
         eng.destroy()
-    return {"losses": [h["loss"] for h in logs], **{k: [h[k] for h in logs] for k in logged},
+    return {"frozen_engines": frozen_engines, "losses": [h["loss"] for h in logs], **{k: [h[k] for h in logs] for k in logged},
             "weights": {k: v.float().reshape(-1).tolist() for k, v in sd.items()}, "ref": held}
 
 
