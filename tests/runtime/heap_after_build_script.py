@@ -2,20 +2,23 @@
 whose parameters came from the heap (glibc's mmap threshold raised first, as any earlier large free raises it).
 Prints one JSON line."""
 import json
+import os
 import sys
 
 import torch
 
-import zerocore
-import zerocore.runtime.engine as engine_module
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from memory_helpers import rss  # noqa: E402
+
+import zerocore  # noqa: E402
+import zerocore.runtime.engine as engine_module  # noqa: E402
 
 if sys.argv[1] == "off":  # what the build leaves without giving the freed pages back
     engine_module.give_back_freed = lambda: False
 
 
 def rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 2**20
+    return rss() / 2**20
 
 
 cfg = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}}

@@ -315,8 +315,6 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
         return loss / div if scale_wrt_gas else loss
 
     def _unmanaged_step(self, lr_kwargs: dict | None = None) -> None:
-        if not self.trains:  # (no call on the hot path: tests/runtime/test_hot_path_counts.py)
-            trains_nothing.refuse(self, "step()")
         unmanaged_window.step(self, lr_kwargs)
 
     @reports_stalls

@@ -31,18 +31,23 @@ def accumulation_dtype(cfg: ZeroConfig) -> torch.dtype | None:
     return None
 
 
-def named_params(module: torch.nn.Module) -> tuple[list[tuple[tuple[str, ...], torch.nn.Parameter]],
-                                                   list[tuple[tuple[str, ...], torch.nn.Parameter]]]:
-    """(trainable, frozen) as (all names, parameter) in registration order; a parameter shared by
-    several modules appears once with every name."""
+def all_named_params(module: torch.nn.Module) -> list[tuple[tuple[str, ...], torch.nn.Parameter]]:
+    """Every parameter as (all names, parameter) in registration order; a parameter shared by several
+    modules appears once with every name."""
     names: dict[int, list[str]] = {}
     params: dict[int, torch.nn.Parameter] = {}
     for name, p in module.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
         params[id(p)] = p
+    return [(tuple(names[key]), p) for key, p in params.items()]
+
+
+def named_params(module: torch.nn.Module) -> tuple[list[tuple[tuple[str, ...], torch.nn.Parameter]],
+                                                   list[tuple[tuple[str, ...], torch.nn.Parameter]]]:
+    """(trainable, frozen) of ``all_named_params``."""
     trainable, frozen = [], []
-    for key, p in params.items():
-        (trainable if p.requires_grad else frozen).append((tuple(names[key]), p))
+    for ns, p in all_named_params(module):
+        (trainable if p.requires_grad else frozen).append((ns, p))
     for ns, p in trainable:
         if not p.is_floating_point():
             raise TypeError(f"zerocore: trainable parameter '{ns[0]}' has dtype {p.dtype}; only floating point "

@@ -19,6 +19,7 @@ import weakref
 import torch
 
 from .client_optimizer import from_config
+from .model_setup import all_named_params
 from .param_groups import ResolvedGroups
 
 
@@ -46,15 +47,9 @@ def trains(wanted: bool, trainable: list, frozen: list, optimizer, model_paramet
 
 def everything_frozen(module: torch.nn.Module, config):
     """(trainable, frozen, client optimizer, groups) of an engine that trains nothing: no trainable
-    parameter, every parameter frozen in the model's registration order (a shared one once, with all
-    its names, as ``model_setup.named_params`` lists them), the config's Adam defaults on a face whose
-    one group holds no parameter."""
-    names: dict[int, list[str]] = {}
-    params: dict[int, torch.nn.Parameter] = {}
-    for name, p in module.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(name)
-        params[id(p)] = p
-    frozen = [(tuple(names[key]), p) for key, p in params.items()]
+    parameter, every parameter frozen in the model's registration order (``model_setup.all_named_params``),
+    the config's Adam defaults on a face whose one group holds no parameter."""
+    frozen = all_named_params(module)
     client = from_config(config)
     # one empty group: a torch optimizer needs one, and the face's lr / get_lr keep their meaning
     return [], frozen, client, ResolvedGroups([{"params": [], **client.defaults}], {}, [])

@@ -17,7 +17,7 @@ import copy
 import torch
 
 from .._wrapping import EngineModule
-from .config import fill_auto
+from .config import fill_auto, zero_stage
 
 # the attributes TRL's trainers hold such models in (DPO, KTO, GRPO, RLOO, Online DPO: ref_model), and GRPO / RLOO's
 # reward_funcs, whose modules are reward models: each only called (its forward). Not teacher_model (GKD,
@@ -39,16 +39,11 @@ def frozen_config(config: dict, args, model) -> dict:
     return cfg
 
 
-def stage_of(config: dict) -> int:
-    z = config.get("zero_optimization") or {}
-    return int(z.get("stage", 0)) if isinstance(z, dict) else 0
-
-
 def shard_frozen_models(trainer) -> list:
     """At stage 3: each model of ``FROZEN_ATTRS`` and each module of ``reward_funcs`` on ``trainer`` becomes an
     ``EngineModule`` over a zerocore engine that trains nothing; returns those engines (none below stage 3,
     where the models stay whole as with TRL on DeepSpeed). Refuses TRL's ``sync_ref_model`` at stage 3 (below)."""
-    if stage_of(trainer.zerocore_config) != 3:
+    if zero_stage(trainer.zerocore_config) != 3:
         return []
     import zerocore
 
