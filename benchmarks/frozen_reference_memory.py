@@ -5,7 +5,7 @@ rank (as TRL keeps a reference model without DeepSpeed).
 Each variant runs in fresh processes (``torchrun --nproc_per_node WORLD``, gloo, CPU): a Llama built from its
 config (the policy) and a copy of it (the reference), ``make_zero_trainer(DPOTrainer)`` at stage 3 in bf16, a few
 DPO steps. Per rank: the bytes the reference's engine holds (its ``memory_report``), the resident set after the
-trainer is built and after training, and the peak (``ru_maxrss``); variants interleaved over rounds, medians and
+trainer is built and after training, and the peak (VmHWM); variants interleaved over rounds, medians and
 ranges over rounds and ranks. ``whole`` is the same run with the wrapping turned off.
 
     python benchmarks/frozen_reference_memory.py --out benchmarks/results/frozen_reference_memory_cpu_w2.json
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import socket
 import statistics
 import subprocess
@@ -26,11 +25,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 VARIANTS = ("sharded", "whole")
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def worker(args) -> None:
@@ -70,7 +64,9 @@ def worker(args) -> None:
     trainer = make_zero_trainer(DPOTrainer)(model=model, ref_model=ref, args=dargs, processing_class=tok,
                                             train_dataset=datasets.Dataset.from_dict(pairs), zerocore_config=zc)
     del ref
-    built = rss_bytes()
+    from offload_rss import status  # (this folder's: VmRSS and VmHWM from /proc/self/status)
+
+    built = status()["VmRSS"]
     engines = getattr(trainer, "zerocore_frozen_engines", [])
     held = sum(e.memory_report()["frozen"] for e in engines)
     t0 = time.perf_counter()
@@ -79,8 +75,8 @@ def worker(args) -> None:
     rec = {"variant": args.variant, "rank": int(os.environ.get("RANK", "0")), "ref_bytes_whole": ref_bytes,
            "ref_engine_bytes": held, "ref_param_elems_outside_forward": sum(
                p.numel() for p in trainer.ref_model.parameters()),
-           "rss_after_build": built, "rss_after_train": rss_bytes(),
-           "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "train_s": seconds,
+           "rss_after_build": built, "rss_after_train": status()["VmRSS"], "peak_rss": status()["VmHWM"],
+           "train_s": seconds,
            "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}
     trainer.zerocore_engine.destroy()
     with open(os.path.join(args.out_dir, f"{args.variant}_rank{rec['rank']}.json"), "w") as f:
