@@ -2,7 +2,9 @@
 with a tokenizer-free synthetic dataset. Writes a JSON with the logged losses, learning rates,
 gradient norms, the final weights and checks of what was saved.
 
-argv: out.json then key=value options: backend=ddp|zerocore stage=2 offload=0|1 steps=30
+argv: out.json then key=value options: backend=ddp|zerocore|deepspeed (DeepSpeed itself through
+TrainingArguments(deepspeed=config), the config zerocore gets) stage=2 sched=<DeepSpeed scheduler type: the config
+gets "optimizer" and "scheduler" sections of "auto"s> bf16=0|1 master=given|rounded offload=0|1 steps=30
 save_steps=0 resume=<checkpoint dir> trainer=trainer|sft lora=0|1 gen=0|1 init=0|1 (stage-3
 from_pretrained of a saved tiny model before training) rows=<dataset size> (default: steps x 4 x acc
 x ranks; with rows / (4 x ranks) micro-batches per rank not a multiple of acc, each epoch ends with
@@ -23,7 +25,7 @@ VOCAB, SEQ = 96, 16
 
 def opts():
     o = dict(backend="zerocore", stage="2", offload="0", steps="30", save_steps="0", resume="", trainer="trainer",
-             lora="0", gen="0", init="0", acc="2", wd="0.0", best="0", rows="0")
+             lora="0", gen="0", init="0", acc="2", wd="0.0", best="0", rows="0", sched="", bf16="0", master="")
     for a in sys.argv[2:]:
         k, v = a.split("=", 1)
         o[k] = v
@@ -63,9 +65,21 @@ def zero_config(o):
     if z["stage"] == 3:
         z["stage3_param_persistence_threshold"] = "auto"
         z["stage3_prefetch_bucket_size"] = "auto"
+        # DeepSpeed gathers the 16-bit weights for save_model only with it (zerocore always does)
+        z["stage3_gather_16bit_weights_on_model_save"] = True
     z["reduce_bucket_size"] = "auto"
-    return {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-            "train_batch_size": "auto", "gradient_clipping": "auto", "zero_optimization": z}
+    cfg = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+           "train_batch_size": "auto", "gradient_clipping": "auto", "zero_optimization": z}
+    if o["bf16"] == "1":
+        cfg["bf16"] = {"enabled": "auto"}
+    if o["master"]:  # zerocore's data_types.master_init ("rounded": DeepSpeed's start of the fp32 master)
+        cfg["data_types"] = {"master_init": o["master"]}
+    if o["sched"]:  # DeepSpeed's own optimizer and schedule, every value from the TrainingArguments
+        cfg["optimizer"] = {"type": "AdamW", "params": {k: "auto" for k in ("lr", "betas", "eps", "weight_decay")}}
+        keys = ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps") + (
+            ("total_num_steps",) if o["sched"] == "WarmupDecayLR" else ())
+        cfg["scheduler"] = {"type": o["sched"], "params": {k: "auto" for k in keys}}
+    return cfg
 
 
 def main():
@@ -79,7 +93,8 @@ def main():
         max_steps=steps, learning_rate=3e-3, warmup_steps=5, lr_scheduler_type="linear", weight_decay=float(o["wd"]),
         max_grad_norm=1.0, logging_steps=1, save_strategy="steps" if int(o["save_steps"]) else "no",
         save_steps=int(o["save_steps"]) or 500, use_cpu=True, ddp_backend="gloo", report_to=[], seed=0,
-        disable_tqdm=True, dataloader_num_workers=0,
+        disable_tqdm=True, dataloader_num_workers=0, bf16=o["bf16"] == "1",
+        **(dict(deepspeed=zero_config(o)) if o["backend"] == "deepspeed" else {}),
         **(dict(eval_strategy="steps", eval_steps=int(o["save_steps"]), load_best_model_at_end=True,
                 metric_for_best_model="loss", greater_is_better=True, per_device_eval_batch_size=4)
            if o["best"] == "1" else {}))
@@ -134,15 +149,22 @@ def main():
     trainer.train(resume_from_checkpoint=o["resume"] or None)
     # what the optimizer steps (LoRA: the adapters only) is exactly what requires grad
     in_opt = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
-    result["optimizer_is_trainable"] = in_opt == {id(p) for p in model.parameters() if p.requires_grad}
-    result["optimizer_params"] = len(in_opt)
+    if o["backend"] != "deepspeed":  # (DeepSpeed's groups hold its flat fp32 partitions)
+        result["optimizer_is_trainable"] = in_opt == {id(p) for p in model.parameters() if p.requires_grad}
+        result["optimizer_params"] = len(in_opt)
     logs = [h for h in trainer.state.log_history if "loss" in h]
     result["eval_losses"] = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
     result["best_checkpoint"] = trainer.state.best_model_checkpoint
     result.update(losses=[h["loss"] for h in logs], lrs=[h["learning_rate"] for h in logs],
                   grad_norms=[h.get("grad_norm") for h in logs], steps=[h["step"] for h in logs])
     eng = getattr(trainer, "zerocore_engine", None)
-    sd = eng.full_state_dict() if eng is not None else {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if o["backend"] == "deepspeed":  # the whole 16-bit (or fp32) weights, gathered on rank 0 only at stage 3
+        whole = trainer.accelerator.get_state_dict(trainer.model_wrapped) or {}
+        sd = {k: v.detach().float().clone() for k, v in whole.items()}
+    elif eng is not None:
+        sd = {k: v.float() for k, v in eng.full_state_dict().items()}
+    else:
+        sd = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
     final = os.path.join(work, "final")
     trainer.save_model(final)
     if o["gen"] == "1":
@@ -166,7 +188,7 @@ def main():
             result["adapter_max_diff"] = max(
                 (saved[k] - sd[next(n for n in sd if n.endswith(k.replace(".weight", ".default.weight")))]).abs().max().item()
                 for k in saved)
-        else:
+        elif o["backend"] != "deepspeed":  # (DeepSpeed's stage 3 would load it under its zero.Init: a collective)
             back = LlamaForCausalLM.from_pretrained(final).state_dict()
             result["reload_max_diff"] = max((back[k] - sd[k]).abs().max().item() for k in back)
             result["reload_empty"] = [k for k, v in back.items() if v.numel() == 0]

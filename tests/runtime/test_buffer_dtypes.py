@@ -1,9 +1,11 @@
 """The dtype floating buffers train in (runtime/buffer_dtypes.py), in one process. The DeepSpeed
 face follows DeepSpeed 0.19.8: under bf16/fp16 an fp32 buffer stays fp32 unless
-data_types.buffer_dtype names a dtype; zerocore.initialize casts buffers to the training dtype unless
-buffer_dtype says "keep" or names one. In both the buffers data_types.keep_in_fp32_modules names
+data_types.buffer_dtype names a dtype; zerocore.initialize keeps a Transformers model's buffers and
+casts other buffers to the training dtype unless buffer_dtype says "keep" or names one. Under "keep"
+a normalization layer's running statistics follow its 16-bit weights (its kernels need that). In both the buffers data_types.keep_in_fp32_modules names
 stay fp32 whatever buffer_dtype says, and the parameters train in the training dtype; stages 1-3
 (the values against DeepSpeed itself: deepspeed_face/test_buffers_against_deepspeed.py)."""
+import copy
 import warnings
 
 import pytest
@@ -126,3 +128,89 @@ def test_zero_init_keeps_named_buffers_fp32_through_initialize():
         with deepspeed.zero.Init(config_dict_or_path=cfg):
             model = Model()
     assert _dtypes(model)["inv_freq"] == torch.float32 and _dtypes(model)["bias_fp32"] != torch.float32
+
+
+def _llama():
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=8192))
+
+
+class Holder(nn.Module):
+    """A Transformers model inside a model of the user's, beside a buffer of the user's."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("scale", torch.full((1,), 1.5))
+
+    def forward(self, **kw):
+        return self.inner(**kw).logits * self.scale
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+@pytest.mark.parametrize("held", [False, True])
+def test_zerocore_initialize_keeps_a_transformers_models_buffers(stage, held):
+    llama = _llama()
+    plain = copy.deepcopy(llama)
+    model = Holder(llama) if held else llama
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine = zerocore.initialize(model, {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+                                             "zero_optimization": {"stage": stage}})
+    rotary = llama.model.rotary_emb
+    assert rotary.inv_freq.dtype == rotary.original_inv_freq.dtype == torch.float32
+    if held:
+        assert model.scale.dtype == torch.bfloat16  # the user's own buffer: the training dtype, as before
+    # the logits are the model's with bf16 parameters and its fp32 buffers (torch AMP and DeepSpeed keep them),
+    # at positions thousands apart, where a bf16 inv_freq moves the angles between tokens by tenths of a radian
+    ids, pos = torch.randint(0, 64, (1, 8)), 500 * torch.arange(8)[None]
+    for p in plain.parameters():
+        p.data = p.data.bfloat16()
+    with torch.no_grad():
+        got = engine(input_ids=ids, position_ids=pos)
+        got = got if held else got.logits
+        want = plain(input_ids=ids, position_ids=pos).logits * (1.5 if held else 1.0)
+        assert torch.equal(got, want)
+        plain.model.rotary_emb.inv_freq = plain.model.rotary_emb.inv_freq.bfloat16()
+        rounded = plain(input_ids=ids, position_ids=pos).logits * (1.5 if held else 1.0)
+    assert (rounded.float() - want.float()).abs().max() > 10 * (got.float() - want.float()).abs().max() + 1e-3
+
+
+class Normed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 6)
+        self.bn = nn.BatchNorm1d(6)
+        self.stats_only = nn.BatchNorm1d(6, affine=False)  # no weights: its kernel takes fp32 statistics
+        self.register_buffer("table", torch.randn(6))
+
+    def forward(self, x):
+        return self.stats_only(self.bn(self.lin(x))) * self.table.to(x.dtype)
+
+
+@pytest.mark.parametrize("face, data_types", [("deepspeed", None), ("zerocore", {"buffer_dtype": "keep"})])
+@pytest.mark.parametrize("train", ["bf16", "fp16"])
+@pytest.mark.parametrize("stage", [2, 3])
+def test_keep_gives_normalization_statistics_their_weights_dtype(face, data_types, train, stage):
+    # DeepSpeed 0.19.8 keeps BatchNorm's statistics fp32 beside bf16 weights and fails at its first forward
+    cfg = {"train_micro_batch_size_per_gpu": 4, train: {"enabled": True}, "zero_optimization": {"stage": stage},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    if data_types:
+        cfg["data_types"] = data_types
+    torch.manual_seed(0)
+    model = Normed()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine = (deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0]
+                  if face == "deepspeed" else zerocore.initialize(model, cfg))
+    got = _dtypes(model)
+    assert got["bn.running_mean"] == got["bn.running_var"] == DTYPES[train]
+    assert got["stats_only.running_mean"] == got["table"] == torch.float32
+    assert got["bn.num_batches_tracked"] == torch.long
+    before = model.bn.running_mean.clone()
+    engine.backward(engine(torch.rand(4, 4).to(DTYPES[train])).float().sum())
+    engine.step()
+    assert not torch.equal(model.bn.running_mean, before)  # the statistics moved

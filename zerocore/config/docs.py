@@ -59,8 +59,9 @@ parameter trainable at initialize whose `requires_grad` becomes False gets a zer
 one warning naming it (`zerocore.initialize` refuses at the next `step()`); and a checkpoint's
 optimizer state saved at another data-parallel world size is refused (`ZeRORuntimeException`)
 unless `checkpoint.load_universal` is true (`zerocore.initialize` reshards it always); and
-`data_types.buffer_dtype` null keeps each buffer's dtype (`"keep"`; `zerocore.initialize` casts floating
-buffers to the training dtype then, as BatchNorm's kernels need).
+`data_types.buffer_dtype` null keeps each buffer's dtype (`"keep"`; `zerocore.initialize` keeps a
+Transformers model's buffers and casts other floating buffers to the training dtype then); under
+`"keep"` a normalization layer's running statistics follow its 16-bit weights, as its kernels need.
 
 `activation_checkpointing` is accepted as memory-only: its keys (`partition_activations`,
 `cpu_checkpointing`, `contiguous_memory_optimization`, `number_checkpoints`,

@@ -331,11 +331,13 @@ class DataTypesConfig(_Section):
     buffer_dtype: str | None = option(
         None, "The dtype floating buffers train in under bf16/fp16: fp16, bf16, fp32 (or DeepSpeed's other spellings: "
         "float16, half, bfloat16, float32, float, torch.float16, ...); \"keep\" (zerocore): each buffer keeps the "
-        "dtype it had when given to initialize (an fp32 rotary inv_freq stays fp32), as torch AMP and FSDP2 do. "
-        "null: zerocore.initialize casts them to the training dtype (BatchNorm's kernels refuse bf16/fp16 weights "
-        "beside fp32 running statistics); zerocore.deepspeed.initialize reads null as DeepSpeed 0.19.8 does, as "
-        "\"keep\". Parameters always train in the training dtype; under fp32 training every floating buffer "
-        "becomes fp32.", kind=str, optional=True, allowed="null, \"keep\" or " + _ANY_DTYPE)
+        "dtype it had when given to initialize (an fp32 rotary inv_freq stays fp32), as torch AMP and FSDP2 do; "
+        "the running statistics of a normalization layer with weights (BatchNorm, InstanceNorm) still take the "
+        "training dtype, since its kernels refuse bf16/fp16 weights beside fp32 statistics. null: "
+        "zerocore.initialize keeps the buffers of a Transformers model (as \"keep\") and casts the other buffers to "
+        "the training dtype (a custom model's fp32 buffer would make its 16-bit activations fp32); "
+        "zerocore.deepspeed.initialize reads null as DeepSpeed 0.19.8 does, as \"keep\". Parameters always train in "
+        "the training dtype; under fp32 training every floating buffer becomes fp32.", kind=str, optional=True, allowed="null, \"keep\" or " + _ANY_DTYPE)
     grad_accum_dtype: str | None = option(
         None, "The dtype gradients accumulate in across micro-batches: \"fp32\" with bf16 training at ZeRO stage 1 "
         "and no optimizer offload keeps a full fp32 gradient buffer (2 bytes a parameter more than bf16's), each "

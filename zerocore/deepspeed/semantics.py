@@ -33,8 +33,10 @@ for DeepSpeed gets DeepSpeed's behaviour for these; the engine it gets carries t
   bits, as DeepSpeed copies it from the converted model (zerocore: from the values given, as FSDP2 keeps them);
   compared bit for bit by DeepSpeed's test_zero_user_backward.py against DDP on a bf16 model;
 - ``data_types.buffer_dtype`` null (the default): floating buffers keep their dtype under bf16/fp16, as
-  DeepSpeed 0.19.8 casts only the parameters (zerocore: cast to the training dtype, since BatchNorm's
-  kernels refuse bf16/fp16 weights beside fp32 running statistics; ``"keep"`` asks for DeepSpeed's rule);
+  DeepSpeed 0.19.8 casts only the parameters (zerocore: a Transformers model's buffers kept, the others cast to
+  the training dtype, since a custom model's fp32 buffer makes its 16-bit activations fp32; ``"keep"`` asks for
+  DeepSpeed's rule); in both a normalization layer's running statistics follow its 16-bit weights (its kernels
+  refuse fp32 statistics beside them: DeepSpeed's own engine fails there);
   compared side by side in tests/deepspeed_face/test_buffers_against_deepspeed.py.
 """
 from __future__ import annotations

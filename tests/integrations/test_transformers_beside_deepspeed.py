@@ -1,0 +1,69 @@
+"""The Hugging Face Trainer on zerocore beside the same Trainer on DeepSpeed itself (TrainingArguments(deepspeed=
+config)), on 2 CPU ranks over gloo, with the one DeepSpeed config both get (hf_run.py): its own optimizer and schedule
+sections of "auto"s (filled from the TrainingArguments by Transformers for DeepSpeed, by fill_auto for zerocore), a
+resume from a checkpoint, a short last accumulation window at stage 3, and bf16. Compared: the learning rate of every
+step (equal), the losses, gradient norms and final weights. Slow: DeepSpeed builds its CPU communication op on first
+use (about a minute in a fresh home)."""
+import pytest
+
+pytest.importorskip("transformers", reason="transformers is not installed")
+pytest.importorskip("deepspeed", reason="deepspeed is not installed (DS_BUILD_OPS=0 pip install deepspeed)")
+
+from integration_launch import max_diff, max_rel_diff, torchrun  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _cpu_deepspeed(monkeypatch):
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+
+
+def run(tmp, name, *opts):
+    d = tmp / name
+    d.mkdir()
+    return torchrun("hf_run.py", [str(d / "out.json"), *opts], str(d / "out.json"))
+
+
+def _same(ref, got, tol=1e-5):
+    assert ref["steps"] == got["steps"]
+    assert max_diff(ref["lrs"], got["lrs"]) == 0.0
+    assert max_rel_diff(ref["losses"], got["losses"]) < tol
+    assert max_rel_diff(ref["grad_norms"], got["grad_norms"]) < tol
+    assert max_rel_diff(ref["weights"], got["weights"]) < tol
+
+
+def test_deepspeed_schedule_sections_and_resume(tmp_path):
+    # WarmupDecayLR and AdamW from the config, every value "auto"; checkpoints at step 6 of 12
+    opts = ("stage=2", "sched=WarmupDecayLR", "steps=12", "save_steps=6")
+    ref = run(tmp_path, "deepspeed", "backend=deepspeed", *opts)
+    got = run(tmp_path, "zerocore", *opts)
+    _same(ref, got)
+    assert ref["lrs"][0] == 0.0 and max(ref["lrs"]) == pytest.approx(3e-3)  # DeepSpeed's warm-up, then its decay
+    resumed = run(tmp_path, "resumed", *opts, f"resume={tmp_path / 'zerocore' / 'run' / 'checkpoint-6'}")
+    # the schedule the engine stepped comes back with the checkpoint: steps 7-12 as uninterrupted
+    assert max_diff(got["lrs"], resumed["lrs"]) == 0.0
+    assert max_diff(got["losses"], resumed["losses"]) == 0.0
+    assert max_diff(got["weights"], resumed["weights"]) == 0.0
+
+
+def test_stage3_short_last_window(tmp_path):
+    # 88 rows on 2 ranks with batch 4 and accumulation 2: every epoch ends with a window of one micro-batch
+    opts = ("stage=3", "sched=WarmupLR", "steps=12", "rows=88")
+    _same(run(tmp_path, "deepspeed", "backend=deepspeed", *opts), run(tmp_path, "zerocore", *opts))
+
+
+def test_bf16_stage3_trainer_optimizer(tmp_path):
+    # no optimizer or scheduler section: both step the Trainer's AdamW hyperparameters on its linear schedule.
+    # master=rounded: zerocore's fp32 master starts from the bf16-rounded model, as DeepSpeed's does (its own
+    # default starts from the fp32 values given); the buffers (the rotary inv_freq) stay fp32 in both
+    opts = ("stage=3", "bf16=1", "steps=12")
+    ref = run(tmp_path, "deepspeed", "backend=deepspeed", *opts)
+    got = run(tmp_path, "zerocore", *opts, "master=rounded")
+    assert ref["steps"] == got["steps"] and max_diff(ref["lrs"], got["lrs"]) == 0.0
+    # the first updates land on the same bf16 weights: the next losses are equal, bit for bit
+    assert ref["losses"][:3] == got["losses"][:3]
+    assert max_rel_diff(ref["grad_norms"][:3], got["grad_norms"][:3]) < 1e-6  # (zerocore sums in fp64)
+    # later a reduction's rounding differs here and there: within bf16's resolution
+    assert max_rel_diff(ref["losses"], got["losses"]) < 1e-4
+    assert max_rel_diff(ref["weights"], got["weights"]) < 2 ** -7
