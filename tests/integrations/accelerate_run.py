@@ -1,5 +1,6 @@
-"""One Accelerate training loop under torchrun: plain Accelerator (DDP) or ZeroAccelerator.
-argv: ddp|zerocore stage out.json [samples] [epochs]. Writes rank 0's losses, lrs, the gradient
+"""One Accelerate training loop under torchrun: plain Accelerator (DDP), ZeroAccelerator, or Accelerator with
+DeepSpeed itself (its DeepSpeedPlugin given the config ZeroAccelerator gets; DS_ACCELERATOR=cpu).
+argv: ddp|zerocore|deepspeed stage out.json [samples] [epochs]. Writes rank 0's losses, lrs, the gradient
 norms of the optimizer steps and the final weights. With samples / (8 x ranks) micro-batches per
 rank not a multiple of the accumulation steps (2), each epoch ends with a short window."""
 import json
@@ -31,6 +32,12 @@ def main():
 
         acc = ZeroAccelerator(cpu=True, gradient_accumulation_steps=2,
                               zerocore_config={"zero_optimization": {"stage": stage}, "gradient_clipping": 0.5})
+    elif kind == "deepspeed":
+        from accelerate import DeepSpeedPlugin
+
+        ds = {"zero_optimization": {"stage": stage}, "gradient_clipping": 0.5, "gradient_accumulation_steps": 2,
+              "train_micro_batch_size_per_gpu": 8}
+        acc = Accelerator(cpu=True, gradient_accumulation_steps=2, deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds))
     else:
         acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
     model, opt, loader, sched = acc.prepare(model, opt, loader, sched)

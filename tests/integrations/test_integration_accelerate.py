@@ -1,6 +1,6 @@
 """Accelerate's training loop with ZeroAccelerator on 2 CPU ranks (torchrun, gloo) against the
 same loop with a plain Accelerator (DDP): accumulation 2, clipping, a warm-up/decay scheduler; and
-epochs that end with a short accumulation window (issue 34)."""
+epochs that end with a short accumulation window; and beside Accelerate's DeepSpeed route (slow)."""
 import pytest
 
 pytest.importorskip("accelerate", reason="accelerate is not installed")
@@ -62,3 +62,16 @@ def test_stage2_short_last_window_matches_ddp(ddp_short, tmp_path):
 
 def test_stage3_short_last_window_matches_ddp(ddp_short, tmp_path):
     _check_short(ddp_short, _run(tmp_path, 3, *SHORT))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage, extra", [(2, []), (3, SHORT)])
+def test_matches_accelerate_on_deepspeed(tmp_path, monkeypatch, stage, extra):
+    # the same loop on Accelerate's DeepSpeed route (DeepSpeed itself, the config ZeroAccelerator gets); slow:
+    # DeepSpeed builds its CPU communication op on first use
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed (DS_BUILD_OPS=0 pip install deepspeed)")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    (tmp_path / "ds").mkdir()
+    out = str(tmp_path / "ds" / "out.json")
+    ref = torchrun("accelerate_run.py", ["deepspeed", str(stage), out, *extra], out)
+    (_check_short if extra else _check)(ref, _run(tmp_path, stage, *extra))
