@@ -4,7 +4,7 @@ gradient norms, the final weights and checks of what was saved.
 
 argv: out.json then key=value options: backend=ddp|zerocore|deepspeed (DeepSpeed itself through
 TrainingArguments(deepspeed=config), the config zerocore gets) stage=2 sched=<DeepSpeed scheduler type: the config
-gets "optimizer" and "scheduler" sections of "auto"s> bf16=0|1 master=given|rounded offload=0|1 steps=30
+gets "optimizer" and "scheduler" sections of "auto"s> bf16=0|1 master=given|rounded gc=0|1 (the Trainer's gradient_checkpointing) offload=0|1 steps=30
 save_steps=0 resume=<checkpoint dir> trainer=trainer|sft lora=0|1 gen=0|1 init=0|1 (stage-3
 from_pretrained of a saved tiny model before training) rows=<dataset size> (default: steps x 4 x acc
 x ranks; with rows / (4 x ranks) micro-batches per rank not a multiple of acc, each epoch ends with
@@ -25,7 +25,7 @@ VOCAB, SEQ = 96, 16
 
 def opts():
     o = dict(backend="zerocore", stage="2", offload="0", steps="30", save_steps="0", resume="", trainer="trainer",
-             lora="0", gen="0", init="0", acc="2", wd="0.0", best="0", rows="0", sched="", bf16="0", master="")
+             lora="0", gen="0", init="0", acc="2", wd="0.0", best="0", rows="0", sched="", bf16="0", master="", gc="0")
     for a in sys.argv[2:]:
         k, v = a.split("=", 1)
         o[k] = v
@@ -93,7 +93,7 @@ def main():
         max_steps=steps, learning_rate=3e-3, warmup_steps=5, lr_scheduler_type="linear", weight_decay=float(o["wd"]),
         max_grad_norm=1.0, logging_steps=1, save_strategy="steps" if int(o["save_steps"]) else "no",
         save_steps=int(o["save_steps"]) or 500, use_cpu=True, ddp_backend="gloo", report_to=[], seed=0,
-        disable_tqdm=True, dataloader_num_workers=0, bf16=o["bf16"] == "1",
+        disable_tqdm=True, dataloader_num_workers=0, bf16=o["bf16"] == "1", gradient_checkpointing=o["gc"] == "1",
         **(dict(deepspeed=zero_config(o)) if o["backend"] == "deepspeed" else {}),
         **(dict(eval_strategy="steps", eval_steps=int(o["save_steps"]), load_best_model_at_end=True,
                 metric_for_best_model="loss", greater_is_better=True, per_device_eval_batch_size=4)

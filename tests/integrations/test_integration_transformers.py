@@ -182,3 +182,16 @@ def test_weight_decay_groups_match_ddp(tmp_path):
     got = run(tmp_path, "wd_z2", "stage=2", "wd=0.1", "steps=12")
     assert max_diff(ref["losses"], got["losses"]) < TOL
     assert max_diff(ref["weights"], got["weights"]) < TOL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", ["0", "1"])
+def test_stage3_gradient_checkpointing_matches_ddp(tmp_path, lora):
+    # the Trainer's gradient_checkpointing: each decoder layer's forward runs again inside the backward, where
+    # stage 3 gathers its parameters a second time (with LoRA: the frozen base's inputs made to require grad)
+    opts = ("steps=8", "gc=1", f"lora={lora}")
+    ref = run(tmp_path, "ddp", "backend=ddp", *opts)
+    got = run(tmp_path, "z3", "stage=3", *opts)
+    assert max_diff(ref["lrs"], got["lrs"]) == 0.0
+    for key in ("losses", "grad_norms", "weights"):
+        assert max_rel_diff(ref[key], got[key]) < 1e-5, key
