@@ -4,7 +4,9 @@ gradient norms, the final weights and checks of what was saved.
 
 argv: out.json then key=value options: backend=ddp|zerocore|deepspeed (DeepSpeed itself through
 TrainingArguments(deepspeed=config), the config zerocore gets) stage=2 sched=<DeepSpeed scheduler type: the config
-gets "optimizer" and "scheduler" sections of "auto"s> bf16=0|1 master=given|rounded gc=0|1 (the Trainer's gradient_checkpointing) offload=0|1 steps=30
+gets "optimizer" and "scheduler" sections of "auto"s> bf16=0|1 master=given|rounded gc=0|1 (the Trainer's gradient_checkpointing)
+compile=<a dynamo backend: the Trainer's torch_compile> unit_min=<stage3_unit_min_params: 1000 makes each decoder
+layer a unit> offload=0|1 steps=30
 save_steps=0 resume=<checkpoint dir> trainer=trainer|sft lora=0|1 gen=0|1 init=0|1 (stage-3
 from_pretrained of a saved tiny model before training) rows=<dataset size> (default: steps x 4 x acc
 x ranks; with rows / (4 x ranks) micro-batches per rank not a multiple of acc, each epoch ends with
@@ -25,7 +27,7 @@ VOCAB, SEQ = 96, 16
 
 def opts():
     o = dict(backend="zerocore", stage="2", offload="0", steps="30", save_steps="0", resume="", trainer="trainer",
-             lora="0", gen="0", init="0", acc="2", wd="0.0", best="0", rows="0", sched="", bf16="0", master="", gc="0")
+             lora="0", gen="0", init="0", acc="2", wd="0.0", best="0", rows="0", sched="", bf16="0", master="", gc="0", compile="", unit_min="")
     for a in sys.argv[2:]:
         k, v = a.split("=", 1)
         o[k] = v
@@ -67,6 +69,8 @@ def zero_config(o):
         z["stage3_prefetch_bucket_size"] = "auto"
         # DeepSpeed gathers the 16-bit weights for save_model only with it (zerocore always does)
         z["stage3_gather_16bit_weights_on_model_save"] = True
+        if o["unit_min"]:
+            z["stage3_unit_min_params"] = int(o["unit_min"])
     z["reduce_bucket_size"] = "auto"
     cfg = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
            "train_batch_size": "auto", "gradient_clipping": "auto", "zero_optimization": z}
@@ -94,6 +98,7 @@ def main():
         max_grad_norm=1.0, logging_steps=1, save_strategy="steps" if int(o["save_steps"]) else "no",
         save_steps=int(o["save_steps"]) or 500, use_cpu=True, ddp_backend="gloo", report_to=[], seed=0,
         disable_tqdm=True, dataloader_num_workers=0, bf16=o["bf16"] == "1", gradient_checkpointing=o["gc"] == "1",
+        **(dict(torch_compile=True, torch_compile_backend=o["compile"]) if o["compile"] else {}),
         **(dict(deepspeed=zero_config(o)) if o["backend"] == "deepspeed" else {}),
         **(dict(eval_strategy="steps", eval_steps=int(o["save_steps"]), load_best_model_at_end=True,
                 metric_for_best_model="loss", greater_is_better=True, per_device_eval_batch_size=4)
@@ -158,6 +163,11 @@ def main():
     result.update(losses=[h["loss"] for h in logs], lrs=[h["learning_rate"] for h in logs],
                   grad_norms=[h.get("grad_norm") for h in logs], steps=[h["step"] for h in logs])
     eng = getattr(trainer, "zerocore_engine", None)
+    if o["compile"]:  # compiled as asked, and graphs were made
+        from torch._dynamo.utils import counters
+
+        result["compiled"] = bool(eng.is_compiled) if eng is not None else None
+        result["unique_graphs"] = counters["stats"]["unique_graphs"]
     if o["backend"] == "deepspeed":  # the whole 16-bit (or fp32) weights, gathered on rank 0 only at stage 3
         whole = trainer.accelerator.get_state_dict(trainer.model_wrapped) or {}
         sd = {k: v.detach().float().clone() for k, v in whole.items()}

@@ -85,6 +85,21 @@ def initialize(model: torch.nn.Module, config: dict, groups: list[dict] | None =
     return zerocore.initialize(model, config)
 
 
+def compile_as_accelerate(engine, accelerator) -> None:
+    """Accelerate's ``torch.compile`` setting (its ``TorchDynamoPlugin``: ``Accelerator(dynamo_backend=...)``, the
+    Trainer's ``torch_compile``, ``torch_compile_backend``, ``torch_compile_mode``) applied as its DeepSpeed route
+    applies it: ``engine.compile(backend, compile_kwargs)``. The plugin's regional compilation is what the engine
+    does at stage 3 anyway (each unit's forward one graph); below stage 3 the whole module is compiled."""
+    plugin = getattr(getattr(accelerator, "state", None), "dynamo_plugin", None)
+    if plugin is None:
+        return
+    kwargs = plugin.to_kwargs()  # the settings that differ from the plugin's defaults, the backend a name
+    backend = str(kwargs.pop("backend", plugin.to_dict()["backend"]))
+    kwargs.pop("use_regional_compilation", None)
+    if backend != "no":
+        engine.compile(backend=backend, compile_kwargs=kwargs)
+
+
 def _norm(v):
     return tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else float(v)
 

@@ -24,8 +24,8 @@ import os
 
 import torch
 
-from ._common import (EngineOptimizer, backward_at, check_version, global_grad_norm, initialize, optimizer_section,
-                      sync_lr)
+from ._common import (EngineOptimizer, backward_at, check_version, compile_as_accelerate, global_grad_norm, initialize,
+                      optimizer_section, sync_lr)
 
 ACCELERATE_VERSION = check_version("accelerate", "1.0", "2", "zerocore.integrations.accelerate")
 
@@ -78,6 +78,7 @@ class ZeroAccelerator(Accelerator):
         # a model prepared with no optimizer, and none in the config: Accelerate's DeepSpeed route builds DeepSpeed's
         # inference engine; so here, an engine that trains nothing (at stage 3 its weights partitioned)
         engine = initialize(model, cfg, groups, frozen=optimizer is None and "optimizer" not in cfg)
+        compile_as_accelerate(engine, self)  # dynamo_backend / dynamo_plugin: as Accelerate's DeepSpeed route
         self.zerocore_engine = engine
         self._zc[id(model)] = EngineModule(engine)
         if optimizer is not None:

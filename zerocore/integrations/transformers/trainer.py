@@ -28,7 +28,8 @@ import warnings
 import weakref
 
 import torch
-from .._common import EngineOptimizer, backward_at, global_grad_norm, initialize, optimizer_section, sync_lr
+from .._common import (EngineOptimizer, backward_at, compile_as_accelerate, global_grad_norm, initialize,
+                       optimizer_section, sync_lr)
 from .._wrapping import EngineModule, read_config
 from .config import fill_auto
 from .frozen_models import shard_frozen_models
@@ -98,6 +99,7 @@ class ZeroTrainerMixin:
                 super().create_optimizer()
             cfg["optimizer"], groups = optimizer_section(self.optimizer)
         engine = initialize(self.model, cfg, groups)
+        compile_as_accelerate(engine, self.accelerator)  # torch_compile=True: as the Trainer on DeepSpeed
         self.zerocore_engine = engine
         self._zc_wrapper = EngineModule(engine)
         self._zc_owns_schedule = "scheduler" in cfg
