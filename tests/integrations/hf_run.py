@@ -3,10 +3,10 @@ with a tokenizer-free synthetic dataset. Writes a JSON with the logged losses, l
 gradient norms, the final weights and checks of what was saved.
 
 argv: out.json then key=value options: backend=ddp|zerocore|deepspeed (DeepSpeed itself through
-TrainingArguments(deepspeed=config), the config zerocore gets) stage=2 sched=<DeepSpeed scheduler type: the config
-gets "optimizer" and "scheduler" sections of "auto"s> bf16=0|1 master=given|rounded gc=0|1 (the Trainer's gradient_checkpointing)
-compile=<a dynamo backend: the Trainer's torch_compile> unit_min=<stage3_unit_min_params: 1000 makes each decoder
-layer a unit> offload=0|1 steps=30
+TrainingArguments(deepspeed=config), the config zerocore gets) stage=2 sched=<DeepSpeed scheduler type: the
+config gets "optimizer" and "scheduler" sections of "auto"s> bf16=0|1 master=given|rounded gc=0|1 (the
+Trainer's gradient_checkpointing) compile=<a dynamo backend: the Trainer's torch_compile>
+unit_min=<stage3_unit_min_params: 1000 makes each decoder layer a unit> offload=0|1 steps=30
 save_steps=0 resume=<checkpoint dir> trainer=trainer|sft lora=0|1 gen=0|1 init=0|1 (stage-3
 from_pretrained of a saved tiny model before training) rows=<dataset size> (default: steps x 4 x acc
 x ranks; with rows / (4 x ranks) micro-batches per rank not a multiple of acc, each epoch ends with
@@ -27,7 +27,8 @@ VOCAB, SEQ = 96, 16
 
 def opts():
     o = dict(backend="zerocore", stage="2", offload="0", steps="30", save_steps="0", resume="", trainer="trainer",
-             lora="0", gen="0", init="0", acc="2", wd="0.0", best="0", rows="0", sched="", bf16="0", master="", gc="0", compile="", unit_min="")
+             lora="0", gen="0", init="0", acc="2", wd="0.0", best="0", rows="0", sched="", bf16="0", master="",
+             gc="0", compile="", unit_min="")
     for a in sys.argv[2:]:
         k, v = a.split("=", 1)
         o[k] = v

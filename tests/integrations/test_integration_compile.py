@@ -43,8 +43,19 @@ class Net(torch.nn.Module):
         return self.b(torch.tanh(self.a(x)))
 
 
+@pytest.fixture
+def fresh_accelerator_state():
+    # Accelerate keeps one AcceleratorState per process (its dynamo plugin included): an Accelerator built earlier
+    # in this process would decide the backend; Accelerate's own tests reset it the same way
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()
+    yield
+    AcceleratorState._reset_state()
+
+
 @pytest.mark.parametrize("stage", [2, 3])
-def test_accelerator_dynamo_backend_compiles_the_engine(stage):
+def test_accelerator_dynamo_backend_compiles_the_engine(stage, fresh_accelerator_state):
     from torch._dynamo.utils import counters
 
     from zerocore.integrations.accelerate import ZeroAccelerator

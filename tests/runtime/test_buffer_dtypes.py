@@ -2,9 +2,10 @@
 face follows DeepSpeed 0.19.8: under bf16/fp16 an fp32 buffer stays fp32 unless
 data_types.buffer_dtype names a dtype; zerocore.initialize keeps a Transformers model's buffers and
 casts other buffers to the training dtype unless buffer_dtype says "keep" or names one. Under "keep"
-a normalization layer's running statistics follow its 16-bit weights (its kernels need that). In both the buffers data_types.keep_in_fp32_modules names
-stay fp32 whatever buffer_dtype says, and the parameters train in the training dtype; stages 1-3
-(the values against DeepSpeed itself: deepspeed_face/test_buffers_against_deepspeed.py)."""
+a normalization layer's running statistics follow its 16-bit weights (its kernels need that). In
+both the buffers data_types.keep_in_fp32_modules names stay fp32 whatever buffer_dtype says, and the
+parameters train in the training dtype; stages 1-3 (the values against DeepSpeed itself:
+deepspeed_face/test_buffers_against_deepspeed.py)."""
 import copy
 import warnings
 

@@ -337,7 +337,8 @@ class DataTypesConfig(_Section):
         "zerocore.initialize keeps the buffers of a Transformers model (as \"keep\") and casts the other buffers to "
         "the training dtype (a custom model's fp32 buffer would make its 16-bit activations fp32); "
         "zerocore.deepspeed.initialize reads null as DeepSpeed 0.19.8 does, as \"keep\". Parameters always train in "
-        "the training dtype; under fp32 training every floating buffer becomes fp32.", kind=str, optional=True, allowed="null, \"keep\" or " + _ANY_DTYPE)
+        "the training dtype; under fp32 training every floating buffer becomes fp32.", kind=str, optional=True,
+        allowed="null, \"keep\" or " + _ANY_DTYPE)
     grad_accum_dtype: str | None = option(
         None, "The dtype gradients accumulate in across micro-batches: \"fp32\" with bf16 training at ZeRO stage 1 "
         "and no optimizer offload keeps a full fp32 gradient buffer (2 bytes a parameter more than bf16's), each "

@@ -20,8 +20,6 @@ library is patched; Accelerate's own DeepSpeed route is not used):
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ._common import (EngineOptimizer, backward_at, check_version, compile_as_accelerate, global_grad_norm, initialize,

@@ -1,8 +1,8 @@
 """The dtype each floating buffer trains in under bf16/fp16, from ``data_types.buffer_dtype``:
 a dtype casts them to it; ``"keep"`` leaves each in the dtype it had at initialize (an fp32 rotary
 ``inv_freq`` stays fp32: rounded to bf16, a frequency is off by up to 0.2%, and the angle between
-two tokens 4096 apart by up to tenths of a radian), DeepSpeed 0.19.8's rule for null (torch AMP and FSDP2 keep buffers too), which
-``zerocore.deepspeed.initialize`` follows (``deepspeed/semantics.py``). Null, for
+two tokens 4096 apart by up to tenths of a radian), DeepSpeed 0.19.8's rule for null (torch AMP and
+FSDP2 keep buffers too), which ``zerocore.deepspeed.initialize`` follows (``deepspeed/semantics.py``). Null, for
 ``zerocore.initialize``: the buffers of a Transformers model (every module inside a
 ``transformers.PreTrainedModel``: its models are written for kept buffers, e.g. they compute rotary
 angles in fp32 from an fp32 ``inv_freq``) as ``"keep"``; the other buffers take the training dtype,
@@ -56,9 +56,9 @@ def buffer_targets(module: nn.Module, data_types, dtype: torch.dtype) -> list[tu
 
 def _transformers_modules(module: nn.Module) -> set[int]:
     """ids of the modules inside a Transformers model in ``module`` (``module`` itself if it is one);
-    none where Transformers is not imported (then no model of its is)."""
-    tf = sys.modules.get("transformers")
-    base = getattr(tf, "PreTrainedModel", None) if tf is not None else None
+    none where Transformers' model base is not imported (then no model of its exists; nothing is
+    imported here)."""
+    base = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", None)
     inside: set[int] = set()
     if base is None:
         return inside
