@@ -6,7 +6,9 @@ argv: out.json then key=value options: backend=ddp|zerocore|deepspeed (DeepSpeed
 TrainingArguments(deepspeed=config), the config zerocore gets) stage=2 sched=<DeepSpeed scheduler type: the
 config gets "optimizer" and "scheduler" sections of "auto"s> bf16=0|1 master=given|rounded gc=0|1 (the
 Trainer's gradient_checkpointing) compile=<a dynamo backend: the Trainer's torch_compile>
-unit_min=<stage3_unit_min_params: 1000 makes each decoder layer a unit> offload=0|1 steps=30
+unit_min=<stage3_unit_min_params: 1000 makes each decoder layer a unit> oom=1 (auto_find_batch_size: the
+second forward at batch 4, after the first's backward, raises the CPU allocator's out-of-memory error; the
+Trainer retries at batch 2) bs=<per-device batch, 4> offload=0|1 steps=30
 save_steps=0 resume=<checkpoint dir> trainer=trainer|sft lora=0|1 gen=0|1 init=0|1 (stage-3
 from_pretrained of a saved tiny model before training) rows=<dataset size> (default: steps x 4 x acc
 x ranks; with rows / (4 x ranks) micro-batches per rank not a multiple of acc, each epoch ends with
@@ -28,7 +30,7 @@ VOCAB, SEQ = 96, 16
 def opts():
     o = dict(backend="zerocore", stage="2", offload="0", steps="30", save_steps="0", resume="", trainer="trainer",
              lora="0", gen="0", init="0", acc="2", wd="0.0", best="0", rows="0", sched="", bf16="0", master="",
-             gc="0", compile="", unit_min="")
+             gc="0", compile="", unit_min="", oom="0", bs="4")
     for a in sys.argv[2:]:
         k, v = a.split("=", 1)
         o[k] = v
@@ -94,11 +96,12 @@ def main():
     torch.set_num_threads(1)
     steps, acc = int(o["steps"]), int(o["acc"])
     args = TrainingArguments(
-        output_dir=os.path.join(work, "run"), per_device_train_batch_size=4, gradient_accumulation_steps=acc,
+        output_dir=os.path.join(work, "run"), per_device_train_batch_size=int(o["bs"]), gradient_accumulation_steps=acc,
         max_steps=steps, learning_rate=3e-3, warmup_steps=5, lr_scheduler_type="linear", weight_decay=float(o["wd"]),
         max_grad_norm=1.0, logging_steps=1, save_strategy="steps" if int(o["save_steps"]) else "no",
         save_steps=int(o["save_steps"]) or 500, use_cpu=True, ddp_backend="gloo", report_to=[], seed=0,
         disable_tqdm=True, dataloader_num_workers=0, bf16=o["bf16"] == "1", gradient_checkpointing=o["gc"] == "1",
+        auto_find_batch_size=o["oom"] == "1",
         **(dict(torch_compile=True, torch_compile_backend=o["compile"]) if o["compile"] else {}),
         **(dict(deepspeed=zero_config(o)) if o["backend"] == "deepspeed" else {}),
         **(dict(eval_strategy="steps", eval_steps=int(o["save_steps"]), load_best_model_at_end=True,
@@ -122,6 +125,17 @@ def main():
 
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                                  lora_dropout=0.0))
+    if o["oom"] == "1":
+        calls = [0]
+
+        def out_of_memory(module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            calls[0] += 1
+            if ids is not None and ids.shape[0] > 2 and calls[0] >= 2:
+                raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes "
+                                   "(simulated)")
+
+        model.register_forward_pre_hook(out_of_memory, with_kwargs=True)
     data = Tokens(int(o["rows"]) or steps * 4 * acc * world)
     kw = dict(model=model, args=args, train_dataset=data)
     if o["best"] == "1":  # a held-out set whose loss picks the checkpoint loaded at the end

@@ -2,7 +2,8 @@
 the gradient norms of the optimizer steps and the final weights.
 argv: strategy out.json [steps] [accumulate] [ckpt_every] [resume_dir or -] [samples]. With
 samples / (8 x ranks) batches per rank not a multiple of accumulate, each epoch ends with a short
-accumulation window."""
+accumulation window. LIGHTNING_COMPILE=<a dynamo backend> in the environment: the LightningModule is given to
+fit() compiled (torch.compile(model, backend=...)), as Lightning takes one for DDP."""
 import json
 import os
 import sys
@@ -79,15 +80,17 @@ def main():
                          accumulate_grad_batches=acc, gradient_clip_val=0.5, logger=False,
                          enable_checkpointing=bool(ckpt_every), callbacks=callbacks, enable_progress_bar=False,
                          enable_model_summary=False, deterministic=True)
-    model = Net()
+    net = model = Net()
+    if os.environ.get("LIGHTNING_COMPILE"):
+        model = torch.compile(net, backend=os.environ["LIGHTNING_COMPILE"])
     loader = torch.utils.data.DataLoader(data(samples), batch_size=8, shuffle=False)
     trainer.fit(model, loader, ckpt_path=resume)
     # the zerocore strategy destroyed its engine at the end of fit: the model holds the full weights
     assert getattr(trainer.strategy, "engine", None) is None
-    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    sd = {k: v.detach().clone() for k, v in net.state_dict().items()}
     if trainer.global_rank == 0:
         with open(out, "w") as f:
-            json.dump({"losses": model.losses, "lrs": model.lrs, "grad_norms": model.norms,
+            json.dump({"losses": net.losses, "lrs": net.lrs, "grad_norms": net.norms,
                        "global_step": trainer.global_step,
                        "weights": {k: v.reshape(-1).tolist() for k, v in sd.items()}}, f)
     if strategy == "ddp":

@@ -1,6 +1,6 @@
 """Lightning's Trainer with the zerocore strategy on 2 CPU ranks (torchrun, gloo) against the
 same Trainer with DDP: losses, learning rates and final weights; a checkpoint resumed; epochs that
-end with a short accumulation window (issue 34)."""
+end with a short accumulation window; a compiled LightningModule."""
 import os
 
 import pytest
@@ -89,3 +89,12 @@ def test_stage2_short_last_window_matches_ddp(ddp_short, tmp_path):
 def test_stage3_short_last_window_matches_ddp(ddp_short, tmp_path):
     out = str(tmp_path / "out.json")
     _check_short(ddp_short, torchrun("lightning_run.py", ["zerocore_stage_3", out, *SHORT], out))
+
+
+@pytest.mark.slow
+def test_stage3_compiled_module_matches_ddp(ddp, tmp_path, monkeypatch):
+    # a LightningModule given to fit() compiled (torch.compile(model)): Lightning unwraps it and compiles its
+    # forward and training_step in place, which then run over the engine (the eager backend: the numbers of eager)
+    monkeypatch.setenv("LIGHTNING_COMPILE", "eager")
+    out = str(tmp_path / "out.json")
+    _check_matches(ddp, torchrun("lightning_run.py", ["zerocore_stage_3", out, STEPS, ACC], out))

@@ -22,7 +22,14 @@ class EngineModule(nn.Module):
         return self._zc_engine(*args, **kwargs)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        pass  # the engine clears its gradients at each update
+        """Drops the gradients of a window that has not stepped, as ``zero_grad`` on DDP drops ``.grad``: a trainer
+        that starts training again after an error inside a window (Transformers' ``auto_find_batch_size`` retries
+        at a smaller batch after an out-of-memory error) would otherwise add them to its first update. After an
+        update there is nothing to drop (the engine cleared them) and nothing is zeroed again."""
+        engine = self._zc_engine
+        reducer = getattr(engine, "reducer", None)
+        if reducer is not None and (engine._backward_done or reducer.holds_gradients()):
+            engine.zero_grad()
 
     def __getattr__(self, name):
         try:

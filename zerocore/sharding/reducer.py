@@ -160,7 +160,7 @@ class GradReducer:
         buffer already holds them in place, summed with earlier micro-batches of the window unless
         this is its first."""
         if (self.full_grads and not self._unbound and grad_factor != 1.0
-                and any(g.grad_state != GradState.EMPTY for g in self.groups)):
+                and self.holds_gradients()):
             self.window_lost = ("a loss.backward() the engine saw only after its gradients were summed into the "
                                 "window's")
             raise RuntimeError(
@@ -430,6 +430,10 @@ class GradReducer:
         if self.pool is not None:
             self.pool.release()
         self.in_backward = False
+
+    def holds_gradients(self) -> bool:
+        """Whether some group holds gradients of a window that has not stepped yet."""
+        return any(g.grad_state != GradState.EMPTY for g in self.groups)
 
     def clear(self) -> None:
         """Forgets all gradients of this optimizer step."""
