@@ -20,6 +20,7 @@ def _run(tmp, name, *opts):
     return torchrun("hf_run.py", [str(d / "out.json"), *opts], str(d / "out.json"), nproc=1)
 
 
+@pytest.mark.slow  # (15 s: two Trainer runs; the in-process Accelerator test below covers the same hand-over in CI)
 def test_trainer_torch_compile_compiles_each_stage3_unit(tmp_path):
     pytest.importorskip("transformers", reason="transformers is not installed")
     opts = ("stage=3", "steps=4", "unit_min=1000")  # units: the embedding, each decoder layer, the head
