@@ -8,7 +8,8 @@ config gets "optimizer" and "scheduler" sections of "auto"s> bf16=0|1 master=giv
 Trainer's gradient_checkpointing) compile=<a dynamo backend: the Trainer's torch_compile>
 unit_min=<stage3_unit_min_params: 1000 makes each decoder layer a unit> oom=1 (auto_find_batch_size: the
 second forward at batch 4, after the first's backward, raises the CPU allocator's out-of-memory error; the
-Trainer retries at batch 2) bs=<per-device batch, 4> offload=0|1 steps=30
+Trainer retries at batch 2) bs=<per-device batch, 4> neftune=<the Trainer's neftune_noise_alpha> offload=0|1
+steps=30
 save_steps=0 resume=<checkpoint dir> trainer=trainer|sft lora=0|1 gen=0|1 init=0|1 (stage-3
 from_pretrained of a saved tiny model before training) rows=<dataset size> (default: steps x 4 x acc
 x ranks; with rows / (4 x ranks) micro-batches per rank not a multiple of acc, each epoch ends with
@@ -30,7 +31,7 @@ VOCAB, SEQ = 96, 16
 def opts():
     o = dict(backend="zerocore", stage="2", offload="0", steps="30", save_steps="0", resume="", trainer="trainer",
              lora="0", gen="0", init="0", acc="2", wd="0.0", best="0", rows="0", sched="", bf16="0", master="",
-             gc="0", compile="", unit_min="", oom="0", bs="4")
+             gc="0", compile="", unit_min="", oom="0", bs="4", neftune="")
     for a in sys.argv[2:]:
         k, v = a.split("=", 1)
         o[k] = v
@@ -101,7 +102,7 @@ def main():
         max_grad_norm=1.0, logging_steps=1, save_strategy="steps" if int(o["save_steps"]) else "no",
         save_steps=int(o["save_steps"]) or 500, use_cpu=True, ddp_backend="gloo", report_to=[], seed=0,
         disable_tqdm=True, dataloader_num_workers=0, bf16=o["bf16"] == "1", gradient_checkpointing=o["gc"] == "1",
-        auto_find_batch_size=o["oom"] == "1",
+        auto_find_batch_size=o["oom"] == "1", neftune_noise_alpha=float(o["neftune"]) if o["neftune"] else None,
         **(dict(torch_compile=True, torch_compile_backend=o["compile"]) if o["compile"] else {}),
         **(dict(deepspeed=zero_config(o)) if o["backend"] == "deepspeed" else {}),
         **(dict(eval_strategy="steps", eval_steps=int(o["save_steps"]), load_best_model_at_end=True,
