@@ -1,8 +1,8 @@
 """The Hugging Face Trainer on zerocore beside the same Trainer on DeepSpeed itself (TrainingArguments(deepspeed=
 config)), on 2 CPU ranks over gloo, with the one DeepSpeed config both get (hf_run.py): its own optimizer and schedule
 sections of "auto"s (filled from the TrainingArguments by Transformers for DeepSpeed, by fill_auto for zerocore), a
-resume from a checkpoint, a short last accumulation window at stage 3, and bf16. Compared: the learning rate of every
-step (equal), the losses, gradient norms and final weights. Slow: DeepSpeed builds its CPU communication op on first
+resume from a checkpoint, a short last accumulation window at stage 3, bf16, and CPU offload. Compared: the learning
+rate of every step (equal), the losses, gradient norms and final weights. Slow: DeepSpeed builds its CPU communication op on first
 use (about a minute in a fresh home)."""
 import pytest
 
@@ -67,3 +67,12 @@ def test_bf16_stage3_trainer_optimizer(tmp_path):
     # later a reduction's rounding differs here and there: within bf16's resolution
     assert max_rel_diff(ref["losses"], got["losses"]) < 1e-4
     assert max_rel_diff(ref["weights"], got["weights"]) < 2 ** -7
+
+
+@pytest.mark.parametrize("opts", [("stage=2", "sched=WarmupLR", "steps=8"),
+                                  ("stage=3", "sched=WarmupDecayLR", "steps=12", "rows=88")], ids=["stage2", "stage3"])
+def test_cpu_offload(tmp_path, opts):
+    # offload_optimizer (and offload_param at stage 3) to the CPU: DeepSpeed steps its DeepSpeedCPUAdam (built on
+    # first use), zerocore its own host Adam; at stage 3 with short last windows
+    opts = (*opts, "offload=1")
+    _same(run(tmp_path, "deepspeed", "backend=deepspeed", *opts), run(tmp_path, "zerocore", *opts))
