@@ -22,6 +22,24 @@ def torchrun(script: str, args: list[str], out: str, nproc: int = 2, timeout: fl
         return json.load(f)
 
 
+def run_in(script: str, tmp, name: str, *opts: str, nproc: int = 2, timeout: float = 900) -> dict:
+    """``script`` under torchrun in a new folder ``name`` of ``tmp``, its ``out.json`` the first argument (the
+    scripts' convention), ``opts`` after it; the JSON it wrote."""
+    d = tmp / name
+    d.mkdir()
+    out = str(d / "out.json")
+    return torchrun(script, [out, *opts], out, nproc=nproc, timeout=timeout)
+
+
+def same_run(ref: dict, got: dict, tol: float = 1e-5) -> None:
+    """Two runs' records (the Trainer scripts'): the same logged steps, every learning rate equal, the losses,
+    gradient norms and weights within ``tol`` of the reference's scale (``max_rel_diff``)."""
+    assert ref["steps"] == got["steps"]
+    assert max_diff(ref["lrs"], got["lrs"]) == 0.0
+    for key in ("losses", "grad_norms", "weights"):
+        assert max_rel_diff(ref[key], got[key]) < tol, key
+
+
 def max_diff(a, b) -> float:
     if isinstance(a, dict):
         assert a.keys() == b.keys(), (sorted(a), sorted(b))

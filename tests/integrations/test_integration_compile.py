@@ -9,15 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from integration_launch import max_diff, torchrun
+from integration_launch import max_diff, run_in
 
 pytest.importorskip("accelerate", reason="accelerate is not installed")
 
 
 def _run(tmp, name, *opts):
-    d = tmp / name
-    d.mkdir()
-    return torchrun("hf_run.py", [str(d / "out.json"), *opts], str(d / "out.json"), nproc=1)
+    return run_in("hf_run.py", tmp, name, *opts, nproc=1)
 
 
 @pytest.mark.slow  # (15 s: two Trainer runs; the in-process Accelerator test below covers the same hand-over in CI)

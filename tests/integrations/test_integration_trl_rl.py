@@ -8,16 +8,13 @@ import pytest
 pytest.importorskip("transformers", reason="transformers is not installed")
 pytest.importorskip("trl", reason="trl is not installed")
 
-from integration_launch import max_diff, max_rel_diff, torchrun  # noqa: E402
+from integration_launch import max_diff, max_rel_diff, run_in  # noqa: E402
 
 TOL = 2e-5
 
 
 def run(tmp, name, *opts, nproc):
-    d = tmp / name
-    d.mkdir()
-    out = str(d / "out.json")
-    return torchrun("trl_run.py", [out, *opts], out, nproc=nproc)
+    return run_in("trl_run.py", tmp, name, *opts, nproc=nproc)
 
 
 def _same_training(ref, got, steps):

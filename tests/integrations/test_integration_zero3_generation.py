@@ -15,16 +15,13 @@ import pytest
 
 pytest.importorskip("transformers", reason="transformers is not installed")
 
-from integration_launch import max_diff, torchrun  # noqa: E402
+from integration_launch import max_diff, run_in  # noqa: E402
 
 TOL = 2e-5
 
 
 def run(tmp, name, *opts):
-    d = tmp / name
-    d.mkdir()
-    out = str(d / "out.json")
-    return torchrun("hf_gen_run.py", [out, *opts], out, timeout=300)
+    return run_in("hf_gen_run.py", tmp, name, *opts, timeout=300)
 
 
 @pytest.fixture(scope="module")

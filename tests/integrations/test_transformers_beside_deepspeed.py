@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("transformers", reason="transformers is not installed")
 pytest.importorskip("deepspeed", reason="deepspeed is not installed (DS_BUILD_OPS=0 pip install deepspeed)")
 
-from integration_launch import max_diff, max_rel_diff, torchrun  # noqa: E402
+from integration_launch import max_diff, max_rel_diff, run_in, same_run  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -20,17 +20,7 @@ def _cpu_deepspeed(monkeypatch):
 
 
 def run(tmp, name, *opts):
-    d = tmp / name
-    d.mkdir()
-    return torchrun("hf_run.py", [str(d / "out.json"), *opts], str(d / "out.json"))
-
-
-def _same(ref, got, tol=1e-5):
-    assert ref["steps"] == got["steps"]
-    assert max_diff(ref["lrs"], got["lrs"]) == 0.0
-    assert max_rel_diff(ref["losses"], got["losses"]) < tol
-    assert max_rel_diff(ref["grad_norms"], got["grad_norms"]) < tol
-    assert max_rel_diff(ref["weights"], got["weights"]) < tol
+    return run_in("hf_run.py", tmp, name, *opts)
 
 
 def test_deepspeed_schedule_sections_and_resume(tmp_path):
@@ -38,7 +28,7 @@ def test_deepspeed_schedule_sections_and_resume(tmp_path):
     opts = ("stage=2", "sched=WarmupDecayLR", "steps=12", "save_steps=6")
     ref = run(tmp_path, "deepspeed", "backend=deepspeed", *opts)
     got = run(tmp_path, "zerocore", *opts)
-    _same(ref, got)
+    same_run(ref, got)
     assert ref["lrs"][0] == 0.0 and max(ref["lrs"]) == pytest.approx(3e-3)  # DeepSpeed's warm-up, then its decay
     resumed = run(tmp_path, "resumed", *opts, f"resume={tmp_path / 'zerocore' / 'run' / 'checkpoint-6'}")
     # the schedule the engine stepped comes back with the checkpoint: steps 7-12 as uninterrupted
@@ -50,7 +40,7 @@ def test_deepspeed_schedule_sections_and_resume(tmp_path):
 def test_stage3_short_last_window(tmp_path):
     # 88 rows on 2 ranks with batch 4 and accumulation 2: every epoch ends with a window of one micro-batch
     opts = ("stage=3", "sched=WarmupLR", "steps=12", "rows=88")
-    _same(run(tmp_path, "deepspeed", "backend=deepspeed", *opts), run(tmp_path, "zerocore", *opts))
+    same_run(run(tmp_path, "deepspeed", "backend=deepspeed", *opts), run(tmp_path, "zerocore", *opts))
 
 
 def test_bf16_stage3_trainer_optimizer(tmp_path):
@@ -75,7 +65,7 @@ def test_cpu_offload(tmp_path, opts):
     # offload_optimizer (and offload_param at stage 3) to the CPU: DeepSpeed steps its DeepSpeedCPUAdam (built on
     # first use), zerocore its own host Adam; at stage 3 with short last windows
     opts = (*opts, "offload=1")
-    _same(run(tmp_path, "deepspeed", "backend=deepspeed", *opts), run(tmp_path, "zerocore", *opts))
+    same_run(run(tmp_path, "deepspeed", "backend=deepspeed", *opts), run(tmp_path, "zerocore", *opts))
 
 
 @pytest.mark.parametrize("stage", ["2", "3"])

@@ -35,13 +35,13 @@ class Model(nn.Module):
         return self.lin(x) * self.inv_freq.to(x.dtype)
 
 
-def _engine(face, train, stage, data_types=None):
+def _engine(face, train, stage, data_types=None, make=None):
     cfg = {"train_micro_batch_size_per_gpu": 1, train: {"enabled": True}, "zero_optimization": {"stage": stage},
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
     if data_types is not None:
         cfg["data_types"] = data_types
     torch.manual_seed(0)
-    model = Model()
+    model = (make or Model)()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if face == "deepspeed":
@@ -197,21 +197,9 @@ class Normed(nn.Module):
 @pytest.mark.parametrize("stage", [2, 3])
 def test_keep_gives_normalization_statistics_their_weights_dtype(face, data_types, train, stage):
     # DeepSpeed 0.19.8 keeps BatchNorm's statistics fp32 beside bf16 weights and fails at its first forward
-    cfg = {"train_micro_batch_size_per_gpu": 4, train: {"enabled": True}, "zero_optimization": {"stage": stage},
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
-    if data_types:
-        cfg["data_types"] = data_types
-    torch.manual_seed(0)
-    model = Normed()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        engine = (deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0]
-                  if face == "deepspeed" else zerocore.initialize(model, cfg))
+    model = _engine(face, train, stage, data_types, make=Normed)  # a forward, backward and step ran
     got = _dtypes(model)
     assert got["bn.running_mean"] == got["bn.running_var"] == DTYPES[train]
     assert got["stats_only.running_mean"] == got["table"] == torch.float32
     assert got["bn.num_batches_tracked"] == torch.long
-    before = model.bn.running_mean.clone()
-    engine.backward(engine(torch.rand(4, 4).to(DTYPES[train])).float().sum())
-    engine.step()
-    assert not torch.equal(model.bn.running_mean, before)  # the statistics moved
+    assert model.bn.running_mean.abs().sum() > 0  # the statistics moved (they start at zero)
