@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("transformers", reason="transformers is not installed")
 
-from integration_launch import max_diff, max_rel_diff, run_in, same_run, torchrun  # noqa: E402
+from integration_launch import max_diff, run_in, same_run  # noqa: E402
 
 TOL = 2e-5
 
