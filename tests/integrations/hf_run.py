@@ -9,6 +9,8 @@ Trainer's gradient_checkpointing) compile=<a dynamo backend: the Trainer's torch
 unit_min=<stage3_unit_min_params: 1000 makes each decoder layer a unit> oom=1 (auto_find_batch_size: the
 second forward at batch 4, after the first's backward, raises the CPU allocator's out-of-memory error; the
 Trainer retries at batch 2) bs=<per-device batch, 4> neftune=<the Trainer's neftune_noise_alpha> offload=0|1
+eval_first=1 (trainer.evaluate() before train: its loss and, for zerocore, the engine it ran on are reported)
+eval_only=1 (evaluate and predict, then save_model, no training)
 steps=30
 save_steps=0 resume=<checkpoint dir> trainer=trainer|sft lora=0|1 gen=0|1 init=0|1 (stage-3
 from_pretrained of a saved tiny model before training) rows=<dataset size> (default: steps x 4 x acc
@@ -31,7 +33,7 @@ VOCAB, SEQ = 96, 16
 def opts():
     o = dict(backend="zerocore", stage="2", offload="0", steps="30", save_steps="0", resume="", trainer="trainer",
              lora="0", gen="0", init="0", acc="2", wd="0.0", best="0", rows="0", sched="", bf16="0", master="",
-             gc="0", compile="", unit_min="", oom="0", bs="4", neftune="")
+             gc="0", compile="", unit_min="", oom="0", bs="4", neftune="", eval_first="0", eval_only="0")
     for a in sys.argv[2:]:
         k, v = a.split("=", 1)
         o[k] = v
@@ -139,7 +141,7 @@ def main():
         model.register_forward_pre_hook(out_of_memory, with_kwargs=True)
     data = Tokens(int(o["rows"]) or steps * 4 * acc * world)
     kw = dict(model=model, args=args, train_dataset=data)
-    if o["best"] == "1":  # a held-out set whose loss picks the checkpoint loaded at the end
+    if "1" in (o["best"], o["eval_first"], o["eval_only"]):  # a held-out set (best: its loss picks the checkpoint)
         kw["eval_dataset"] = torch.utils.data.Subset(Tokens(64), range(40, 64))
     if o["trainer"] == "sft":
         from trl import SFTConfig, SFTTrainer
@@ -167,6 +169,27 @@ def main():
         trainer = make_zero_trainer(base)(**kw, zerocore_config=zero_config(o))
     else:
         trainer = base(**kw)
+    if "1" in (o["eval_first"], o["eval_only"]):
+        before = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+        result["first_eval_loss"] = trainer.evaluate()["eval_loss"]
+        result["predictions_shape"] = list(trainer.predict(kw["eval_dataset"]).predictions.shape)
+        early = getattr(trainer, "_zc_eval", None)
+        if early is not None:  # the engine the evaluation ran on: trains nothing, holds the shards only
+            rep = early[0].memory_report()
+            result["eval_engine"] = {"trains": early[0].trains, "master": rep["master"], "moments":
+                                     rep["exp_avg"] + rep["exp_avg_sq"], "grads": rep["grads"],
+                                     "param_elems": sum(p.numel() for p in model.parameters())}
+        if o["eval_only"] == "1":
+            final = os.path.join(work, "final")
+            trainer.save_model(final)
+            if args.process_index == 0:
+                back = LlamaForCausalLM.from_pretrained(final).state_dict()
+                result["saved_max_diff"] = max((back[k].float() - before[k]).abs().max().item() for k in back)
+                with open(out, "w") as f:
+                    json.dump(result, f)
+            if o["backend"] != "zerocore":
+                end_reference_group()
+            return
     trainer.train(resume_from_checkpoint=o["resume"] or None)
     # what the optimizer steps (LoRA: the adapters only) is exactly what requires grad
     in_opt = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
@@ -174,6 +197,7 @@ def main():
         result["optimizer_is_trainable"] = in_opt == {id(p) for p in model.parameters() if p.requires_grad}
         result["optimizer_params"] = len(in_opt)
     logs = [h for h in trainer.state.log_history if "loss" in h]
+    result["wrapped_as"] = type(trainer.model_wrapped).__name__  # what the Trainer trained through
     result["eval_losses"] = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
     result["best_checkpoint"] = trainer.state.best_model_checkpoint
     result.update(losses=[h["loss"] for h in logs], lrs=[h["learning_rate"] for h in logs],

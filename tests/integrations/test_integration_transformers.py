@@ -153,6 +153,38 @@ def test_lora_steps_and_saves_only_adapters(tmp_path):
     assert got["adapter_max_diff"] == 0.0
 
 
+@pytest.fixture(scope="module")
+def ddp_eval(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("hf_eval"), "ddp", "backend=ddp", "eval_only=1")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["1", "3"])
+def test_evaluation_before_training(tmp_path, ddp, ddp_eval, stage):
+    """trainer.evaluate() and predict() before train() run on an engine that trains nothing (no optimizer state, no
+    gradient buffer; at stage 3 the parameters partitioned outside its forward), which then gives the model to the
+    training engine (at stage 3 still partitioned, destroy(partitioned=True)): the evaluation equals DDP's, the
+    training DDP's without an evaluation first. (DDP's own run with one trains apart: Transformers 5.24 leaves the
+    model it evaluated unwrapped, so its ranks never average their gradients: docs/integrations.md.)"""
+    got = run(tmp_path, "zerocore", f"stage={stage}", "eval_first=1")
+    assert got["first_eval_loss"] == pytest.approx(ddp_eval["first_eval_loss"], rel=1e-6)
+    assert got["predictions_shape"] == ddp_eval["predictions_shape"] == [24, 16, 96]
+    e = got["eval_engine"]
+    assert not e["trains"] and e["master"] == e["moments"] == e["grads"] == 0
+    # stage 3: only the five RMSNorm weights (32 each, under the persistence threshold) are whole
+    assert e["param_elems"] == (160 if stage == "3" else 24736)
+    assert got["wrapped_as"] == "EngineModule"
+    same_run(ddp, got)
+
+
+@pytest.mark.slow
+def test_evaluation_only_at_stage3(tmp_path, ddp_eval):
+    # evaluate, predict and save_model with no training: the saved model is the one given, whole
+    got = run(tmp_path, "zerocore", "stage=3", "eval_only=1")
+    assert got["first_eval_loss"] == pytest.approx(ddp_eval["first_eval_loss"], rel=1e-6)
+    assert got["eval_engine"]["master"] == 0 and got["saved_max_diff"] == 0.0
+
+
 @pytest.mark.slow
 def test_stage3_evaluates_and_loads_best_model(tmp_path):
     got = run(tmp_path, "best", "stage=3", "save_steps=10", "best=1")

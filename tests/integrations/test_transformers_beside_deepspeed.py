@@ -79,3 +79,15 @@ def test_bf16_without_accumulation_bit_for_bit(tmp_path, stage):
     got = run(tmp_path, "zerocore", *opts, "master=rounded")
     assert ref["losses"] == got["losses"]
     assert max_rel_diff(ref["grad_norms"], got["grad_norms"]) < 1e-6
+
+
+def test_bf16_stage3_evaluation_before_training(tmp_path):
+    # trainer.evaluate() first: zerocore's evaluation engine hands the training engine the bf16 weights it held, so
+    # the fp32 master starts from them (without master=rounded), as DeepSpeed's master always does; the training is
+    # DeepSpeed's bit for bit. (DeepSpeed itself is run without the evaluation: through Transformers 5.24 and
+    # Accelerate 1.15 its first backward after one fails, the Accelerator holding no DeepSpeed engine.)
+    opts = ("stage=3", "bf16=1", "steps=8", "acc=1")
+    ref = run(tmp_path, "deepspeed", "backend=deepspeed", *opts)
+    got = run(tmp_path, "zerocore", *opts, "eval_first=1")
+    assert ref["losses"] == got["losses"]
+    assert max_rel_diff(ref["grad_norms"], got["grad_norms"]) < 1e-6

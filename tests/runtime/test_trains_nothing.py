@@ -69,6 +69,36 @@ def _frozen_on_ranks(dtype: str, rank: int, world: int) -> dict:
     return out
 
 
+def sc_handover_bf16(rank: int, world: int) -> dict:
+    """An evaluation engine, then a training engine over the same model, which stays partitioned in between
+    (``destroy(partitioned=True)``), beside a training engine over the plain model in the training dtype."""
+    low = torch.bfloat16
+    model = stack(n=4, d=D)
+    plain = copy.deepcopy(model).to(low)
+    whole = sum(p.numel() * p.element_size() for p in plain.parameters())
+    engine = zerocore.initialize(model, _config(3, "bf16"), frozen=True)
+    x = torch.randn(3, D, generator=torch.Generator().manual_seed(rank)).to(low)
+    with torch.no_grad():
+        engine(x)
+    before = gc_tensor_bytes()
+    engine.destroy(partitioned=True)
+    out = {"alive_change": gc_tensor_bytes() - before, "whole": whole,
+           "empty": all(p.numel() == 0 for p in model.parameters()),
+           "chunks": [p._zc_init.chunk.numel() for p in model.parameters()],
+           "numels": [p.numel() for p in plain.parameters()]}
+    train_cfg = {**_config(3, "bf16"), "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}}
+    engines = [zerocore.initialize(model, train_cfg), zerocore.initialize(plain, train_cfg)]
+    for step in range(2):
+        for e in engines:
+            e.backward(e(x).float().square().sum())
+            e.step()
+    got, want = (e.full_state_dict() for e in engines)
+    out["trained_equal"] = all(torch.equal(got[k], want[k]) for k in want)
+    for e in engines:
+        e.destroy()
+    return out
+
+
 def sc_frozen_fp32(rank: int, world: int) -> dict:
     return _frozen_on_ranks("fp32", rank, world)
 
@@ -79,7 +109,7 @@ def sc_frozen_bf16(rank: int, world: int) -> dict:
 
 @pytest.fixture(scope="module")
 def on_two_ranks(tmp_path_factory):
-    return spawn([sc_frozen_fp32, sc_frozen_bf16], 2, tmp_path_factory.mktemp("frozen"))
+    return spawn([sc_frozen_fp32, sc_frozen_bf16, sc_handover_bf16], 2, tmp_path_factory.mktemp("frozen"))
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -98,6 +128,16 @@ def test_stage3_frozen_engine_holds_its_partition_only_and_runs_the_model(on_two
             assert refused is not None and refused[0], what  # an AssertionError too, as DeepSpeed's
             assert "trains nothing" in refused[1] and "torch.no_grad()" in refused[1]
         assert r["input_grads_equal"] == [True, True]
+
+
+def test_stage3_evaluation_engine_hands_its_partitioned_model_to_a_training_engine(on_two_ranks):
+    for r in results(on_two_ranks, "handover_bf16"):
+        # each parameter its rank's chunk (ceil(numel / 2) elements), the whole model never held
+        assert r["empty"] and r["chunks"] == [-(-n // 2) for n in r["numels"]]
+        # the engine's chunk became the parameters' chunks: the bytes alive did not grow by half the model
+        assert r["alive_change"] <= r["whole"] / 8, r["alive_change"]
+        # trained from the evaluation engine's values (the model in the training dtype), bit for bit
+        assert r["trained_equal"]
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

@@ -70,9 +70,10 @@ def _raw_dict(config) -> dict | None:
 
 
 def _take_over(model: torch.nn.Module) -> None:
-    """DeepSpeed wraps a model again when asked (a second engine over the model of a first): here the
-    engine holding the model gives it back first (``destroy()``: hooks off, full trained values in the
-    parameters; a collective, as initialize is), with a warning; the old engine then refuses any use,
+    """DeepSpeed wraps a model again when asked (a second engine over the model of a first; Transformers'
+    Trainer does after an evaluation before training): here the engine holding the model gives it back
+    first (``destroy(partitioned=True)``: hooks off, the trained values (training dtype) in the parameters,
+    stage 3's still partitioned, as DeepSpeed's stay; a collective, as initialize is), with a warning; the old engine then refuses any use,
     naming destroy(). ``zerocore.initialize`` itself refuses such a model instead."""
     from ..runtime.gathered import owner_of
 
@@ -93,7 +94,7 @@ def _take_over(model: torch.nn.Module) -> None:
                       f"{old.zero_optimization_stage()}, {old.optimizer_steps} optimizer steps); it is destroyed and "
                       "its model, with its trained values, handed to the new engine (DeepSpeed wraps a model again)",
                       UserWarning, stacklevel=3)
-        old.destroy()
+        old.destroy(partitioned=True)
 
 
 @lifted()  # inside zero.Init, torch's own constructors build the engine (DeepSpeed lifts its overrides too)

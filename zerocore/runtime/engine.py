@@ -519,17 +519,19 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
     def rank(self) -> int:
         return self.comm.rank
 
-    def destroy(self, collective: bool = True) -> None:
+    def destroy(self, collective: bool = True, partitioned: bool = False) -> None:
         """Gives the model back: hooks removed, every parameter its own tensor with its full current
         value (stage 3 gathers: a collective; ``collective=False`` skips that and leaves stage-3
-        parameters empty). Then stops the engine's workers, closes its NVMe swap stores and, once
+        parameters empty). ``partitioned=True``: stage 3's partitioned parameters stay partitioned,
+        as ``zerocore.init`` leaves them, for the next ``zerocore.initialize`` to adopt (no rank
+        holds the whole model; ``runtime/release.py``). Then stops the engine's workers, closes its NVMe swap stores and, once
         no engine is left, destroys the process groups zerocore created (the default group only if
         zerocore initialized it). The engine cannot be used afterwards."""
         if self.module is None:
             return
         self._settle_skip()  # the counts a destroyed engine keeps are the true ones
         try:
-            release(self, collective)
+            release(self, collective, partitioned)
         finally:
             self.module = None
             try:

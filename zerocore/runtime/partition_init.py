@@ -43,6 +43,7 @@ class InitShard:
     owner: str  # the module class that registered it (for error messages)
     open: bool = False  # whole for a while, under zerocore.gathered()
     sanity_checks: bool = False  # the init config's zero_optimization.enable_sanity_checks (runtime/gathered.py)
+    made: str = ""  # when it was partitioned, if not by zerocore.init (for the message of check_unchanged)
 
     @property
     def numel(self) -> int:
@@ -90,10 +91,11 @@ def check_unchanged(p: nn.Parameter, name: str) -> None:
     how = ("was modified in place" if p._version != rec.version
            else "had its .data replaced" if p.data.numel() != 0 else None)
     if how is not None:
+        when = rec.made or f"at the end of {rec.owner}.__init__"
         raise RuntimeError(
-            f"zerocore.init: parameter '{name}' {how} after it was partitioned (at the end of "
-            f"{rec.owner}.__init__); the change is lost. Initialize a parameter in the __init__ of the module that "
-            f"registers it, or make the change under zerocore.gathered([param], modifier_rank=0).")
+            f"zerocore.init: parameter '{name}' {how} after it was partitioned ({when}); the change is lost. "
+            "Initialize a parameter in the __init__ of the module that registers it, or make the change under "
+            "zerocore.gathered([param], modifier_rank=0).")
 
 
 def initial_value(p: nn.Parameter, comm: Comm) -> torch.Tensor:

@@ -254,10 +254,10 @@ class ShardedGroup:
 
 def _mark_lost(params: list) -> None:
     """A stage-3 group was freed: its parameters that are still the empty stand-in (not given back by
-    ``destroy()``) are marked as having lost their values."""
+    ``destroy()``, whole or as chunks in ``_zc_init``) are marked as having lost their values."""
     for ref, numel in params:
         p = ref()
-        if p is not None and numel > 0 and p.numel() == 0:
+        if p is not None and numel > 0 and p.numel() == 0 and "_zc_init" not in p.__dict__:
             setattr(p, LOST_VALUES, True)
 
 

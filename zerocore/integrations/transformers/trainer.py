@@ -13,7 +13,12 @@ class) and overrides the Trainer's overridable methods, nothing in the library i
   an epoch's short last window included, as Accelerate does for DeepSpeed);
   ``_clip_grad_norm`` / ``_get_grad_norm`` report the engine's (it clips);
 - ``evaluation_loop``: at stage 3 Transformers' ZeRO-3 rules hold inside it (``zero3.py``:
-  ``Seq2SeqTrainer``'s generation syncs the ranks);
+  ``Seq2SeqTrainer``'s generation syncs the ranks); an evaluation or prediction before training runs
+  on an engine that trains nothing (no gradient buffer, no optimizer state: an evaluation-only script
+  holds the model's shards only), as Transformers builds DeepSpeed's inference engine there; when
+  training starts that engine gives the model to the training engine still partitioned
+  (``destroy(partitioned=True)``), in the training dtype: the fp32 master then starts from the
+  16-bit values, as DeepSpeed's does after its inference engine;
 - checkpoints: ``_save_optimizer_and_scheduler`` / ``_load_optimizer_and_scheduler`` write and
   read a zerocore checkpoint (loadable at any world size) plus the scheduler's state;
 - ``save_model``: full weights gathered from the shards, written by ``save_pretrained`` as
@@ -32,7 +37,7 @@ from .._common import (EngineOptimizer, backward_at, compile_as_accelerate, glob
                        optimizer_section, sync_lr)
 from .._wrapping import EngineModule, read_config
 from .config import fill_auto
-from .frozen_models import shard_frozen_models
+from .frozen_models import frozen_config, shard_frozen_models
 from .zero3 import zero3_visible
 
 SCHEDULER_NAME = "scheduler.pt"
@@ -70,6 +75,7 @@ class ZeroTrainerMixin:
         self.zerocore_config = read_config(zerocore_config)
         self.zerocore_engine = None
         self._zc_wrapper = None
+        self._zc_eval = None  # (engine, wrapper) of an evaluation before training: trains nothing
         super().__init__(*args, **kwargs)
         if getattr(self.args, "deepspeed", None):
             raise ValueError("TrainingArguments(deepspeed=...) is set: with zerocore pass the config as "
@@ -87,6 +93,7 @@ class ZeroTrainerMixin:
         return self.optimizer
 
     def _zc_build(self) -> None:
+        self._zc_end_evaluation_engine()
         steps = getattr(getattr(self, "state", None), "max_steps", None) or None
         cfg = fill_auto(self.zerocore_config, self.args, self.model, steps)
         if "optimizer" in cfg:  # DeepSpeed's way: every trainable parameter in one group
@@ -118,8 +125,37 @@ class ZeroTrainerMixin:
 
     def _wrap_model(self, model, training: bool = True, dataloader=None):
         if self.zerocore_engine is None:
-            self._zc_build()  # evaluation before training: the engine runs the (partitioned) forward
+            if not training:  # evaluation or prediction before training
+                return self._zc_evaluation_engine()[1]
+            self._zc_build()
         return self._zc_wrapper
+
+    def _zc_evaluation_engine(self):
+        """(engine, wrapper) for an evaluation before training: the config as for TRL's reference model (no
+        optimizer, schedule or optimizer offload), an engine that trains nothing (``runtime/trains_nothing.py``)."""
+        if self._zc_eval is None:
+            import zerocore
+
+            engine = zerocore.initialize(self.model, frozen_config(self.zerocore_config, self.args, self.model),
+                                         frozen=True)
+            compile_as_accelerate(engine, self.accelerator)
+            self._zc_eval = (engine, EngineModule(engine))
+        return self._zc_eval
+
+    def _zc_end_evaluation_engine(self) -> None:
+        """Training starts after an evaluation: the evaluation engine gives the model back, stage 3's parameters
+        still partitioned (each rank its chunk, as ``zerocore.init`` leaves them; the whole model is never on one
+        rank), and the training engine adopts them."""
+        if self._zc_eval is not None:
+            engine, _ = self._zc_eval
+            self._zc_eval = None
+            engine.destroy(partitioned=True)
+
+    def _zc_running_engine(self):
+        """The engine the model runs on now: the training one, or the evaluation one before training."""
+        if self.zerocore_engine is not None:
+            return self.zerocore_engine
+        return self._zc_eval[0] if self._zc_eval is not None else None
 
     # -- one micro-batch -----------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -153,7 +189,7 @@ class ZeroTrainerMixin:
         (``zero3.py``): ``Seq2SeqTrainer(predict_with_generate=True)`` then generates with
         ``synced_gpus``, so ranks whose sequences end at different lengths do not hang. The engine
         may be built inside the loop (evaluation before training): asked for when Transformers asks."""
-        with zero3_visible(lambda: self.zerocore_engine):
+        with zero3_visible(self._zc_running_engine):
             return super().evaluation_loop(*args, **kwargs)
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -195,7 +231,7 @@ class ZeroTrainerMixin:
 
     # -- weights out ---------------------------------------------------------------------
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        engine = self.zerocore_engine
+        engine = self._zc_running_engine()  # (an evaluation engine's stage-3 parameters are chunks too)
         if engine is None:
             return super().save_model(output_dir, _internal_call)
         output_dir = output_dir if output_dir is not None else self.args.output_dir
