@@ -45,6 +45,16 @@ def _load(stage: int, path: str, rank: int, world: int) -> dict:
     return out
 
 
+def _load_frozen(stage: int, path: str, **kw) -> dict:
+    """An engine that trains nothing (an evaluation) reads the training checkpoint's weights: the frozen ones from
+    its frozen tensors, the trained ones from their fp32 masters."""
+    engine = zerocore.initialize(frozen_net(seed=1), config(stage), frozen=True)
+    engine.load_checkpoint(path, **kw)
+    out = engine.full_state_dict()
+    engine.destroy()
+    return out
+
+
 def sc_save_and_reload(rank: int, world: int) -> dict:
     out = {}
     for async_save in (False, True):
@@ -55,6 +65,7 @@ def sc_save_and_reload(rank: int, world: int) -> dict:
         engine.destroy()
         for stage in (3, 2):
             out[f"{key}_load{stage}"] = _load(stage, path, rank, world)
+    out["frozen_load3"], out["frozen_load2"] = _load_frozen(3, path, load_module_only=True), _load_frozen(2, path)
     return out
 
 
@@ -68,7 +79,8 @@ def sc_stage2_into_stage3(rank: int, world: int) -> dict:
 
 def sc_world1_loads(rank: int, world: int) -> dict:
     path = os.path.join(os.environ[DIR], "s3")
-    return {f"load{stage}": _load(stage, path, rank, world) for stage in (3, 2)}
+    return {**{f"load{stage}": _load(stage, path, rank, world) for stage in (3, 2)},
+            "frozen_load3": _load_frozen(3, path)}
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +145,14 @@ def test_world1_loads_what_world2_saved(saved):
     (r,) = results(w1, "world1_loads")
     for stage in (3, 2):
         _same(r[f"load{stage}"]["state"], want)
+
+
+def test_an_engine_that_trains_nothing_loads_the_trained_weights(saved):
+    _, w2, w1 = saved
+    for r in results(w2, "save_and_reload"):
+        for stage in (3, 2):  # at world 2: stage 3's chunks (each rank its pieces of the masters), stage 2 whole
+            _same(r[f"frozen_load{stage}"], r["async_saved"])  # (the last one saved: the same model as sync's)
+    _same(results(w1, "world1_loads")[0]["frozen_load3"], results(w2, "save_and_reload")[0]["sync_saved"])
 
 
 def test_stage2_checkpoint_loads_into_stage3_chunks(saved):

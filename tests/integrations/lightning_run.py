@@ -3,7 +3,9 @@ the gradient norms of the optimizer steps and the final weights.
 argv: strategy out.json [steps] [accumulate] [ckpt_every] [resume_dir or -] [samples]. With
 samples / (8 x ranks) batches per rank not a multiple of accumulate, each epoch ends with a short
 accumulation window. LIGHTNING_COMPILE=<a dynamo backend> in the environment: the LightningModule is given to
-fit() compiled (torch.compile(model, backend=...)), as Lightning takes one for DDP."""
+fit() compiled (torch.compile(model, backend=...)), as Lightning takes one for DDP. LIGHTNING_EVAL=1: validate() before
+fit, test() and predict() after it (each rank's mean loss and the predictions reported), and with a checkpoint
+(ckpt_every) validate(ckpt_path=) of the first one after fit."""
 import json
 import os
 import sys
@@ -23,6 +25,7 @@ class Net(pl.LightningModule):
         super().__init__()
         self.losses, self.lrs, self.norms = [], [], []
         self._steps_seen = 0
+        self.evals, self.eval_engines = {}, {}
 
     def configure_model(self):
         if hasattr(self, "body"):
@@ -35,6 +38,27 @@ class Net(pl.LightningModule):
         loss = nn.functional.cross_entropy(self.body(x), y)
         self.losses.append(loss.item())
         self.lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
+        return loss
+
+    def validation_step(self, batch, _):
+        return self._eval("val", batch)
+
+    def test_step(self, batch, _):
+        return self._eval("test", batch)
+
+    def predict_step(self, batch, _):
+        return self.body(batch[0])
+
+    def _eval(self, kind, batch):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.body(x), y)
+        self.evals.setdefault(kind, []).append(loss.item())
+        # what the run holds then: its engine trains nothing (no master, no optimizer moments)
+        engine = getattr(self.trainer.strategy, "engine", None)
+        if engine is not None:
+            rep = engine.memory_report()
+            self.eval_engines[kind] = {"trains": engine.trains, "state": rep["master"] + rep["exp_avg"] +
+                                       rep["exp_avg_sq"] + rep["grads"]}
         return loss
 
     def on_before_optimizer_step(self, optimizer):
@@ -84,15 +108,33 @@ def main():
     if os.environ.get("LIGHTNING_COMPILE"):
         model = torch.compile(net, backend=os.environ["LIGHTNING_COMPILE"])
     loader = torch.utils.data.DataLoader(data(samples), batch_size=8, shuffle=False)
+    evaluate = os.environ.get("LIGHTNING_EVAL") == "1"
+    held_out = torch.utils.data.DataLoader(torch.utils.data.Subset(data(360), range(320, 360)), batch_size=8)
+    if evaluate:
+        trainer.validate(model, held_out)
     trainer.fit(model, loader, ckpt_path=resume)
     # the zerocore strategy destroyed its engine at the end of fit: the model holds the full weights
     assert getattr(trainer.strategy, "engine", None) is None
     sd = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    result = {}
+    if evaluate:
+        trainer.test(model, held_out)
+        result["predictions"] = torch.cat(trainer.predict(model, held_out)).tolist()
+        if ckpt_every:
+            first = sorted(os.listdir(os.path.dirname(out) + "/ckpt"))[0]
+            net.evals["val_ckpt"] = []
+            before = len(net.evals["val"])
+            trainer.validate(model, held_out, ckpt_path=os.path.dirname(out) + "/ckpt/" + first)
+            net.evals["val_ckpt"] = net.evals["val"][before:]
+            del net.evals["val"][before:]
+            # the model holds the trained weights again? (validate from a checkpoint loads that checkpoint's)
+            result["after_ckpt_validate"] = {k: v.reshape(-1).tolist() for k, v in net.state_dict().items()}
+        result.update(evals=net.evals, eval_engines=net.eval_engines)
     if trainer.global_rank == 0:
         with open(out, "w") as f:
             json.dump({"losses": net.losses, "lrs": net.lrs, "grad_norms": net.norms,
                        "global_step": trainer.global_step,
-                       "weights": {k: v.reshape(-1).tolist() for k, v in sd.items()}}, f)
+                       "weights": {k: v.reshape(-1).tolist() for k, v in sd.items()}, **result}, f)
     if strategy == "ddp":
         end_reference_group()
 

@@ -98,3 +98,34 @@ def test_stage3_compiled_module_matches_ddp(ddp, tmp_path, monkeypatch):
     monkeypatch.setenv("LIGHTNING_COMPILE", "eager")
     out = str(tmp_path / "out.json")
     _check_matches(ddp, torchrun("lightning_run.py", ["zerocore_stage_3", out, STEPS, ACC], out))
+
+
+EVAL = ("8", "2", "4")  # 8 steps, accumulation 2, a checkpoint every 4 steps
+
+
+def _evaluated(strategy, d):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LIGHTNING_EVAL", "1")
+        out = str(d / "out.json")
+        return torchrun("lightning_run.py", [strategy, out, *EVAL], out)
+
+
+@pytest.fixture(scope="module")
+def ddp_eval(tmp_path_factory):
+    return _evaluated("ddp", tmp_path_factory.mktemp("ddp_eval"))
+
+
+@pytest.mark.parametrize("stage", [2, pytest.param(3, marks=pytest.mark.slow)])
+def test_validate_test_predict_match_ddp(ddp_eval, tmp_path, stage):
+    # validate() before fit, test() and predict() after it, validate(ckpt_path=) of the first checkpoint: each on
+    # an engine that trains nothing (no gradient buffer, master or optimizer state), as Lightning's DeepSpeed
+    # strategy builds DeepSpeed's inference engine there; the checkpoint's trained weights read from its masters
+    got = _evaluated(f"zerocore_stage_{stage}", tmp_path)
+    assert got["eval_engines"] == {k: {"trains": False, "state": 0} for k in ("val", "test")}
+    assert got["evals"]["val"] == ddp_eval["evals"]["val"]  # before training: the same model, the same numbers
+    assert max_diff(ddp_eval["losses"], got["losses"]) < 2e-5 and max_diff(ddp_eval["weights"], got["weights"]) < 2e-5
+    for kind in ("test", "val_ckpt"):
+        assert max_diff(ddp_eval["evals"][kind], got["evals"][kind]) < 2e-5, kind
+    assert max_rel_diff(sum(ddp_eval["predictions"], []), sum(got["predictions"], [])) < 2e-5
+    # validate(ckpt_path=) loaded the checkpoint's weights into the model, as on DDP
+    assert max_diff(ddp_eval["after_ckpt_validate"], got["after_ckpt_validate"]) < 2e-5

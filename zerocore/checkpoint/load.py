@@ -47,7 +47,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
     if path is None:
         return None, None
     manifest = read_manifest(path)
-    diffs, saved_name = model_differences(manifest, engine)
+    diffs, saved_name, trained = model_differences(manifest, engine)
     if diffs:
         more = f"\n  ... and {len(diffs) - MAX_LISTED} more" if len(diffs) > MAX_LISTED else ""
         raise CheckpointError(f"zerocore checkpoint: {path} is of a different model ({len(diffs)} differences):\n  "
@@ -59,9 +59,9 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
     try:
         kinds = engine_state.kinds_to_read(engine, manifest, with_state)
         reader = CheckpointReader(path, manifest, dataclasses.asdict(engine.config.aio))  # files present, sizes
-        reader.check_complete(saved_name.values())
-        extras = _extras(engine, reader)
-        frozen = _frozen_pieces(engine, reader)  # only what this rank owns of partitioned frozen parameters
+        reader.check_complete([*saved_name.values(), *trained.values()])
+        extras = _extras(engine, reader, trained)
+        frozen = _frozen_pieces(engine, reader, trained)  # only what this rank owns of partitioned frozen ones
         plan = plan_state(engine, reader, saved_name, kinds)
         direct = None
         if ts is None and in_place is not False and (in_place or load_in_place.nothing_to_lose(engine)):
@@ -82,10 +82,13 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
                 staged.run(keep=False)  # every block checked, and read again below
                 staged = None
         small = reader.fetch()
-        for _, e in extras:
-            reader.add_extra(small, e)
-        for _, _, e, a, b in frozen:
-            reader.add_extra(small, e, a, b)
+        for _, e, _ in extras:
+            if e is not None:
+                reader.add_extra(small, e)
+        for _, _, e, a, b, _ in frozen:
+            if e is not None:
+                reader.add_extra(small, e, a, b)
+        masters = _trained_values(reader, extras, frozen)  # read and verified now, written after the agreement
         if not load_module_only:
             reader.add_client_state(small)
         small.run()
@@ -119,10 +122,12 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_optimizer_states: bool
         if first is not None:
             gathers = _refresh_params(engine, wait=False)
             _write_state(engine, reader, plan, staged, skip=first)
-        for t, e in extras:
-            t.detach().copy_(reader.extra_from(small, e).to(t.dtype))
-        for owned, at, e, a, b in frozen:
-            owned[at:at + b - a] = reader.extra_from(small, e, a, b).to(owned.dtype)
+        for i, (t, e, _) in enumerate(extras):
+            value = reader.extra_from(small, e) if e is not None else masters[("whole", i)].view(t.shape)
+            t.detach().copy_(value.to(t.dtype))
+        for i, (owned, at, e, a, b, _) in enumerate(frozen):
+            value = reader.extra_from(small, e, a, b) if e is not None else masters[("part", i)]
+            owned[at:at + b - a] = value.to(owned.dtype)
     except ChecksumError as e:  # verified a moment ago (two-pass path): the file changed during the load
         engine._zc_state_lost = path
         raise CheckpointError(f"{e}\n(it was verified earlier in this load: the file changed while it was loaded; "
@@ -209,23 +214,48 @@ def _write_state(engine, reader: CheckpointReader, plan: list[list[tuple]], stag
                     fetch.release()
 
 
-def _extras(engine, reader: CheckpointReader) -> list[tuple[torch.Tensor, dict]]:
+def _extras(engine, reader: CheckpointReader, trained: dict[str, str]) -> list[tuple]:
+    """(tensor, saved extra, None) of each frozen parameter kept whole and each buffer; (tensor, None, saved
+    trainable name) of a frozen parameter the checkpoint trained (``model_differences``)."""
     saved = {a: e for e in reader.manifest["extras"] for a in e["aliases"]}
-    return [(t, next(saved[n] for n in names if n in saved)) for names, _, t in extra_tensors(engine)]
+    out = []
+    for names, _, t in extra_tensors(engine):
+        e = next((saved[n] for n in names if n in saved), None)
+        out.append((t, e, None) if e is not None else (t, None, trained[names[0]]))
+    return out
 
 
-def _frozen_pieces(engine, reader: CheckpointReader) -> list[tuple[torch.Tensor, int, dict, int, int]]:
+def _frozen_pieces(engine, reader: CheckpointReader, trained: dict[str, str]) -> list[tuple]:
     """The parts of stage 3's partitioned frozen parameters this rank owns: (its owned chunk, flat
-    position in it, the saved extra, start, stop in the parameter's elements). The saved extra may be
-    whole or in chunks, of any world size."""
+    position in it, the saved extra, start, stop in the parameter's elements, None), or with the saved
+    extra None, the name of the trainable parameter holding it in the checkpoint last. The saved extra
+    (or master) may be whole or in chunks, of any world size."""
     saved = {a: e for e in reader.manifest["extras"] for a in e["aliases"]}
     out = []
     for g in engine.frozen_groups:
         owned = g.owned_params()
         for slot, a, b in g.layout.pieces(g.lo, g.hi):
-            e = next(saved[n] for n in slot.aliases if n in saved)
+            e = next((saved[n] for n in slot.aliases if n in saved), None)
+            if e is None:
+                name = trained[slot.aliases[0]]
+                reader.ranges(name, a, b, "master")  # every element saved: checked before anything is read
+                out.append((owned, slot.offset + a - g.lo, None, a, b, name))
+                continue
             reader.extra_pieces(e, a, b)  # every element saved: checked before anything is read
-            out.append((owned, slot.offset + a - g.lo, e, a, b))
+            out.append((owned, slot.offset + a - g.lo, e, a, b, None))
+    return out
+
+
+def _trained_values(reader: CheckpointReader, extras: list[tuple], frozen: list[tuple]) -> dict:
+    """The fp32 masters of the frozen parameters the checkpoint trained (whole, or this rank's pieces), read and
+    verified: {("whole", i) or ("part", i): values} by their index in ``extras`` / ``frozen``."""
+    out = {}
+    for i, (_, e, name) in enumerate(extras):
+        if e is None:
+            out[("whole", i)] = reader.read_master(name)
+    for i, (_, _, e, a, b, name) in enumerate(frozen):
+        if e is None:
+            out[("part", i)] = reader.read_master(name, a, b)
     return out
 
 

@@ -95,9 +95,12 @@ def extra_chunks(entry: dict) -> list[list]:
     return [[0, n, entry["file"], entry["offset"]]]
 
 
-def model_differences(manifest: dict, engine) -> tuple[list[str], dict[str, str]]:
-    """(differences, saved name of each trainable slot). A parameter is found under any of its
-    names, so a tie expressed through another first name still matches."""
+def model_differences(manifest: dict, engine) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """(differences, saved name of each trainable slot, saved name of each frozen parameter the checkpoint
+    holds as a trainable one). A parameter is found under any of its names, so a tie expressed through
+    another first name still matches. A frozen parameter (whole, or partitioned at stage 3) comes from the
+    checkpoint's frozen tensors, or else from its trainable ones (their fp32 master): an engine that trains
+    nothing (an evaluation) reads a training checkpoint's weights, as DeepSpeed's inference engine does."""
     saved = {}
     for p in manifest["params"]:
         for a in p["aliases"]:
@@ -113,19 +116,26 @@ def model_differences(manifest: dict, engine) -> tuple[list[str], dict[str, str]
             if list(s.shape) != p["shape"]:
                 diffs.append(f"'{s.name}': shape {list(s.shape)} in the model, {p['shape']} in the checkpoint")
             match[s.name] = p["name"]
-    for p in manifest["params"]:
-        if p["name"] not in used:
-            diffs.append(f"checkpoint parameter '{p['name']}' {p['shape']} is not a trainable parameter of the model")
     saved_extra = {a: e for e in manifest["extras"] for a in e["aliases"]}
     wanted = [(names, kind, list(t.shape)) for names, kind, t in extra_tensors(engine)]
     wanted += [(list(s.aliases), "frozen", list(s.shape)) for _, s in partitioned_frozen(engine)]
+    trained = {}
     for names, kind, shape in wanted:
         e = next((saved_extra[n] for n in names if n in saved_extra), None)
+        if e is None and kind == "frozen":
+            p = next((saved[n] for n in names if n in saved and saved[n]["name"] not in used), None)
+            if p is not None:  # trained in the checkpoint, frozen here
+                used.add(p["name"])
+                trained[names[0]] = p["name"]
+                e = p
         if e is None:
             diffs.append(f"{kind} '{names[0]}' {shape} is not in the checkpoint")
         elif e["shape"] != shape:
             diffs.append(f"{kind} '{names[0]}': shape {shape} in the model, {e['shape']} in the checkpoint")
-    return diffs, match
+    for p in manifest["params"]:
+        if p["name"] not in used:
+            diffs.append(f"checkpoint parameter '{p['name']}' {p['shape']} is not a parameter of the model")
+    return diffs, match, trained
 
 
 # -- RNG states ------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ the learning rate the trainer's scheduler set, back-propagate a loss the trainer
 for accumulation, and check the client library's version."""
 from __future__ import annotations
 
+import copy
 import inspect
 from importlib import metadata
 
@@ -83,6 +84,19 @@ def initialize(model: torch.nn.Module, config: dict, groups: list[dict] | None =
                     "no-decay group for biases and norms: set weight_decay=0, or use a zerocore with parameter "
                     "groups)")
     return zerocore.initialize(model, config)
+
+
+def evaluation_config(config: dict) -> dict:
+    """A trainer's zerocore config for an engine that trains nothing (an evaluation, a reference or reward
+    model): a copy without the ``optimizer`` and ``scheduler`` sections and ``offload_optimizer``, as TRL's
+    ``prepare_deepspeed`` and Transformers' inference engine drop them."""
+    cfg = copy.deepcopy(config)
+    cfg.pop("optimizer", None)
+    cfg.pop("scheduler", None)
+    z = cfg.get("zero_optimization")
+    if isinstance(z, dict):
+        z.pop("offload_optimizer", None)
+    return cfg
 
 
 def compile_as_accelerate(engine, accelerator) -> None:

@@ -13,6 +13,9 @@ decides), ``"zerocore_stage_1"``, ``"zerocore_stage_2"``, ``"zerocore_stage_2_of
 - checkpoints are zerocore checkpoints (a directory, loadable at another world size), with
   Lightning's own state (loops, callbacks, schedulers) stored as their client state;
 - the optimizer steps where Lightning steps (an epoch's short last window included, as DDP);
+- ``validate``/``test``/``predict`` run on an engine that trains nothing (no gradient buffer, fp32 master or
+  optimizer state), as Lightning's DeepSpeed strategy builds DeepSpeed's inference engine there; with a
+  ``ckpt_path`` it reads the checkpoint's trained weights (their fp32 masters);
 - at the end of each ``fit``/``validate``/``test``/``predict`` (``teardown``) the engine is destroyed:
   its memory is freed then, not when Python's cyclic collector reaches Lightning's Trainer, and the
   model holds the trained weights (full, at every stage).
@@ -26,7 +29,8 @@ from typing import Any
 
 import torch
 
-from ._common import EngineOptimizer, backward_at, check_version, initialize, optimizer_section, sync_lr
+from ._common import (EngineOptimizer, backward_at, check_version, evaluation_config, initialize, optimizer_section,
+                      sync_lr)
 
 LIGHTNING_VERSION = check_version("lightning", "2.4", "3", "zerocore.integrations.lightning")
 
@@ -150,7 +154,10 @@ class ZerocoreStrategy(DDPStrategy):
         if optimizer is not None:
             section, groups = optimizer_section(optimizer)
             config.setdefault("optimizer", section)
-        self.engine = initialize(self.lightning_module, config, groups)
+        # validate / test / predict: an engine that trains nothing (no gradient buffer, master or optimizer state),
+        # as Lightning's DeepSpeed strategy builds DeepSpeed's inference engine there
+        self.engine = (initialize(self.lightning_module, config, groups) if fitting else
+                       initialize(self.lightning_module, evaluation_config(config), frozen=True))
         self.precision_plugin.engine = self.engine
         if optimizer is not None:
             # the same group dicts: the scheduler's writes to the user's optimizer are what the engine reads

@@ -12,10 +12,9 @@ runs through (``EngineModule``: calls go through the engine, attributes such as 
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 
+from .._common import evaluation_config
 from .._wrapping import EngineModule
 from .config import fill_auto, zero_stage
 
@@ -30,13 +29,7 @@ REWARD_LIST = "reward_funcs"
 def frozen_config(config: dict, args, model) -> dict:
     """The trainer's zerocore config for a model it does not train, as TRL's ``prepare_deepspeed`` makes it:
     ``"auto"`` filled from the arguments, the optimizer, its schedule and its offload removed."""
-    cfg = copy.deepcopy(fill_auto(config, args, model))
-    cfg.pop("optimizer", None)
-    cfg.pop("scheduler", None)
-    z = cfg.get("zero_optimization")
-    if isinstance(z, dict):
-        z.pop("offload_optimizer", None)
-    return cfg
+    return evaluation_config(fill_auto(config, args, model))
 
 
 def shard_frozen_models(trainer) -> list:
