@@ -9,8 +9,8 @@ argv: out.json then key=value options: backend=zerocore|ddp, mode=lora|seq2seq.
   the ranks' batches differ in length), the frozen bytes each rank holds, and plain
   ``model.generate`` (PEFT's, no zerocore helper) with the ranks asking for different numbers of
   new tokens; rank 0 generates the same prompts with an unsharded copy of the trained weights.
-- ``seq2seq``: ``Seq2SeqTrainer(predict_with_generate=True).predict`` before any training (the
-  engine is built by the evaluation), each prompt's generation forced to end (EOS) after a number
+- ``seq2seq``: ``Seq2SeqTrainer(predict_with_generate=True).predict`` before any training (on an
+  engine that trains nothing, built by the prediction), each prompt's generation forced to end (EOS) after a number
   of tokens that depends on the prompt, so the ranks finish at different steps; rank 0 generates
   each prompt alone with an unsharded copy of the weights.
 """
@@ -177,7 +177,8 @@ def run_seq2seq(o, work, rank, world, result):
         trainer = transformers.Seq2SeqTrainer(model=model, args=args)
     out = trainer.predict(data, max_new_tokens=8, logits_processor=LogitsProcessorList([EosAfter(4)]))
     result["predictions"] = out.predictions.tolist()
-    engine = getattr(trainer, "zerocore_engine", None)
+    # (the prediction before training ran on an engine that trains nothing: the evaluation engine)
+    engine = getattr(trainer, "zerocore_eval_engine", None)
     result["stage3_engine"] = engine is not None and engine.config.zero_optimization.stage == 3
     state = engine.full_state_dict() if engine is not None else model.state_dict()
     if rank == 0:

@@ -173,10 +173,10 @@ def main():
         before = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
         result["first_eval_loss"] = trainer.evaluate()["eval_loss"]
         result["predictions_shape"] = list(trainer.predict(kw["eval_dataset"]).predictions.shape)
-        early = getattr(trainer, "_zc_eval", None)
+        early = getattr(trainer, "zerocore_eval_engine", None)
         if early is not None:  # the engine the evaluation ran on: trains nothing, holds the shards only
-            rep = early[0].memory_report()
-            result["eval_engine"] = {"trains": early[0].trains, "master": rep["master"], "moments":
+            rep = early.memory_report()
+            result["eval_engine"] = {"trains": early.trains, "master": rep["master"], "moments":
                                      rep["exp_avg"] + rep["exp_avg_sq"], "grads": rep["grads"],
                                      "param_elems": sum(p.numel() for p in model.parameters())}
         if o["eval_only"] == "1":

@@ -151,11 +151,15 @@ class ZeroTrainerMixin:
             self._zc_eval = None
             engine.destroy(partitioned=True)
 
+    @property
+    def zerocore_eval_engine(self):
+        """The engine that trains nothing an evaluation or prediction before training ran on (None otherwise,
+        and once training started: the training engine, ``zerocore_engine``, holds the model then)."""
+        return self._zc_eval[0] if self._zc_eval is not None else None
+
     def _zc_running_engine(self):
         """The engine the model runs on now: the training one, or the evaluation one before training."""
-        if self.zerocore_engine is not None:
-            return self.zerocore_engine
-        return self._zc_eval[0] if self._zc_eval is not None else None
+        return self.zerocore_engine if self.zerocore_engine is not None else self.zerocore_eval_engine
 
     # -- one micro-batch -----------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
