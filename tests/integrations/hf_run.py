@@ -10,7 +10,8 @@ unit_min=<stage3_unit_min_params: 1000 makes each decoder layer a unit> oom=1 (a
 second forward at batch 4, after the first's backward, raises the CPU allocator's out-of-memory error; the
 Trainer retries at batch 2) bs=<per-device batch, 4> neftune=<the Trainer's neftune_noise_alpha> offload=0|1
 eval_first=1 (trainer.evaluate() before train: its loss and, for zerocore, the engine it ran on are reported)
-eval_only=1 (evaluate and predict, then save_model, no training)
+eval_only=1 (evaluate and predict, then save_model, no training) reads=1 (zerocore: the run inside
+zerocore.debug.partitioned_reads(); the uses it names are reported)
 steps=30
 save_steps=0 resume=<checkpoint dir> trainer=trainer|sft lora=0|1 gen=0|1 init=0|1 (stage-3
 from_pretrained of a saved tiny model before training) rows=<dataset size> (default: steps x 4 x acc
@@ -33,7 +34,7 @@ VOCAB, SEQ = 96, 16
 def opts():
     o = dict(backend="zerocore", stage="2", offload="0", steps="30", save_steps="0", resume="", trainer="trainer",
              lora="0", gen="0", init="0", acc="2", wd="0.0", best="0", rows="0", sched="", bf16="0", master="",
-             gc="0", compile="", unit_min="", oom="0", bs="4", neftune="", eval_first="0", eval_only="0")
+             gc="0", compile="", unit_min="", oom="0", bs="4", neftune="", eval_first="0", eval_only="0", reads="0")
     for a in sys.argv[2:]:
         k, v = a.split("=", 1)
         o[k] = v
@@ -198,6 +199,7 @@ def main():
         result["optimizer_params"] = len(in_opt)
     logs = [h for h in trainer.state.log_history if "loss" in h]
     result["wrapped_as"] = type(trainer.model_wrapped).__name__  # what the Trainer trained through
+    result["total_flos"] = trainer.state.total_flos  # (Transformers' estimate from the parameter count)
     result["eval_losses"] = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
     result["best_checkpoint"] = trainer.state.best_model_checkpoint
     result.update(losses=[h["loss"] for h in logs], lrs=[h["learning_rate"] for h in logs],
@@ -243,11 +245,22 @@ def main():
             result["reload_max_diff"] = max((back[k] - sd[k]).abs().max().item() for k in back)
             result["reload_empty"] = [k for k, v in back.items() if v.numel() == 0]
         result["weights"] = {k: v.reshape(-1)[:64].tolist() for k, v in sd.items()}
+        if READS is not None:
+            result["partitioned_reads"] = [str(r) for r in READS.reads]
         with open(out, "w") as f:
             json.dump(result, f)
     if o["backend"] != "zerocore":
         end_reference_group()
 
 
+READS = None  # reads=1: the zerocore.debug.partitioned_reads log of the whole run
+
+
 if __name__ == "__main__":
-    main()
+    if "reads=1" in sys.argv[2:]:
+        import zerocore.debug
+
+        with zerocore.debug.partitioned_reads() as READS:
+            main()
+    else:
+        main()

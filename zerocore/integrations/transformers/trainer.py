@@ -187,6 +187,20 @@ class ZeroTrainerMixin:
     def _get_grad_norm(self, model, grad_norm=None):
         return grad_norm if grad_norm is not None else global_grad_norm(self.zerocore_engine)
 
+    def floating_point_ops(self, inputs) -> int:
+        """Transformers' estimate (6 x the main input's tokens x the non-embedding parameters: the ``total_flos``
+        the Trainer reports), with each parameter's whole size: at stage 3 ``model.num_parameters()`` counts the
+        empty stand-ins a partitioned model holds outside a forward (DeepSpeed's ZeRO-3 reports that too)."""
+        engine = self._zc_running_engine()
+        model = self.model
+        main = getattr(model, "main_input_name", "input_ids")
+        if engine is None or engine.config.zero_optimization.stage != 3 or main not in inputs \
+                or not hasattr(model, "num_parameters"):
+            return super().floating_point_ops(inputs)
+        embeddings = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding)}
+        params = sum(getattr(p, "ds_numel", p.numel()) for n, p in model.named_parameters() if n not in embeddings)
+        return 6 * inputs[main].numel() * params
+
     # -- evaluation ----------------------------------------------------------------------
     def evaluation_loop(self, *args, **kwargs):
         """The Trainer's loop, with Transformers' ZeRO-3 rules on while a stage-3 engine runs it
