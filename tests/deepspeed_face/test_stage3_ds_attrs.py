@@ -77,7 +77,11 @@ def _check(case, rank, world):
         assert p.ds_status is (AVAILABLE if persist else NOT_AVAILABLE), name
         # (a frozen parameter's ds_tensor is all of it, on every rank: the first copy is the value)
         assert torch.equal(_full_from_parts(p, _gather_list), full_before[name]), name
-        assert isinstance(copy.deepcopy(p), nn.Parameter) and not hasattr(copy.deepcopy(p), "ds_id")
+        if persist:  # whole: a plain copy (as DeepSpeed's)
+            assert isinstance(copy.deepcopy(p), nn.Parameter) and not hasattr(copy.deepcopy(p), "ds_id")
+        else:  # the empty stand-in: refused (DeepSpeed copies the empty tensor)
+            with pytest.raises(RuntimeError, match=f"deepcopy of stage-3 parameter '{name}' while it is partitioned"):
+                copy.deepcopy(p)
     g = torch.Generator().manual_seed(rank)
     for _ in range(2):
         loss = engine(torch.randn(2, 5, generator=g)).pow(2).mean()

@@ -80,6 +80,17 @@ class _Props:
         return _part(self)
 
     def __deepcopy__(self, memo):
+        # a partitioned parameter is the empty tensor: its copy would hold nothing, silently (DeepSpeed's
+        # copies are empty so). Refused, naming the way to copy it whole.
+        if self.numel() == 0 and self.ds_numel > 0:
+            from .gathered import describe
+
+            raise RuntimeError(
+                f"zerocore: copy.deepcopy of stage-3 parameter {describe(self)} while it is "
+                "partitioned (this rank holds a chunk; the parameter is the empty tensor outside its module's "
+                "forward): the copy would hold nothing. Copy it gathered: `with zerocore.gathered(list("
+                "module.parameters())): copy.deepcopy(module)` (a collective), or take the full weights with "
+                "engine.full_state_dict()")
         # torch copies data and requires_grad only (as for DeepSpeed's parameters): a plain parameter
         result = super().__deepcopy__(memo)
         result.__class__ = type(self)._zc_ds_original

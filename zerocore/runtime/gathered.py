@@ -65,6 +65,18 @@ def owner_and_slot(p: nn.Parameter):
     return None, None
 
 
+def describe(p: nn.Parameter) -> str:
+    """A stage-3 parameter for a message: its name in its engine's model, or what ``zerocore.init`` knows of it."""
+    engine, hit = owner_and_slot(p)
+    if engine is not None:
+        return f"'{group_at(engine, hit[0]).layout.slots[hit[1]].name}'"
+    rec = p.__dict__.get("_zc_init")
+    if rec is not None:
+        return f"(a {rec.owner} parameter of shape {tuple(rec.shape)}, built under zerocore.init)"
+    shape = p.__dict__.get("ds_shape")
+    return f"(of shape {tuple(shape)})" if shape is not None else f"(of shape {tuple(p.shape)})"
+
+
 @contextlib.contextmanager
 def gathered(params, modifier_rank: int | None = None):
     if isinstance(params, torch.Tensor):

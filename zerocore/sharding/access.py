@@ -10,6 +10,8 @@ nn.Module's own lookup does, and no zerocore Python frame.
 """
 from __future__ import annotations
 
+import copy
+
 from torch import nn
 
 from ..ops.params import param_ops
@@ -55,8 +57,23 @@ def _with_access_hook(cls: type) -> type:
         native = param_ops().make_access_getattr
         hook = native(nn.Module.__getattr__) if native is not None else __getattr__
     new = type(cls.__name__, (cls,), {"__getattr__": hook, "_zc_access_hooked": True,
-                                      "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+                                      "__deepcopy__": _deepcopy_unhooked, "__module__": cls.__module__,
+                                      "__qualname__": cls.__qualname__})
     _HOOKED[cls] = new
+    return new
+
+
+def _deepcopy_unhooked(self, memo):
+    """``copy.deepcopy`` of a module whose class the engine swapped: a module of its own class, not tied to the
+    engine (its gatherer, and through it the engine's groups and buffers, are not copied); its parameters copy as
+    parameters do (a partitioned one is refused: ``runtime/ds_param_attrs.py``)."""
+    cls = type(self)
+    while "_zc_access_hooked" in cls.__dict__ or "_zc_synced_generate" in cls.__dict__:
+        cls = cls.__mro__[1]  # past each class the engine made (also Transformers generate's, zero3.py)
+    new = cls.__new__(cls)
+    memo[id(self)] = new
+    state = {k: v for k, v in self.__dict__.items() if k != "_zc_gatherer"}
+    new.__setstate__(copy.deepcopy(state, memo))
     return new
 
 
@@ -88,7 +105,8 @@ def _with_traceable_access_hook(cls: type) -> type:
         return value
 
     new = type(cls.__name__, (cls,), {"__getattr__": __getattr__, "_zc_access_hooked": True,
-                                      "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+                                      "__deepcopy__": _deepcopy_unhooked, "__module__": cls.__module__,
+                                      "__qualname__": cls.__qualname__})
     _TRACEABLE[cls] = new
     return new
 
