@@ -299,7 +299,8 @@ def gc_tensor_bytes() -> int:
         if isinstance(obj, torch.Tensor) and obj.device.type != "meta":
             try:
                 st = obj.untyped_storage()
-            except RuntimeError:
+                st.data_ptr()
+            except RuntimeError:  # (no storage of its own: a compiler's fake or functional tensor)
                 continue
             if st.data_ptr() and st.data_ptr() not in seen:
                 seen.add(st.data_ptr())

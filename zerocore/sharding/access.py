@@ -68,7 +68,7 @@ def _deepcopy_unhooked(self, memo):
     engine (its gatherer, and through it the engine's groups and buffers, are not copied); its parameters copy as
     parameters do (a partitioned one is refused: ``runtime/ds_param_attrs.py``)."""
     cls = type(self)
-    while "_zc_access_hooked" in cls.__dict__ or "_zc_synced_generate" in cls.__dict__:
+    while "_zc_access_hooked" in cls.__dict__ or "_zc_stage3_class" in cls.__dict__:
         cls = cls.__mro__[1]  # past each class the engine made (also Transformers generate's, zero3.py)
     new = cls.__new__(cls)
     memo[id(self)] = new

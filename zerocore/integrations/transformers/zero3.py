@@ -22,10 +22,15 @@ reference or reward model built while a zerocore engine trains. It is visible:
   still wins;
 - inside ``ZeroTrainer``'s evaluation and prediction loops (``trainer.py``), so
   ``Seq2SeqTrainer(predict_with_generate=True)`` passes ``synced_gpus=True`` itself.
+
+The same swapped class's ``save_pretrained`` refuses, with a message saying how to save the full
+weights, to write a model whose partitioned parameters are empty tensors there (given a ``state_dict``
+it saves that).
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import weakref
 
 from ...runtime.gathered import owner_of
@@ -72,31 +77,50 @@ def _engine_of(module):
     return next((owner_of(p) for p in module.parameters()), None)
 
 
-_SYNCED: dict[type, type] = {}
+_STAGE3: dict[type, type] = {}
 
 
-def synced_class(cls: type) -> type:
-    """``cls`` with a ``generate`` that runs under ``zero3_visible`` for the engine holding the model."""
-    if getattr(cls, "_zc_synced_generate", False):
+def stage3_class(cls: type) -> type:
+    """``cls`` (a Transformers model class) as a stage-3 engine holds it: ``generate`` (of a generation model) runs
+    under ``zero3_visible`` for the engine holding the model; ``save_pretrained`` without a ``state_dict`` refuses
+    to write partitioned parameters, which are empty tensors outside a forward (the files would hold 0-element
+    weights, found only when loaded: DeepSpeed's ZeRO-3 writes them so)."""
+    if getattr(cls, "_zc_stage3_class", False):
         return cls
-    if cls in _SYNCED:
-        return _SYNCED[cls]
+    if cls in _STAGE3:
+        return _STAGE3[cls]
+    from transformers.generation import GenerationMixin
 
     def generate(self, *args, **kwargs):
         with zero3_visible(lambda: _engine_of(self)):
             return super(new, self).generate(*args, **kwargs)
 
-    new = type(cls.__name__, (cls,), {"generate": generate, "_zc_synced_generate": True,
-                                      "__module__": cls.__module__, "__qualname__": cls.__qualname__})
-    _SYNCED[cls] = new
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        if kwargs.get("state_dict") is None:
+            empty = [n for n, p in self.named_parameters() if p.numel() == 0 and getattr(p, "ds_numel", 0) > 0]
+            if empty:
+                raise ValueError(
+                    f"zerocore: {type(self).__name__}.save_pretrained({os.fspath(save_directory)!r}) at ZeRO stage 3 "
+                    f"would write {len(empty)} partitioned parameters as empty tensors ('{empty[0]}' first): each "
+                    "rank holds a chunk of them. Save the full weights: on every rank (a collective) "
+                    "`state = engine.full_state_dict()`, then `model.save_pretrained(dir, state_dict=state)` "
+                    "(Trainer: trainer.save_model(dir), on every rank)")
+        return super(new, self).save_pretrained(save_directory, *args, **kwargs)
+
+    attrs = {"save_pretrained": save_pretrained, "_zc_stage3_class": True, "__module__": cls.__module__,
+             "__qualname__": cls.__qualname__}
+    if issubclass(cls, GenerationMixin):
+        attrs["generate"] = generate
+    new = type(cls.__name__, (cls,), attrs)
+    _STAGE3[cls] = new
     return new
 
 
 def adopt(engine) -> None:
-    """A stage-3 engine was built: each Transformers generation model in its module gets the
-    ``generate`` of ``synced_class`` while the engine holds it (the gatherer gives the class back)."""
-    from transformers.generation import GenerationMixin
+    """A stage-3 engine was built: each Transformers model in its module gets the class of ``stage3_class`` while
+    the engine holds it (the gatherer gives the class back)."""
+    from transformers import PreTrainedModel
 
     for m in engine.module.modules():
-        if isinstance(m, GenerationMixin) and not getattr(type(m), "_zc_synced_generate", False):
-            engine.gatherer.swap_class(m, synced_class(type(m)))
+        if isinstance(m, PreTrainedModel) and not getattr(type(m), "_zc_stage3_class", False):
+            engine.gatherer.swap_class(m, stage3_class(type(m)))
