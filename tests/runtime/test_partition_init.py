@@ -277,3 +277,15 @@ def test_gathered_modifier_fixes_the_trap(world2):
     assert 0.2 < state["child.weight"].std() < 0.4
     assert_losses(rs[0]["fixed_losses"], rs[0]["ref_losses"])
 
+
+
+def test_over_nccl_parameters_built_on_the_host_go_to_the_gpu(monkeypatch):
+    # NCCL's collectives take device tensors only: zerocore.init without a device moves what the host built to this
+    # rank's GPU before the broadcast that partitions it (as DeepSpeed's zero.Init places it); gloo: as made
+    import types
+
+    from zerocore.runtime.partition_init import collective_device
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert collective_device(types.SimpleNamespace(backend="nccl")) == torch.device("cuda", 3)
+    assert collective_device(types.SimpleNamespace(backend="gloo")) is None

@@ -245,8 +245,8 @@ def init(config=None, *, dtype: torch.dtype | None = None, device: torch.device 
 
     ``config``: the config later given to ``zerocore.initialize`` (only read to check that it
     asks for stage 3). ``dtype``, ``device``: convert parameters to this dtype, move them to this
-    kind of device, before partitioning (None: as made; fp32 chunks of a bf16 run are converted at
-    ``initialize``). ``after_module(module)``: called as each module's outermost ``__init__``
+    kind of device, before partitioning (None: as made, except over NCCL, where they go to this rank's
+    GPU: ``collective_device``; fp32 chunks of a bf16 run are converted at ``initialize``). ``after_module(module)``: called as each module's outermost ``__init__``
     returns. Needs the process group (or torchrun's environment); one rank: a single chunk.
     """
     sanity_checks = False
@@ -258,5 +258,16 @@ def init(config=None, *, dtype: torch.dtype | None = None, device: torch.device 
             raise ValueError(f"zerocore.init partitions parameters for stage 3; the config has "
                              f"zero_optimization.stage={cfg.zero_optimization.stage}")
         sanity_checks = cfg.zero_optimization.enable_sanity_checks
-    with _Patcher(default_comm(), dtype, device, after_module, sanity_checks):
+    comm = default_comm()
+    with _Patcher(comm, dtype, device if device is not None else collective_device(comm), after_module,
+                  sanity_checks):
         yield
+
+
+def collective_device(comm: Comm) -> torch.device | None:
+    """Where parameters built on the host go before they are partitioned when no ``device`` is given: over NCCL
+    this rank's GPU (its collectives take device tensors only; DeepSpeed's ``zero.Init`` places them on the
+    accelerator the same way), elsewhere None (where they were made)."""
+    if comm.backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
