@@ -136,7 +136,8 @@ def test_stage3_evaluation_engine_hands_its_partitioned_model_to_a_training_engi
         assert r["empty"] and r["chunks"] == [-(-n // 2) for n in r["numels"]]
         # the engine's chunk became the parameters' chunks: the bytes alive did not grow by half the model, as a
         # whole hand-over (destroy()) makes them (+16.5 KB of 33 KB here). Measured -120 B; now and then, when other
-        # tests ran in the parent first, +8.2 KB (a buffer of the last forward still alive then: not investigated)
+        # tests ran in the parent first, +8.2 KB: one unit's whole buffer (8.3 KB) still alive a moment after the
+        # gather that cut its chunks (likely held by gloo's work object until it is released; not chased further)
         assert r["alive_change"] <= 3 * r["whole"] / 8, r["alive_change"]
         # trained from the evaluation engine's values (the model in the training dtype), bit for bit
         assert r["trained_equal"]
