@@ -115,7 +115,8 @@ def ddp_eval(tmp_path_factory):
     return _evaluated("ddp", tmp_path_factory.mktemp("ddp_eval"))
 
 
-@pytest.mark.parametrize("stage", [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.slow  # (13 s; CI's own checks of an engine that trains nothing: tests/runtime/test_trains_nothing.py,
+@pytest.mark.parametrize("stage", [2, 3])  # and of its checkpoint load: tests/checkpoint/test_checkpoint_frozen.py)
 def test_validate_test_predict_match_ddp(ddp_eval, tmp_path, stage):
     # validate() before fit, test() and predict() after it, validate(ckpt_path=) of the first checkpoint: each on
     # an engine that trains nothing (no gradient buffer, master or optimizer state), as Lightning's DeepSpeed
