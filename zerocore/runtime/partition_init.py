@@ -245,9 +245,10 @@ def init(config=None, *, dtype: torch.dtype | None = None, device: torch.device 
 
     ``config``: the config later given to ``zerocore.initialize`` (only read to check that it
     asks for stage 3). ``dtype``, ``device``: convert parameters to this dtype, move them to this
-    kind of device, before partitioning (None: as made, except over NCCL, where they go to this rank's
-    GPU: ``collective_device``; fp32 chunks of a bf16 run are converted at ``initialize``). ``after_module(module)``: called as each module's outermost ``__init__``
-    returns. Needs the process group (or torchrun's environment); one rank: a single chunk.
+    kind of device, before partitioning (None: as made, except over NCCL, where they go to this
+    rank's GPU: ``collective_device``; fp32 chunks of a bf16 run are converted at ``initialize``).
+    ``after_module(module)``: called as each module's outermost ``__init__`` returns. Needs the
+    process group (or torchrun's environment); one rank: a single chunk.
     """
     sanity_checks = False
     if config is not None:
