@@ -23,9 +23,9 @@ def _model() -> LlamaForCausalLM:
 
 def _trained(stage: int):
     model = _model()
-    engine = zerocore.initialize(model, {"train_micro_batch_size_per_gpu": 2,
-                                         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
-                                         "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}})
+    engine = zerocore.initialize(model, {
+        "train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}})
     ids = torch.randint(0, 96, (2, 8), generator=torch.Generator().manual_seed(0))
     engine.backward(engine(input_ids=ids, labels=ids).loss)
     engine.step()
@@ -40,8 +40,8 @@ def _same(saved_dir, state) -> None:
 def test_stage3_refuses_empty_weights_and_saves_the_full_state(tmp_path):
     engine, model = _trained(3)
     with pytest.raises(ValueError, match=r"LlamaForCausalLM.save_pretrained\(.*\) at ZeRO stage 3 would write \d+ "
-                                         r"partitioned parameters as empty tensors \('model.embed_tokens.weight' first\)"
-                                         r".*engine.full_state_dict\(\)"):
+                                         r"partitioned parameters as empty tensors "
+                                         r"\('model.embed_tokens.weight' first\).*engine.full_state_dict\(\)"):
         model.save_pretrained(tmp_path / "empty")
     assert not (tmp_path / "empty" / "model.safetensors").exists()
     state = engine.full_state_dict()

@@ -6,13 +6,14 @@
 
 Outside its module's forward a stage-3 parameter (and one built under ``zerocore.init``) is the
 empty tensor: this rank's chunk lives in its engine. Code that uses it there gets no error, only an
-empty value: ``lm_head.weight @ h`` of a 0-element weight, ``weight.shape[0] == 0``,
-``state_dict()`` of empty tensors, ``p.data.copy_(x)`` that is lost (DeepSpeed's ZeRO-3 parameters behave
-the same way; a ``copy.deepcopy`` of one, which would copy nothing, zerocore refuses outright). TRL's distillation loss projected with a
-teacher's ``lm_head`` weight read after the teacher's forward had returned: its loss was 0.0 at stage
-3. This mode names each such use: every torch function, method or attribute (``shape``, ``data``,
-``numel()``, ``__repr__``...) given a stage-3 parameter that holds no values then,
-from code outside torch and zerocore (zerocore's own gathers and releases use them so, by design).
+empty value: ``lm_head.weight @ h`` of a 0-element weight, ``weight.shape[0] == 0``, ``state_dict()``
+of empty tensors, ``p.data.copy_(x)`` that is lost (DeepSpeed's ZeRO-3 parameters behave the same
+way; a ``copy.deepcopy`` of one, which would copy nothing, zerocore refuses outright). TRL's
+distillation loss projected with a teacher's ``lm_head`` weight read after the teacher's forward had
+returned: its loss was 0.0 at stage 3. This mode names each such use: every torch function, method
+or attribute (``shape``, ``data``, ``numel()``, ``__repr__``...) given a stage-3 parameter that
+holds no values then, from code outside torch and zerocore (zerocore's own gathers and releases use
+them so, by design).
 
 Not counted, since they answer the same for the empty stand-in as for the whole parameter:
 ``dtype``, ``device``, ``requires_grad`` (and ``requires_grad_``), ``grad``, ``is_leaf``,
