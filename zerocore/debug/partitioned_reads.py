@@ -36,6 +36,8 @@ import sys
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..runtime.ds_param_attrs import is_partitioned_now
+
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _ZEROCORE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # zerocore frames that act for their caller (the parameters' own class: its __deepcopy__), passed over like torch's
@@ -100,7 +102,7 @@ class _Watch(TorchFunctionMode):
         what = _name_of(func)
         if what not in _SAME_WHEN_EMPTY:
             for t in _tensors(args, kwargs):
-                if isinstance(t, torch.nn.Parameter) and _partitioned(t):
+                if isinstance(t, torch.nn.Parameter) and is_partitioned_now(t):
                     self._note(t, what)
                     break
         return func(*args, **kwargs)
@@ -137,12 +139,6 @@ def _name_of(func) -> str:
         owner = getattr(func, "__self__", None)
         return getattr(owner, "__name__", name)
     return name
-
-
-def _partitioned(p: torch.nn.Parameter) -> bool:
-    """A stage-3 (or ``zerocore.init``) parameter that is the empty stand-in now (``ds_numel``: its whole size)."""
-    whole = p.__dict__.get("ds_numel")
-    return whole is not None and whole > 0 and p.numel() == 0
 
 
 def _site() -> str | None:

@@ -73,8 +73,9 @@ def _take_over(model: torch.nn.Module) -> None:
     """DeepSpeed wraps a model again when asked (a second engine over the model of a first; Transformers'
     Trainer does after an evaluation before training): here the engine holding the model gives it back
     first (``destroy(partitioned=True)``: hooks off, the trained values (training dtype) in the parameters,
-    stage 3's still partitioned, as DeepSpeed's stay; a collective, as initialize is), with a warning; the old engine then refuses any use,
-    naming destroy(). ``zerocore.initialize`` itself refuses such a model instead."""
+    stage 3's still partitioned, as DeepSpeed's stay; a collective, as initialize is), with a warning;
+    the old engine then refuses any use, naming destroy(). ``zerocore.initialize`` itself refuses such a
+    model instead."""
     from ..runtime.gathered import owner_of
 
     def owners():

@@ -70,6 +70,13 @@ def _part(p) -> torch.Tensor:
     return g.owned_params()[rng[0] - g.lo:rng[1] - g.lo]
 
 
+def is_partitioned_now(p: nn.Parameter) -> bool:
+    """``p`` is a stage-3 (or ``zerocore.init``) parameter that is the empty stand-in now: it holds none of its
+    ``ds_numel`` values (outside its unit's forward and ``zerocore.gathered``)."""
+    whole = p.__dict__.get("ds_numel")
+    return whole is not None and whole > 0 and p.numel() == 0
+
+
 class _Props:
     @property
     def ds_status(self) -> ZeroParamStatus:
@@ -82,7 +89,7 @@ class _Props:
     def __deepcopy__(self, memo):
         # a partitioned parameter is the empty tensor: its copy would hold nothing, silently (DeepSpeed's
         # copies are empty so). Refused, naming the way to copy it whole.
-        if self.numel() == 0 and self.ds_numel > 0:
+        if is_partitioned_now(self):
             from .gathered import describe
 
             raise RuntimeError(

@@ -524,9 +524,9 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
         value (stage 3 gathers: a collective; ``collective=False`` skips that and leaves stage-3
         parameters empty). ``partitioned=True``: stage 3's partitioned parameters stay partitioned,
         as ``zerocore.init`` leaves them, for the next ``zerocore.initialize`` to adopt (no rank
-        holds the whole model; ``runtime/release.py``). Then stops the engine's workers, closes its NVMe swap stores and, once
-        no engine is left, destroys the process groups zerocore created (the default group only if
-        zerocore initialized it). The engine cannot be used afterwards."""
+        holds the whole model; ``runtime/release.py``). Then stops the engine's workers, closes its
+        NVMe swap stores and, once no engine is left, destroys the process groups zerocore created
+        (the default group only if zerocore initialized it). The engine cannot be used afterwards."""
         if self.module is None:
             return
         self._settle_skip()  # the counts a destroyed engine keeps are the true ones

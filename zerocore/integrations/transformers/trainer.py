@@ -134,10 +134,7 @@ class ZeroTrainerMixin:
         """(engine, wrapper) for an evaluation before training: the config as for TRL's reference model (no
         optimizer, schedule or optimizer offload), an engine that trains nothing (``runtime/trains_nothing.py``)."""
         if self._zc_eval is None:
-            import zerocore
-
-            engine = zerocore.initialize(self.model, frozen_config(self.zerocore_config, self.args, self.model),
-                                         frozen=True)
+            engine = initialize(self.model, frozen_config(self.zerocore_config, self.args, self.model), frozen=True)
             compile_as_accelerate(engine, self.accelerator)
             self._zc_eval = (engine, EngineModule(engine))
         return self._zc_eval

@@ -33,6 +33,7 @@ import contextlib
 import os
 import weakref
 
+from ...runtime.ds_param_attrs import is_partitioned_now
 from ...runtime.gathered import owner_of
 
 
@@ -97,7 +98,7 @@ def stage3_class(cls: type) -> type:
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         if kwargs.get("state_dict") is None:
-            empty = [n for n, p in self.named_parameters() if p.numel() == 0 and getattr(p, "ds_numel", 0) > 0]
+            empty = [n for n, p in self.named_parameters() if is_partitioned_now(p)]
             if empty:
                 raise ValueError(
                     f"zerocore: {type(self).__name__}.save_pretrained({os.fspath(save_directory)!r}) at ZeRO stage 3 "
