@@ -11,7 +11,7 @@ from torch import nn
 
 from accelerate import Accelerator
 
-from ddp_teardown import end_reference_group  # (this folder: the script's own, first on sys.path)
+from ddp_teardown import end_reference_run  # (this folder: the script's own, first on sys.path)
 
 
 def main():
@@ -60,7 +60,7 @@ def main():
             json.dump({"losses": losses, "lrs": lrs, "grad_norms": norms,
                        "weights": {k: v.reshape(-1).tolist() for k, v in sd.items()}}, f)
     if kind != "zerocore":
-        end_reference_group()
+        end_reference_run()
 
 
 if __name__ == "__main__":

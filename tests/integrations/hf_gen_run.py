@@ -25,7 +25,7 @@ from transformers import LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_run import VOCAB, Tokens, tiny_model  # noqa: E402
-from ddp_teardown import end_reference_group  # noqa: E402
+from ddp_teardown import end_reference_run  # noqa: E402
 
 EOS, PAD = 1, 0
 
@@ -213,7 +213,7 @@ def main():
         with open(out, "w") as f:
             json.dump(result, f)
     if o["backend"] != "zerocore":
-        end_reference_group()
+        end_reference_run()
 
 
 if __name__ == "__main__":

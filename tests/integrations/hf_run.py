@@ -26,7 +26,7 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
 
-from ddp_teardown import end_reference_group  # (this folder: the script's own, first on sys.path)
+from ddp_teardown import end_reference_run  # (this folder: the script's own, first on sys.path)
 
 VOCAB, SEQ = 96, 16
 
@@ -189,7 +189,7 @@ def main():
                 with open(out, "w") as f:
                     json.dump(result, f)
             if o["backend"] != "zerocore":
-                end_reference_group()
+                end_reference_run()
             return
     trainer.train(resume_from_checkpoint=o["resume"] or None)
     # what the optimizer steps (LoRA: the adapters only) is exactly what requires grad
@@ -250,7 +250,7 @@ def main():
         with open(out, "w") as f:
             json.dump(result, f)
     if o["backend"] != "zerocore":
-        end_reference_group()
+        end_reference_run()
 
 
 READS = None  # reads=1: the zerocore.debug.partitioned_reads log of the whole run

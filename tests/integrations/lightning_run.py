@@ -17,7 +17,7 @@ import lightning.pytorch as pl
 
 import zerocore.integrations.lightning  # noqa: F401  (registers the zerocore_* strategies)
 
-from ddp_teardown import end_reference_group  # (this folder: the script's own, first on sys.path)
+from ddp_teardown import end_reference_run  # (this folder: the script's own, first on sys.path)
 
 
 class Net(pl.LightningModule):
@@ -136,7 +136,7 @@ def main():
                        "global_step": trainer.global_step,
                        "weights": {k: v.reshape(-1).tolist() for k, v in sd.items()}, **result}, f)
     if strategy == "ddp":
-        end_reference_group()
+        end_reference_run()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-from ddp_teardown import end_reference_group  # (this folder: the script's own, first on sys.path)
+from ddp_teardown import end_reference_run  # (this folder: the script's own, first on sys.path)
 
 VOCAB = 32
 
@@ -50,7 +50,7 @@ def main() -> None:
         with open(out, "w") as f:
             json.dump(res, f)
     if o["backend"] == "ddp":
-        end_reference_group()  # (zerocore's engine tears its group down itself)
+        end_reference_run()  # (zerocore's engine tears its group down itself)
 
 
 def train(out: str, o: dict) -> dict:
