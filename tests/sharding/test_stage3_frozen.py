@@ -120,7 +120,30 @@ def sc_offload_param(rank: int, world: int) -> dict:
     return out
 
 
-W2 = [sc_exact, sc_bf16_stage3_as_stage2, sc_gathered_and_destroy, sc_offload_states, sc_offload_param]
+# kept whole by name (zero_optimization.stage3_persistent_param_names): a trainable weight and a frozen one, each
+# above the persistence threshold, matched by a plain name and by a pattern
+NAMED_WHOLE = {"head.weight": "head.weight", "blocks.3.base.weight": "blocks.3.*.weight"}
+
+
+def sc_persistent_names(rank: int, world: int) -> dict:
+    model = frozen_net()
+    engine = zerocore.initialize(model, config(gas=2, clip=0.5, stage3_prefetch_bucket_size=0,
+                                               stage3_persistent_param_names=sorted(set(NAMED_WHOLE.values()))))
+    params = dict(model.named_parameters())
+    grouped = {id(p) for g in engine.groups if not g.policy.keep_full_params for p in g.params}
+    grouped |= {id(p) for g in engine.frozen_groups for p in g.params}
+    out = {"whole_before": {n: tuple(params[n].shape) for n in NAMED_WHOLE},
+           "in_unit_groups": [n for n in NAMED_WHOLE if id(params[n]) in grouped],
+           "ds_persist": {n: bool(getattr(params[n], "ds_persist", False)) for n in NAMED_WHOLE}}
+    out["losses"], out["norms"] = train(engine, 4, rank, world, gas=2)
+    out["whole_after"] = {n: tuple(params[n].shape) for n in NAMED_WHOLE}
+    out["state"] = engine.full_state_dict()
+    engine.destroy()
+    return out
+
+
+W2 = [sc_exact, sc_bf16_stage3_as_stage2, sc_gathered_and_destroy, sc_offload_states, sc_offload_param,
+      sc_persistent_names]
 
 
 @pytest.fixture(scope="module")
@@ -254,3 +277,34 @@ def test_frozen_partitioned_parameters_carry_deepspeeds_attributes():
     assert not w.ds_persist and w.ds_status == ZeroParamStatus.NOT_AVAILABLE
     assert w.ds_tensor.numel() == 64 * 64  # world 1: this rank's part is the whole of it
     engine.destroy()
+
+
+def test_parameters_named_persistent_stay_whole_and_train_exactly(world2):
+    """zero_optimization.stage3_persistent_param_names: the named weights (one trained, one frozen) are never
+    partitioned, whole on every rank between steps as inside them, and training is AdamW's as before."""
+    ref = frozen_net()
+    init = _init_state()
+    want_losses, want_norms = reference(ref, 4, 2, gas=2, clip=0.5)
+    want = {k: v.detach() for k, v in ref.state_dict().items()}
+    shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
+    frozen = set(frozen_names(ref))
+    for r in results(world2, "persistent_names"):
+        assert r["in_unit_groups"] == []
+        for n in NAMED_WHOLE:
+            assert r["whole_before"][n] == r["whole_after"][n] == shapes[n], n
+            assert r["ds_persist"][n], n
+        assert_losses(r["losses"], want_losses)
+        torch.testing.assert_close(torch.tensor(r["norms"], dtype=torch.float64),
+                                   torch.tensor(want_norms, dtype=torch.float64), rtol=1e-5, atol=0)
+        assert torch.equal(r["state"]["blocks.3.base.weight"], init["blocks.3.base.weight"])
+        trained = {k: v for k, v in r["state"].items() if k not in frozen}
+        assert_states_close(trained, {k: want[k] for k in trained}, {k: init[k] for k in trained})
+
+
+def test_a_persistent_name_matching_no_parameter_is_refused():
+    from zerocore.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"stage3_persistent_param_names: 'head\.weigth' matches no parameter"):
+        zerocore.initialize(frozen_net(), config(stage3_persistent_param_names=["head.weigth"]))
+    with pytest.raises(ConfigError, match="stage3_persistent_param_names"):
+        zerocore.initialize(frozen_net(), config(stage3_persistent_param_names=[3]))

@@ -226,6 +226,15 @@ class ZeroOptimizationConfig(_Section):
                                          "unit (containers and modules holding over half the model are split "
                                          "further).", kind=int,
                                          ge=1, applies_if=_only_stage3, applies="stage 3")
+    stage3_persistent_param_names: list = option([], "zerocore: parameters never partitioned at stage 3, by name "
+                                                 "(fnmatch patterns over the model's parameter names, e.g. "
+                                                 "[\"lm_head.weight\"] or [\"*.lm_head.*\"]): kept whole on every "
+                                                 "rank as those under stage3_param_persistence_threshold are (frozen "
+                                                 "ones too; trainable ones keep their optimizer state sharded). For "
+                                                 "code that reads a weight outside its module's forward, where a "
+                                                 "partitioned one is the empty tensor. A pattern matching no "
+                                                 "parameter is an error.", kind=list, applies_if=_only_stage3,
+                                                 applies="stage 3")
     stage3_check_divergence: bool = option(True, "zerocore: before each stage-3 collective, check that every rank "
                                            "is about to issue the same one, and raise naming the unit and ranks "
                                            "if not (instead of hanging or crashing).", kind=bool,
@@ -259,6 +268,11 @@ class ZeroOptimizationConfig(_Section):
         if bad:
             raise ConfigError(f"{self.PATH}.stage3_unit_classes: got {self.stage3_unit_classes!r}; allowed: a list of "
                               f"class names (strings), e.g. [\"Block\"]; {bad[0]!r} is not one")
+        bad = [n for n in self.stage3_persistent_param_names if not isinstance(n, str) or not n]
+        if bad:
+            raise ConfigError(f"{self.PATH}.stage3_persistent_param_names: got {self.stage3_persistent_param_names!r}; "
+                              f"allowed: a list of parameter names or fnmatch patterns (strings), e.g. "
+                              f"[\"lm_head.weight\"]; {bad[0]!r} is not one")
         if self.offload_param.device != "none" and self.stage != 3:
             raise ConfigError(f"{self.PATH}.offload_param.device: {self.offload_param.device!r} needs stage 3 "
                               f"(got stage {self.stage}); allowed at this stage: 'none'")

@@ -18,11 +18,12 @@ optimizer state), gathered and freed with the unit's trainable group.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 
 import torch
 from torch import nn
 
-from ..config import ZeroOptimizationConfig
+from ..config import ConfigError, ZeroOptimizationConfig
 from ..sharding import FlatGroup, StagePolicy, build_groups, frozen_policy, policy_for
 from ..sharding.leaf_modules import leaf_ids
 from ..sharding.units import Named, logical_numel, partitioned_frozen, plan_units
@@ -59,11 +60,13 @@ def engine_groups(module: nn.Module, trainable: list[Named], z: ZeroOptimization
 def stage3_groups(module: nn.Module, trainable: list[Named], z: ZeroOptimizationConfig, world: int,
                   dtype: torch.dtype, hyper: dict[int, int] | None = None, frozen: list[Named] = ()) -> list[GroupSpec]:
     hyper = hyper if hyper is not None else _no_groups(trainable)
+    named = named_persistent(list(trainable) + list(frozen), z.stage3_persistent_param_names)
     units, persistent = plan_units(module, trainable,
-                                   frozen=partitioned_frozen(frozen, z.stage3_param_persistence_threshold),
+                                   frozen=[(n, p) for n, p in partitioned_frozen(
+                                       frozen, z.stage3_param_persistence_threshold) if id(p) not in named],
                                    classes=z.stage3_unit_classes, min_params=z.stage3_unit_min_params,
                                    persistence_threshold=z.stage3_param_persistence_threshold,
-                                   leaves=leaf_ids(module, z.leaf_module))
+                                   leaves=leaf_ids(module, z.leaf_module), persistent_ids=named)
     # registration order of every parameter: units by their first one (trainable or frozen)
     rank_of = {id(p): i for i, (_, p) in enumerate(named_in_order(module))}
     units.sort(key=lambda u: -min(rank_of[id(p)] for _, p in u.params + u.frozen))
@@ -85,6 +88,26 @@ def stage3_groups(module: nn.Module, trainable: list[Named], z: ZeroOptimization
             specs.append(GroupSpec(layout, [p for _, p in u.frozen], frozen_policy(), (u.name, u.module),
                                    frozen=True))
     return specs
+
+
+def named_persistent(named: list[Named], patterns: list[str]) -> set[int]:
+    """ids of the parameters ``zero_optimization.stage3_persistent_param_names`` keeps whole: any of a
+    parameter's names (a tied one has several) matching any pattern. A pattern matching none is refused:
+    a misspelt name would otherwise leave the weight partitioned without a word."""
+    if not patterns:
+        return set()
+    kept, used = set(), set()
+    for names, p in named:
+        for pat in patterns:
+            if any(fnmatch.fnmatchcase(n, pat) for n in names):
+                kept.add(id(p))
+                used.add(pat)
+    unused = [pat for pat in patterns if pat not in used]
+    if unused:
+        some = ", ".join(repr(ns[0]) for ns, _ in named[:3])
+        raise ConfigError(f"zero_optimization.stage3_persistent_param_names: {unused[0]!r} matches no parameter of "
+                          f"the model (its names look like {some}; patterns are fnmatch patterns over whole names)")
+    return kept
 
 
 def named_in_order(module: nn.Module) -> list[tuple[str, nn.Parameter]]:

@@ -107,10 +107,12 @@ def choose_unit_modules(root: nn.Module, trainable: set[int], *, classes: Sequen
 
 def plan_units(root: nn.Module, trainable: list[Named], *, frozen: Sequence[Named] = (), classes: Sequence[str] = (),
                min_params: int = 1, persistence_threshold: int = 0,
-               leaves: Set[int] = frozenset()) -> tuple[list[UnitPlan], list[Named]]:
-    """Splits the trainable parameters into units and persistent ones, and places the partitioned
-    frozen ones (``frozen``: floating point, at least ``persistence_threshold`` elements: see
-    ``partitioned_frozen``) in the units' ``frozen`` lists.
+               leaves: Set[int] = frozenset(), persistent_ids: Set[int] = frozenset()
+               ) -> tuple[list[UnitPlan], list[Named]]:
+    """Splits the trainable parameters into units and persistent ones (under ``persistence_threshold``
+    elements, or named in ``persistent_ids``), and places the partitioned frozen ones (``frozen``:
+    floating point, at least ``persistence_threshold`` elements, not named: see ``partitioned_frozen``)
+    in the units' ``frozen`` lists.
 
     Returns (units with at least one parameter, root first; persistent trainable parameters)."""
     frozen = list(frozen)
@@ -129,7 +131,7 @@ def plan_units(root: nn.Module, trainable: list[Named], *, frozen: Sequence[Name
 
     persistent: list[Named] = []
     for names, p in trainable:
-        if logical_numel(p) < persistence_threshold:
+        if logical_numel(p) < persistence_threshold or id(p) in persistent_ids:
             persistent.append((names, p))
         else:
             owner(names).params.append((names, p))
