@@ -1,7 +1,8 @@
 """TRL's trainers that do more than a loss, driving zerocore on CPU ranks, against the same trainer with plain DDP
 (trl_run.py): GRPOTrainer (it generates with the model being trained every step: the same completions are sampled
 in both runs, equal rewards at every step, so each update is compared on the same data), DPOTrainer (a reference
-model beside the trained one) and DistillationTrainer (a teacher; the student generates its completions). Equal: the logged losses (and rewards, reward margins) and the final weights, to fp32
+model beside the trained one), DistillationTrainer (a teacher; the student generates its completions) and GKDTrainer
+(a teacher that generates). Equal: the logged losses (and rewards, reward margins) and the final weights, to fp32
 reduction-order tolerance."""
 import pytest
 
@@ -84,11 +85,15 @@ def test_grpo_with_a_kl_term_stage3_two_ranks_matches_ddp(tmp_path):
     _reference_partitioned(got, 2)
 
 
-def _same_distillation(ref, got):
+def _same_distillation(ref, got, world):
     assert ref["losses"][0] > 0  # the student differs from the teacher (a loss of 0.0 was the partitioned lm_head)
     _same_training(ref, got, 3)
-    teacher = got["ref"]  # kept whole: TRL's loss reads its lm_head weight after its forward (frozen_models.py)
-    assert teacher["engines"] == 0 and teacher["param_elems"] * 4 == teacher["whole"]
+    # the teacher partitioned by an engine that trains nothing, but for its lm_head, whole on every rank: TRL's loss
+    # reads that weight after the teacher's forward has returned (frozen_models.py)
+    teacher = got["ref"]
+    head = teacher["head_elems"] * 4
+    assert head > 0 and teacher["engines"] == 1 and teacher["param_elems"] * 4 == head
+    assert (teacher["whole"] - head) / world + head <= teacher["held"] <= (teacher["whole"] - head) / world + head + 64 * 4
 
 
 def test_distillation_stage3_one_rank_matches_plain(tmp_path):
@@ -96,13 +101,27 @@ def test_distillation_stage3_one_rank_matches_plain(tmp_path):
     trainer's accelerator.unwrap_model) and projects with the student's lm_head weight read there: gathered at
     stage 3, as DDP's whole weight."""
     both = run(tmp_path, "both", "trainer=distill", "backend=both", "stage=3", nproc=1)
-    _same_distillation(both["plain"], both["zerocore"])
+    _same_distillation(both["plain"], both["zerocore"], 1)
 
 
 @pytest.mark.slow
 def test_distillation_stage3_two_ranks_matches_ddp(tmp_path):
     _same_distillation(run(tmp_path, "ddp", "trainer=distill", "backend=ddp", nproc=2),
-                       run(tmp_path, "z3", "trainer=distill", "backend=zerocore", "stage=3", nproc=2))
+                       run(tmp_path, "z3", "trainer=distill", "backend=zerocore", "stage=3", nproc=2), 2)
+
+
+@pytest.mark.slow  # (8 s)
+def test_gkd_with_the_teacher_generating_stage3_one_rank_matches_plain(tmp_path):
+    """TRL's GKDTrainer with seq_kd: the partitioned teacher generates each step's completions (its generate through
+    TRL's unwrap_model_for_generation) and runs its forward for the loss."""
+    both = run(tmp_path, "both", "trainer=gkd", "backend=both", "stage=3", "seq_kd=1", nproc=1)
+    _same_distillation(both["plain"], both["zerocore"], 1)
+
+
+@pytest.mark.slow
+def test_gkd_stage3_two_ranks_matches_ddp(tmp_path):
+    _same_distillation(run(tmp_path, "ddp", "trainer=gkd", "backend=ddp", "seq_kd=1", nproc=2),
+              run(tmp_path, "z3", "trainer=gkd", "backend=zerocore", "stage=3", "seq_kd=1", nproc=2), 2)
 
 
 @pytest.mark.slow

@@ -8,6 +8,8 @@ tokenizer built here (nothing downloaded), prompts of 4 tokens.
 - ``trainer=dpo``: DPOTrainer with a reference model (a copy of the model; with zerocore at stage 3 partitioned
   over the ranks, as TRL's DeepSpeed path does) and chosen / rejected completions, 4 steps.
 - ``trainer=distill``: DistillationTrainer, a teacher (the model with noise added) and on-policy completions, 3 steps.
+- ``trainer=gkd``: TRL's GKDTrainer, the same teacher, the dataset's completions (``seq_kd=1``: the teacher's own,
+  generated every step), 3 steps.
 - ``reward=model`` (GRPO): a reward model (a 1-layer Llama scoring head) beside the reward function.
 - ``beta=0.04`` (GRPO): a KL term against a reference model (TRL loads it from the name in the policy's config:
   the policy's initial weights, saved here first).
@@ -108,6 +110,22 @@ def train(out: str, o: dict) -> dict:
         base, logged = DistillationTrainer, ()
         kw = dict(teacher_model=teacher, train_dataset=datasets.Dataset.from_dict({"prompt": prompts}),
                   args=DistillationConfig(max_completion_length=6, max_steps=3, **common))
+    elif o["trainer"] == "gkd":
+        from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+        teacher = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in teacher.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        tok.chat_template = ("{% for m in messages %}{{ m['content'] }}{% if not loop.last %} {% endif %}{% endfor %}"
+                             "{% if add_generation_prompt %} {% endif %}")
+        chats = [[{"role": "user", "content": p}, {"role": "assistant", "content": " ".join(
+            f"t{(i * 5 + j) % 20 + 3}" for j in range(3))}] for i, p in enumerate(prompts)]
+        base, logged = GKDTrainer, ()
+        # lmbda 0: the dataset's completions; seq_kd: the teacher generates them (the teacher's generate at stage 3)
+        kw = dict(teacher_model=teacher, train_dataset=datasets.Dataset.from_dict({"messages": chats}),
+                  args=GKDConfig(max_new_tokens=4, max_steps=3, lmbda=0.0, seq_kd=o.get("seq_kd") == "1",
+                                 temperature=1.0, max_length=24, **common))
     else:
         from trl import DPOConfig, DPOTrainer
 
@@ -118,6 +136,7 @@ def train(out: str, o: dict) -> dict:
         kw = dict(ref_model=copy.deepcopy(model), train_dataset=datasets.Dataset.from_dict(pairs),
                   args=DPOConfig(max_steps=4, **common))
     whole = sum(p.numel() * p.element_size() for p in model.parameters())  # (before a stage-3 engine takes it)
+    head_elems = model.lm_head.weight.numel()
     kw.update(model=model, processing_class=tok)
     if o["backend"] == "zerocore":
         from zerocore.integrations.transformers import make_zero_trainer
@@ -137,7 +156,8 @@ def train(out: str, o: dict) -> dict:
         frozen = getattr(trainer, "zerocore_frozen_engines", [])
         held = {"whole": whole,
                 "engines": len(frozen), "held": sum(e.memory_report()["frozen"] for e in frozen),
-                "param_elems": sum(p.numel() for p in ref.parameters())}
+                "param_elems": sum(p.numel() for p in ref.parameters()),
+                "head_elems": head_elems if getattr(trainer, "teacher_model", None) is not None else 0}
     frozen_engines = len(getattr(trainer, "zerocore_frozen_engines", []))
     if eng is not None:
         eng.destroy()

@@ -1,5 +1,5 @@
-"""The models a trainer runs but does not train (TRL's reference model, its reward models), partitioned at stage 3
-as TRL's DeepSpeed path partitions them.
+"""The models a trainer runs but does not train (TRL's reference model, its reward models, a distillation teacher),
+partitioned at stage 3 as TRL's DeepSpeed path partitions them.
 
 TRL wraps each one with ``prepare_deepspeed``: its config without the ``optimizer`` / ``scheduler`` sections
 and without ``offload_optimizer``, given to ``deepspeed.initialize`` with no optimizer, which at stage 3 is an
@@ -18,11 +18,14 @@ from .._common import evaluation_config
 from .._wrapping import EngineModule
 from .config import fill_auto, zero_stage
 
-# the attributes TRL's trainers hold such models in (DPO, KTO, GRPO, RLOO, Online DPO: ref_model), and GRPO / RLOO's
-# reward_funcs, whose modules are reward models: each only called (its forward). Not teacher_model (GKD,
-# distillation): TRL's distillation loss projects with the teacher's lm_head weight read after the teacher's forward
-# has returned, where a partitioned weight is the empty tensor (its loss was 0.0 at stage 3): a teacher stays whole
-FROZEN_ATTRS = ("ref_model",)
+# the attributes TRL's trainers hold such models in (DPO, KTO, GRPO, RLOO, Online DPO: ref_model; GKD and
+# distillation: teacher_model), and GRPO / RLOO's reward_funcs, whose modules are reward models: each called (its
+# forward). TRL's distillation loss also projects with the teacher's lm_head weight, read after the teacher's forward
+# has returned, where a partitioned weight is the empty tensor (its loss was 0.0 at stage 3; DeepSpeed's ZeRO-3
+# teacher is empty there too): a teacher's output embeddings stay whole (stage3_persistent_param_names), the rest
+# of it partitioned
+FROZEN_ATTRS = ("ref_model", "teacher_model")
+WHOLE_HEAD_ATTRS = ("teacher_model",)
 REWARD_LIST = "reward_funcs"
 
 
@@ -30,6 +33,17 @@ def frozen_config(config: dict, args, model) -> dict:
     """The trainer's zerocore config for a model it does not train, as TRL's ``prepare_deepspeed`` makes it:
     ``"auto"`` filled from the arguments, the optimizer, its schedule and its offload removed."""
     return evaluation_config(fill_auto(config, args, model))
+
+
+def output_embedding_names(model: torch.nn.Module) -> list[str]:
+    """The names of ``model``'s output-embedding parameters (``get_output_embeddings()``: the lm_head, with every
+    name a tied weight has); none for a model without them."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if not isinstance(head, torch.nn.Module):
+        return []
+    ids = {id(p) for p in head.parameters()}
+    return sorted(n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in ids)
 
 
 def shard_frozen_models(trainer) -> list:
@@ -42,11 +56,15 @@ def shard_frozen_models(trainer) -> list:
 
     engines = []
 
-    def wrap(model):
+    def wrap(model, whole_head: bool = False):
         if not isinstance(model, torch.nn.Module) or isinstance(model, EngineModule):
             return model
-        engine = zerocore.initialize(model, frozen_config(trainer.zerocore_config, trainer.args, model),
-                                     frozen=True)
+        config = frozen_config(trainer.zerocore_config, trainer.args, model)
+        names = output_embedding_names(model) if whole_head else []
+        if names:
+            z = config.setdefault("zero_optimization", {})
+            z["stage3_persistent_param_names"] = sorted(set(z.get("stage3_persistent_param_names", [])) | set(names))
+        engine = zerocore.initialize(model, config, frozen=True)
         engine.eval()
         engines.append(engine)
         return EngineModule(engine)
@@ -59,7 +77,7 @@ def shard_frozen_models(trainer) -> list:
                                  "the policy into the reference model parameter by parameter, and at stage 3 both "
                                  "are partitioned (each parameter an empty tensor outside its module's forward), so "
                                  "it would change nothing; use stage 2, or sync_ref_model=False")
-            setattr(trainer, attr, wrap(model))
+            setattr(trainer, attr, wrap(model, whole_head=attr in WHOLE_HEAD_ATTRS))
     rewards = getattr(trainer, REWARD_LIST, None)
     if isinstance(rewards, list):
         for i, fn in enumerate(rewards):
