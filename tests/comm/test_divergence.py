@@ -8,6 +8,7 @@ what they returned.
 """
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -29,6 +30,7 @@ def sc_check_disabled(rank: int, world: int) -> dict:
         out[f"losses_{check}"] = train(engine, 4, rank, world, 32)
         out[f"state_{check}"] = engine.full_state_dict()
         out[f"guard_{check}"] = engine.guard.enabled
+        out[f"shm_{check}"] = engine.guard._shm is not None  # one host: the headers go through shared memory
         _drop(engine)
     ref = mixed()
     out["ref_losses"], _ = reference(ref, 4, world, 32)
@@ -202,6 +204,7 @@ def test_training_matches_reference_with_and_without_the_check(world2):
     rs = results(world2, "check_disabled")
     r = rs[0]
     assert r["guard_True"] and not r["guard_False"]
+    assert r["shm_True"] == sys.platform.startswith("linux") and not r["shm_False"]
     for check in (True, False):
         assert_losses(r[f"losses_{check}"], r["ref_losses"])
         assert_states_close(same_on_every_rank(rs, f"state_{check}"), r["ref_state"], mixed().state_dict())

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+import weakref
 import zlib
 from collections.abc import Callable
 
@@ -37,6 +38,7 @@ import torch.distributed as dist
 from ..debug.host_waits import mark_host
 from . import lifetime
 from .collectives import Comm
+from .shm_headers import HeaderTimeout, PeerExited, ShmHeaders
 
 def _header_comm(comm: Comm, timeout_s: float) -> Comm | None:
     """A Comm over a gloo group of ``comm``'s ranks whose collectives time out after ``timeout_s``;
@@ -119,6 +121,12 @@ class DivergenceGuard:
         self._mine_np = None  # its numpy view, written in place at each exchange: no tensor made per collective
         # every rank builds its guard at the same point (engine construction): a collective
         self._headers = _header_comm(comm, timeout_s) if self.enabled else None
+        # ranks on one host exchange the headers through shared memory (shm_headers.py; ~100x faster than gloo)
+        self._shm = None
+        if self._headers is not None:
+            self._shm = ShmHeaders.create(self._headers.group, self._headers.rank, self._headers.world, HEADER)
+            if self._shm is not None:
+                weakref.finalize(self, self._shm.close)
 
     def check(self, op: Op, index: int, phase: int = Phase.NONE) -> None:
         """Raises DivergenceError on every rank unless all ranks are about to do the same thing."""
@@ -164,13 +172,18 @@ class DivergenceGuard:
             self._mine_np = self._mine.numpy()
         self._mine_np[:] = (op, index, phase, self.count, extra)
         try:
+            if self._shm is not None:
+                return self._shm.exchange(self._mine_np, self.timeout_s)
             if self._headers is not None:  # gloo itself gives up after the timeout
                 self._headers.all_gather_into(self._out, self._mine)
             else:
                 handle = self.comm.all_gather_into(self._out, self._mine, async_op=True)
                 handle.wait(timeout=self.timeout)
+        except PeerExited as e:
+            raise DivergenceError(f"zerocore: at collective #{self.count} ({self._what(op, index, phase)}): {e}") \
+                from None
         except RuntimeError as e:
-            if "timed out" not in str(e).lower():
+            if not isinstance(e, HeaderTimeout) and "timed out" not in str(e).lower():
                 raise
             raise DivergenceError(
                 f"zerocore: rank {self.comm.rank} waited {self.timeout_s:g} s for the other ranks to reach "
