@@ -31,7 +31,8 @@ def _ours() -> set:
 def _many(rank: int, world: int) -> dict:
     before = _ours()
     shm = ShmHeaders.create(dist.group.WORLD, rank, world, 5)
-    left = _ours() - before  # unlinked once every rank mapped it
+    dist.barrier()  # (rank 0 unlinks it after the others have mapped it, maybe a moment after they return)
+    left = _ours() - before
     bad = []
     for i in range(3000):
         rows = shm.exchange([i, rank, i * world + rank, -i, 7], 30.0)

@@ -12,8 +12,10 @@ can publish exchange n+1 only after reading everyone's n, so nobody overwrites a
 The check (a mix of the number and the fields) makes a record read while being written fail validation and be
 read again, whatever order a weakly ordered CPU makes the writes visible in.
 
-Waiting: the first ~50 us spinning, then sleeping (10 us doubling to 1 ms) so a rank waiting for a slow peer does
-not take a core from it. A peer that exited (its /proc entry gone or a zombie) is named within half a second (gloo
+Waiting: the first 2 ms reading in a loop that yields the core between reads (a peer sharing the core runs; on a
+core of its own the waiting rank sees the peer's record within microseconds), then sleeping (50 us doubling to
+0.5 ms) so a long wait does not hold a core. Most waits in a step are short: the ranks meet at each stage-3
+collective, and what one waits is the other's lag in the compute between two of them. A peer that exited (its /proc entry gone or a zombie) is named within half a second (gloo
 notices a closed connection at once; shared memory would otherwise wait out the whole timeout); the deadline is
 the guard's ``stage3_divergence_timeout``.
 
@@ -33,7 +35,8 @@ import numpy as np
 import torch.distributed as dist
 
 _MASK = (1 << 62) - 1
-_SPIN_S = 50e-6
+_YIELD_S = 2e-3  # waits this short yield the core between reads (to a peer on the same core, if any)
+_NAP_MIN_S, _NAP_MAX_S = 50e-6, 500e-6  # longer ones sleep, doubling up to this (what a late wake-up costs)
 _LIVENESS_S = 0.5
 
 
@@ -87,7 +90,21 @@ class ShmHeaders:
                 fd, path = tempfile.mkstemp(prefix="zerocore-headers-", dir="/dev/shm")
                 os.ftruncate(fd, nbytes)
             except OSError:
-                path = None
+                if fd >= 0:
+                    os.close(fd)
+                    os.unlink(path)
+                path, fd = None, -1
+        try:
+            return cls._agree(group, rank, world, width, path, fd, nbytes)
+        finally:
+            if path is not None:  # rank 0's file: the mappings stay, nothing is left in /dev/shm whatever happened
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+    @classmethod
+    def _agree(cls, group, rank: int, world: int, width: int, path, fd: int, nbytes: int) -> "ShmHeaders | None":
         me = (socket.gethostname(), os.getpid(), _start_time(os.getpid()), path)
         everyone: list = [None] * world
         dist.all_gather_object(everyone, me, group=group)
@@ -106,11 +123,6 @@ class ShmHeaders:
             os.close(fd)
         oks: list = [None] * world
         dist.all_gather_object(oks, ok, group=group)  # every rank mapped it (or none uses it)
-        if rank == 0 and path is not None:
-            try:
-                os.unlink(path)  # the mappings stay; nothing is left in /dev/shm whatever happens next
-            except OSError:
-                pass
         if not all(oks):
             if mapped is not None:
                 mapped.close()
@@ -146,16 +158,18 @@ class ShmHeaders:
                 return rows
             waiting = still
             now = time.monotonic()
-            if now - start > _SPIN_S:
-                if now - start > deadline_s:
-                    raise HeaderTimeout(f"ranks {waiting} did not publish exchange #{n} within {deadline_s:g} s")
-                if now >= next_liveness:
-                    next_liveness = now + _LIVENESS_S
-                    for q in waiting:
-                        if _start_time(self._pids[q]) != self._starts[q]:
-                            raise PeerExited(f"rank {q} (pid {self._pids[q]}) exited while this rank waited for it")
-                nap = min(max(nap * 2, 10e-6), 1e-3)
-                time.sleep(nap)
+            if now - start <= _YIELD_S:
+                os.sched_yield()
+                continue
+            if now - start > deadline_s:
+                raise HeaderTimeout(f"ranks {waiting} did not publish exchange #{n} within {deadline_s:g} s")
+            if now >= next_liveness:
+                next_liveness = now + _LIVENESS_S
+                for q in waiting:
+                    if _start_time(self._pids[q]) != self._starts[q]:
+                        raise PeerExited(f"rank {q} (pid {self._pids[q]}) exited while this rank waited for it")
+            nap = min(max(nap * 2, _NAP_MIN_S), _NAP_MAX_S)
+            time.sleep(nap)
 
     def close(self) -> None:
         buf, self._buf = self._buf, None
