@@ -38,6 +38,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from backward_overhead import make_model, stage_config  # noqa: E402
 
 
+# the divergence guard's wait for the other ranks' headers (comm/shm_headers.py): its iterations measure how long
+# this rank waited, not what it did (over gloo the same wait is one native call)
+WAIT_FILE, WAIT_NAME = os.path.join(PKG, "comm", "shm_headers.py"), "_wait"
+
+
+def _waiting(frame) -> bool:
+    """``frame`` is the headers' wait or a call it made."""
+    for f in (frame, frame.f_back):
+        if f is not None and f.f_code.co_name == WAIT_NAME and f.f_code.co_filename == WAIT_FILE:
+            return True
+    return False
+
+
 def _where(code) -> str:
     return f"{code.co_filename[len(PKG):]}:{code.co_name}"
 
@@ -54,7 +67,7 @@ class ZerocoreCounter:
 
     def _profile(self, frame, event, arg):
         code = frame.f_code
-        if not code.co_filename.startswith(PKG):
+        if not code.co_filename.startswith(PKG) or _waiting(frame):
             return
         if event == "call":
             self.sites["python"][_where(code)] += 1
@@ -67,7 +80,7 @@ class ZerocoreCounter:
                 self.sites["kernels"][site] += 1
 
     def _trace(self, frame, event, arg):  # new frames: trace lines only in the package's code
-        return self._line if frame.f_code.co_filename.startswith(PKG) else None
+        return self._line if frame.f_code.co_filename.startswith(PKG) and not _waiting(frame) else None
 
     def _line(self, frame, event, arg):
         if event == "line":

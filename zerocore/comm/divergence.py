@@ -11,9 +11,11 @@ So before each stage-3 collective, every rank all-gathers a three-number header 
 about to do, on which unit/group, its collective count) and compares: any difference raises
 :class:`DivergenceError` on every rank (they all see the same headers), naming the unit and
 what each rank was doing, before the mismatched collective is issued. The header is fixed-size,
-so headers always pair with headers. It costs one small synchronous collective per gather or
-reduction (about 0.3 ms on gloo on this 2-core machine, measured in benchmarks/step.py against
-the step); ``zero_optimization.stage3_check_divergence: false`` turns it off.
+so headers always pair with headers. It costs one small synchronous exchange per gather or
+reduction: through shared memory where every rank is on one host (``shm_headers.py``, ~8 us; the
+stage-3 step of benchmarks/step.py on 2 CPU ranks pays 15 ms of ~780 for all of them, most of it
+the ranks meeting), else a gloo all-gather (~0.4 ms here; 82 ms of that step);
+``zero_optimization.stage3_check_divergence: false`` turns it off.
 
 A rank that stops issuing collectives altogether cannot be compared; the header wait has a
 deadline (``stage3_divergence_timeout``) after which this rank raises, naming what it waited for.
