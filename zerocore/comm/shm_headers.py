@@ -15,9 +15,9 @@ read again, whatever order a weakly ordered CPU makes the writes visible in.
 Waiting: the first 2 ms reading in a loop that yields the core between reads (a peer sharing the core runs; on a
 core of its own the waiting rank sees the peer's record within microseconds), then sleeping (50 us doubling to
 0.5 ms) so a long wait does not hold a core. Most waits in a step are short: the ranks meet at each stage-3
-collective, and what one waits is the other's lag in the compute between two of them. A peer that exited (its /proc entry gone or a zombie) is named within half a second (gloo
-notices a closed connection at once; shared memory would otherwise wait out the whole timeout); the deadline is
-the guard's ``stage3_divergence_timeout``.
+collective, and what one waits is the other's lag in the compute between two of them. A peer that exited (its
+/proc entry gone, or a zombie) is named within half a second (gloo notices a closed connection at once; shared
+memory would otherwise wait out the whole timeout); the deadline is the guard's ``stage3_divergence_timeout``.
 
 Used only where it can be checked to work: Linux (/dev/shm, /proc), every rank on the same host name, every rank
 able to map the file and to see every other rank's process (same PID namespace, by pid and start time). Decided
