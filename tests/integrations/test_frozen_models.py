@@ -34,25 +34,35 @@ def _net(seed: int = 0):
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
 
 
-def test_stage3_wraps_reference_and_reward_models_not_a_teacher(tmp_path):
+class _WithHead(torch.nn.Sequential):
+    """A model with output embeddings (a Transformers model's ``get_output_embeddings``): its last Linear."""
+
+    def get_output_embeddings(self):
+        return self[-1]
+
+
+def test_stage3_wraps_reference_reward_and_teacher_models(tmp_path):
     def score(completions, **kw):  # a reward function that is not a model: left as it is
         return [0.0 for _ in completions]
 
-    ref, teacher, reward = _net(0), _net(1), _net(2)
+    ref, reward = _net(0), _net(2)
+    torch.manual_seed(1)
+    teacher = _WithHead(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
     want = {name: m(torch.ones(1, 8)).detach() for name, m in (("ref", ref), ("teacher", teacher), ("reward", reward))}
     trainer = _Trainer(tmp_path, 3, ref_model=ref, teacher_model=teacher, reward_funcs=[score, reward])
     engines = shard_frozen_models(trainer)
-    assert len(engines) == 2 and all(not e.trains for e in engines)
-    assert isinstance(trainer.ref_model, EngineModule)
-    # a teacher stays whole: TRL's distillation loss reads its lm_head weight outside its forward
-    assert trainer.teacher_model is teacher
+    assert len(engines) == 3 and all(not e.trains for e in engines)
+    assert isinstance(trainer.ref_model, EngineModule) and isinstance(trainer.teacher_model, EngineModule)
     assert trainer.reward_funcs[0] is score and isinstance(trainer.reward_funcs[1], EngineModule)
     got = {"ref": trainer.ref_model, "teacher": trainer.teacher_model, "reward": trainer.reward_funcs[1]}
     for name, m in got.items():
         with torch.no_grad():
             assert torch.equal(m(torch.ones(1, 8)), want[name]), name
-        if name != "teacher":
-            assert all(p.numel() == 0 for p in m.parameters())  # partitioned (one rank: its chunk is the whole)
+    # partitioned (one rank: its chunk is the whole), but the teacher's output embeddings: TRL's distillation loss
+    # reads that weight after the teacher's forward
+    assert all(p.numel() == 0 for name in ("ref", "reward") for p in got[name].parameters())
+    assert {n: p.numel() for n, p in teacher.named_parameters()} == {"0.weight": 0, "0.bias": 0, "2.weight": 32,
+                                                                      "2.bias": 2}
     for e in engines:
         assert e.memory_report()["master"] == 0 and e.optimizer.param_groups[0]["params"] == []
         e.destroy()
