@@ -28,7 +28,7 @@ def _ours() -> set:
     return {f for f in os.listdir("/dev/shm") if f.startswith("zerocore-headers-")}
 
 
-def _many(rank: int, world: int) -> dict:
+def sc_many(rank: int, world: int) -> dict:
     before = _ours()
     shm = ShmHeaders.create(dist.group.WORLD, rank, world, 5)
     dist.barrier()  # (rank 0 unlinks it after the others have mapped it, maybe a moment after they return)
@@ -41,10 +41,6 @@ def _many(rank: int, world: int) -> dict:
             bad.append((i, rows))
     shm.close()
     return {"made": True, "bad": bad[:3], "left": sorted(left)}
-
-
-def sc_many(rank: int, world: int) -> dict:
-    return _many(rank, world)
 
 
 def sc_timeout(rank: int, world: int) -> dict:

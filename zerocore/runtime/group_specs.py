@@ -62,8 +62,7 @@ def stage3_groups(module: nn.Module, trainable: list[Named], z: ZeroOptimization
     hyper = hyper if hyper is not None else _no_groups(trainable)
     named = named_persistent(list(trainable) + list(frozen), z.stage3_persistent_param_names)
     units, persistent = plan_units(module, trainable,
-                                   frozen=[(n, p) for n, p in partitioned_frozen(
-                                       frozen, z.stage3_param_persistence_threshold) if id(p) not in named],
+                                   frozen=partitioned_frozen(frozen, z.stage3_param_persistence_threshold, named),
                                    classes=z.stage3_unit_classes, min_params=z.stage3_unit_min_params,
                                    persistence_threshold=z.stage3_param_persistence_threshold,
                                    leaves=leaf_ids(module, z.leaf_module), persistent_ids=named)

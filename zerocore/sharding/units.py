@@ -140,11 +140,13 @@ def plan_units(root: nn.Module, trainable: list[Named], *, frozen: Sequence[Name
     return [u for u in plans if u.params or u.frozen], persistent
 
 
-def partitioned_frozen(frozen: Sequence[Named], persistence_threshold: int) -> list[Named]:
+def partitioned_frozen(frozen: Sequence[Named], persistence_threshold: int,
+                       persistent_ids: Set[int] = frozenset()) -> list[Named]:
     """The frozen parameters stage 3 partitions: floating point (a flat group holds one dtype) and
-    not persistent (below ``stage3_param_persistence_threshold`` elements they stay whole, as
-    persistent trainable ones do)."""
-    return [(n, p) for n, p in frozen if p.is_floating_point() and logical_numel(p) >= persistence_threshold]
+    not persistent (below ``stage3_param_persistence_threshold`` elements, or named in
+    ``persistent_ids``, they stay whole, as persistent trainable ones do)."""
+    return [(n, p) for n, p in frozen
+            if p.is_floating_point() and logical_numel(p) >= persistence_threshold and id(p) not in persistent_ids]
 
 
 def _inside_leaves(root: nn.Module, leaves: Set[int]) -> set[str]:
