@@ -11,7 +11,7 @@ to tell a partitioned parameter, ``p.ds_numel`` for its size, ``p.ds_status`` be
   whole), else ``NOT_AVAILABLE`` (a gather in flight shows NOT_AVAILABLE until it lands: INFLIGHT
   is never reported);
 - ``ds_persist``: the parameter is kept whole on every rank (stage3_param_persistence_threshold,
-  frozen parameters).
+  stage3_persistent_param_names, frozen parameters).
 
 ``ds_status`` and ``ds_tensor`` are read from the parameter when asked (properties of a subclass
 the parameter's class is swapped to, as long as it is partitioned), so gathering and freeing, the
