@@ -18,7 +18,9 @@ from_pretrained of a saved tiny model before training) rows=<dataset size> (defa
 x ranks; with rows / (4 x ranks) micro-batches per rank not a multiple of acc, each epoch ends with
 a short accumulation window)."""
 import json
+import logging
 import os
+import re
 import sys
 
 import torch
@@ -91,6 +93,27 @@ def zero_config(o):
             ("total_num_steps",) if o["sched"] == "WarmupDecayLR" else ())
         cfg["scheduler"] = {"type": o["sched"], "params": {k: "auto" for k in keys}}
     return cfg
+
+
+def trainable_params_logged() -> list:
+    """The counts of the Trainer's "Number of trainable parameters = N" line as training starts (what a user reads),
+    appended as logged (the Trainer's info lines are not printed, its warnings are)."""
+    seen = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            m = re.search(r"Number of trainable parameters = ([\d,]+)", record.getMessage())
+            if m:
+                seen.append(int(m.group(1).replace(",", "")))
+
+    log = logging.getLogger("transformers.trainer")
+    log.setLevel(logging.INFO)
+    log.propagate = False  # its warnings still printed:
+    shown = logging.StreamHandler(sys.stderr)
+    shown.setLevel(logging.WARNING)
+    log.addHandler(shown)
+    log.addHandler(Catch())
+    return seen
 
 
 def main():
@@ -191,7 +214,9 @@ def main():
             if o["backend"] != "zerocore":
                 end_reference_run()
             return
+    counts = trainable_params_logged()
     trainer.train(resume_from_checkpoint=o["resume"] or None)
+    result["trainable_params_logged"] = counts
     # what the optimizer steps (LoRA: the adapters only) is exactly what requires grad
     in_opt = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
     if o["backend"] != "deepspeed":  # (DeepSpeed's groups hold its flat fp32 partitions)

@@ -87,6 +87,29 @@ def data(n=320):
     return torch.utils.data.TensorDataset(x, y)
 
 
+def strategy_of(name: str):
+    """The strategy by its registry name; at stage 3 with ``stage3_param_persistence_threshold`` 0: every weight of
+    this net is under the default threshold, which would keep them all whole (nothing partitioned)."""
+    if not name.startswith("zerocore_stage_3"):
+        return name
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    from zerocore.integrations.lightning import ZerocoreStrategy
+
+    return ZerocoreStrategy(config={"zero_optimization": {"stage3_param_persistence_threshold": 0}},
+                            **StrategyRegistry[name]["init_params"])
+
+
+class CountingSummary(pl.callbacks.ModelSummary):
+    """Lightning's model summary as fit starts (printed on rank 0), its parameter counts kept for the result."""
+
+    counts = {}
+
+    def summarize(self, summary_data, total_parameters, trainable_parameters, *args, **kwargs):
+        super().summarize(summary_data, total_parameters, trainable_parameters, *args, **kwargs)
+        self.counts.update(total=total_parameters, trainable=trainable_parameters)
+
+
 def main():
     strategy, out = sys.argv[1], sys.argv[2]
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
@@ -96,11 +119,11 @@ def main():
     samples = int(sys.argv[7]) if len(sys.argv) > 7 else 320
     world = int(os.environ.get("WORLD_SIZE", "1"))
     torch.set_num_threads(1)
-    callbacks = []
+    callbacks = [CountingSummary()]
     if ckpt_every:
         callbacks.append(pl.callbacks.ModelCheckpoint(dirpath=os.path.dirname(out) + "/ckpt", every_n_train_steps=ckpt_every,
                                                       save_top_k=-1, filename="s{step}"))
-    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=world, max_steps=steps,
+    trainer = pl.Trainer(strategy=strategy_of(strategy), accelerator="cpu", devices=world, max_steps=steps,
                          accumulate_grad_batches=acc, gradient_clip_val=0.5, logger=False,
                          enable_checkpointing=bool(ckpt_every), callbacks=callbacks, enable_progress_bar=False,
                          enable_model_summary=False, deterministic=True)
@@ -133,7 +156,7 @@ def main():
     if trainer.global_rank == 0:
         with open(out, "w") as f:
             json.dump({"losses": net.losses, "lrs": net.lrs, "grad_norms": net.norms,
-                       "global_step": trainer.global_step,
+                       "global_step": trainer.global_step, "summary": CountingSummary.counts,
                        "weights": {k: v.reshape(-1).tolist() for k, v in sd.items()}, **result}, f)
     if strategy == "ddp":
         end_reference_run()

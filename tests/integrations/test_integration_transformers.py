@@ -39,6 +39,9 @@ def _same_short_curve(ref, got):
     same_run(ref, got)
     # the Trainer's floating-point estimate counts every parameter whole (at stage 3 too, where they are partitioned)
     assert got["total_flos"] == ref["total_flos"] > 0
+    # so does its "Number of trainable parameters" log as training starts
+    assert got["trainable_params_logged"] == ref["trainable_params_logged"] != [0]
+    assert len(ref["trainable_params_logged"]) == 1
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,6 @@ import json
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
-import torch
-
 from ._common import (EngineOptimizer, backward_at, check_version, evaluation_config, initialize, optimizer_section,
                       sync_lr)
 
@@ -90,6 +88,28 @@ class ZerocorePrecision(Precision):
 
     def clip_gradients(self, optimizer, clip_val=0.0, gradient_clip_algorithm=GradClipAlgorithmType.NORM) -> None:
         pass  # done by the engine inside step(), over every rank's gradients
+
+
+def _summaries_count_whole(trainer: "pl.Trainer") -> None:
+    """Lightning's model summary (printed as ``fit`` starts, after the strategy's setup) counts ``p.numel()``: 0 for
+    a stage-3 parameter resting partitioned. Under its DeepSpeed strategy at stage 3 it takes ``DeepSpeedSummary``
+    instead (each parameter's ``ds_numel``, and a column of this rank's part per layer); so does each
+    ``ModelSummary`` callback of a trainer whose strategy is zerocore's at stage 3."""
+    from lightning.pytorch.callbacks import ModelSummary
+    from lightning.pytorch.utilities.model_summary import DeepSpeedSummary
+
+    for cb in trainer.callbacks:
+        if not isinstance(cb, ModelSummary) or "_summary" in cb.__dict__:
+            continue
+        plain = cb._summary
+
+        def summary(trainer, pl_module, cb=cb, plain=plain):
+            strategy = trainer.strategy
+            if isinstance(strategy, ZerocoreStrategy) and strategy.zero_stage == 3:
+                return DeepSpeedSummary(pl_module, max_depth=cb._max_depth)
+            return plain(trainer, pl_module)
+
+        cb._summary = summary
 
 
 class ZerocoreStrategy(DDPStrategy):
@@ -159,6 +179,8 @@ class ZerocoreStrategy(DDPStrategy):
         self.engine = (initialize(self.lightning_module, config, groups) if fitting else
                        initialize(self.lightning_module, evaluation_config(config), frozen=True))
         self.precision_plugin.engine = self.engine
+        if self.zero_stage == 3:
+            _summaries_count_whole(trainer)
         if optimizer is not None:
             # the same group dicts: the scheduler's writes to the user's optimizer are what the engine reads
             self.optimizers = [EngineOptimizer(optimizer.param_groups)]

@@ -10,6 +10,7 @@ to tell a partitioned parameter, ``p.ds_numel`` for its size, ``p.ds_status`` be
 - ``ds_status``: ``ZeroParamStatus.AVAILABLE`` while the full value is there (gathered, or kept
   whole), else ``NOT_AVAILABLE`` (a gather in flight shows NOT_AVAILABLE until it lands: INFLIGHT
   is never reported);
+- ``partition_numel()``: the element count of ``ds_tensor`` (Lightning's DeepSpeed summary reads it);
 - ``ds_persist``: the parameter is kept whole on every rank (stage3_param_persistence_threshold,
   stage3_persistent_param_names, frozen parameters).
 
@@ -85,6 +86,10 @@ class _Props:
     @property
     def ds_tensor(self) -> torch.Tensor:
         return _part(self)
+
+    def partition_numel(self) -> int:
+        """DeepSpeed's method: the element count of this rank's part (``ds_tensor``)."""
+        return _part(self).numel()
 
     def __deepcopy__(self, memo):
         # a partitioned parameter is the empty tensor: its copy would hold nothing, silently (DeepSpeed's

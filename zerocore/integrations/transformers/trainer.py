@@ -38,7 +38,7 @@ from .._common import (EngineOptimizer, backward_at, compile_as_accelerate, glob
 from .._wrapping import EngineModule, read_config
 from .config import fill_auto
 from .frozen_models import frozen_config, shard_frozen_models
-from .zero3 import zero3_visible
+from .zero3 import zero3_param_counts, zero3_visible
 
 SCHEDULER_NAME = "scheduler.pt"
 
@@ -157,6 +157,11 @@ class ZeroTrainerMixin:
     def _zc_running_engine(self):
         """The engine the model runs on now: the training one, or the evaluation one before training."""
         return self.zerocore_engine if self.zerocore_engine is not None else self.zerocore_eval_engine
+
+    def _inner_training_loop(self, *args, **kwargs):
+        # the loop's "Number of trainable parameters" log counts stage-3 parameters whole (zero3.py), as on DeepSpeed
+        with zero3_param_counts(self._zc_running_engine):
+            return super()._inner_training_loop(*args, **kwargs)
 
     # -- one micro-batch -----------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):

@@ -21,7 +21,9 @@ reference or reward model built while a zerocore engine trains. It is visible:
   calls the wrapped model's) picks ``synced_gpus`` as under DeepSpeed; a ``synced_gpus`` passed in
   still wins;
 - inside ``ZeroTrainer``'s evaluation and prediction loops (``trainer.py``), so
-  ``Seq2SeqTrainer(predict_with_generate=True)`` passes ``synced_gpus=True`` itself.
+  ``Seq2SeqTrainer(predict_with_generate=True)`` passes ``synced_gpus=True`` itself;
+- inside the Trainer's parameter count as training starts (``zero3_param_counts``), so its log counts the
+  partitioned parameters whole.
 
 The same swapped class's ``save_pretrained`` refuses, with a message saying how to save the full
 weights, to write a model whose partitioned parameters are empty tensors there (given a ``state_dict``
@@ -72,6 +74,30 @@ def zero3_visible(get_engine):
         yield view
     finally:
         hf_ds._hf_deepspeed_config_weak_ref = before
+
+
+@contextlib.contextmanager
+def zero3_param_counts(get_engine):
+    """Inside the block the Trainer's ``get_model_param_count`` (its "Number of trainable parameters" log at the
+    start of training) counts under ``zero3_visible(get_engine)``: Transformers' own ZeRO-3 rule then counts each
+    parameter's ``ds_numel``, where a partitioned parameter's ``numel()`` is its empty stand-in's 0. The name is
+    Transformers' module global in ``transformers.trainer`` (the loop's call site), put back after the block."""
+    import transformers.trainer as hf_trainer
+
+    original = getattr(hf_trainer, "get_model_param_count", None)
+    if original is None:  # a Transformers without that call: nothing to count
+        yield
+        return
+
+    def get_model_param_count(model, trainable_only=False):
+        with zero3_visible(get_engine):
+            return original(model, trainable_only)
+
+    hf_trainer.get_model_param_count = get_model_param_count
+    try:
+        yield
+    finally:
+        hf_trainer.get_model_param_count = original
 
 
 def _engine_of(module):
