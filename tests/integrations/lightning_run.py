@@ -33,6 +33,9 @@ class Net(pl.LightningModule):
         torch.manual_seed(0)
         self.body = nn.Sequential(nn.Linear(24, 48), nn.Tanh(), nn.Linear(48, 48), nn.Tanh(), nn.Linear(48, 5))
 
+    def on_train_start(self):
+        self.partitioned = sum(p.numel() == 0 for p in self.parameters())  # stage 3: the empty stand-ins
+
     def training_step(self, batch, _):
         x, y = batch
         loss = nn.functional.cross_entropy(self.body(x), y)
@@ -138,6 +141,7 @@ def main():
     trainer.fit(model, loader, ckpt_path=resume)
     # the zerocore strategy destroyed its engine at the end of fit: the model holds the full weights
     assert getattr(trainer.strategy, "engine", None) is None
+    partitioned = getattr(net, "partitioned", 0)
     sd = {k: v.detach().clone() for k, v in net.state_dict().items()}
     result = {}
     if evaluate:
@@ -156,7 +160,7 @@ def main():
     if trainer.global_rank == 0:
         with open(out, "w") as f:
             json.dump({"losses": net.losses, "lrs": net.lrs, "grad_norms": net.norms,
-                       "global_step": trainer.global_step, "summary": CountingSummary.counts,
+                       "global_step": trainer.global_step, "summary": CountingSummary.counts, "partitioned": partitioned,
                        "weights": {k: v.reshape(-1).tolist() for k, v in sd.items()}, **result}, f)
     if strategy == "ddp":
         end_reference_run()

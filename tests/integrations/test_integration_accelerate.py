@@ -61,7 +61,9 @@ def test_stage2_short_last_window_matches_ddp(ddp_short, tmp_path):
 
 
 def test_stage3_short_last_window_matches_ddp(ddp_short, tmp_path):
-    _check_short(ddp_short, _run(tmp_path, 3, *SHORT))
+    got = _run(tmp_path, 3, *SHORT)
+    _check_short(ddp_short, got)
+    assert got["partitioned"] == 6  # every weight and bias
 
 
 @pytest.mark.slow

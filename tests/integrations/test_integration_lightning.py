@@ -90,7 +90,9 @@ def test_stage2_short_last_window_matches_ddp(ddp_short, tmp_path):
 
 def test_stage3_short_last_window_matches_ddp(ddp_short, tmp_path):
     out = str(tmp_path / "out.json")
-    _check_short(ddp_short, torchrun("lightning_run.py", ["zerocore_stage_3", out, *SHORT], out))
+    got = torchrun("lightning_run.py", ["zerocore_stage_3", out, *SHORT], out)
+    _check_short(ddp_short, got)
+    assert got["partitioned"] == 6  # every weight and bias
 
 
 @pytest.mark.slow
