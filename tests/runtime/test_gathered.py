@@ -8,6 +8,7 @@ One spawn of 2 ranks runs every scenario (tests/stage3_ranks.py); the tests chec
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -16,7 +17,7 @@ import torch
 
 import zerocore
 from stage3_ranks import (Stack, _drop, assert_losses, assert_states_close, config, reference, results,
-                          same_on_every_rank, spawn, stack, train)
+                          same_on_every_rank, spawn, stack, train, batch)
 
 
 # -- scenarios (each runs on every rank; returns what the tests check) ---------------------------------
@@ -175,9 +176,37 @@ def sc_gathered_in_forward(rank: int, world: int) -> dict:
 
 
 
+def sc_gathered_holds_units(rank: int, world: int) -> dict:
+    """The whole model gathered by one block (generation's way): forwards inside it gather nothing more; training
+    steps inside it train as outside (the first backward's end hands the units back: the step changes the chunks)."""
+    out = {}
+    model = stack()
+    engine = zerocore.initialize(model, config())
+    losses = train(engine, 1, rank, world, 32)
+    x = batch(9, 4, 32)[0]
+    with torch.no_grad():
+        outside = engine(x)
+    gathers = []
+    for g in engine.groups:  # (this engine's groups only: each instance's all-gathers counted)
+        g.start_gather = functools.partial(lambda start, *a, **k: gathers.append(1) or start(*a, **k), g.start_gather)
+    with zerocore.gathered(list(model.parameters())):
+        out["gathers_entering"] = len(gathers)
+        with torch.no_grad():
+            inside = [engine(x) for _ in range(3)]
+        out["gathers_forwards"] = len(gathers) - out["gathers_entering"]
+        out["inside_equal"] = all(torch.equal(t, outside) for t in inside)
+        losses += train(engine, 2, rank, world, 32, first=1)
+    out["empty_after"] = all(p.numel() == 0 for p in model.parameters())
+    out["losses"] = losses + train(engine, 1, rank, world, 32, first=3)
+    out["ref_losses"] = reference(stack(), 4, world, 32)[0]
+    _drop(engine)
+    return out
+
+
 @pytest.fixture(scope="module")
 def world2(tmp_path_factory):
-    return spawn([sc_gathered_engine, sc_gathered_bf16, sc_gathered_persistent, sc_gathered_in_forward], 2,
+    return spawn([sc_gathered_engine, sc_gathered_bf16, sc_gathered_persistent, sc_gathered_in_forward,
+                  sc_gathered_holds_units], 2,
                  tmp_path_factory.mktemp("gathered2"))
 
 
@@ -264,6 +293,15 @@ def test_gathered_inside_forward_waits_for_the_prefetch_in_flight(world2):
         assert r["headers_True"] == r["headers_False"]
         assert r["losses_True"] == r["losses_False"]
 
+
+
+def test_forwards_inside_a_block_gather_nothing_more_and_training_inside_is_exact(world2):
+    for r in results(world2, "gathered_holds_units"):
+        assert r["gathers_entering"] == 4  # one all-gather per unit, on entering
+        assert r["gathers_forwards"] == 0  # three forwards of the whole model: the units stay whole
+        assert r["inside_equal"]
+        assert r["empty_after"]
+        assert_losses(r["losses"], r["ref_losses"])
 
 
 def test_what_is_taken_from_gathered_parameters_stays_valid_after_the_context():

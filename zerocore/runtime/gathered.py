@@ -22,6 +22,12 @@ in-place change), or with ``zero_optimization.enable_sanity_checks`` a RuntimeEr
 rule there; without it DeepSpeed is silent). At stages 0-2 the parameters are always whole and
 nothing is gathered or copied: edit them only with ``modifier_rank``. A collective: every rank must
 enter with the same parameters.
+
+Forwards inside the block find the stage-3 units it gathered whole and leave them so: the whole model
+gathered once serves every forward of a ``generate`` (DeepSpeed removes its module hooks for that:
+``unwrap_model_for_generation``), where a forward outside gathers and frees each unit. The end of a backward
+inside the block hands the units back to the engine (the step then changes the chunks; later forwards in the
+block gather as usual).
 """
 from __future__ import annotations
 
@@ -97,7 +103,7 @@ def gathered(params, modifier_rank: int | None = None):
     if modifier_rank is not None and not 0 <= modifier_rank < comm.world:
         raise ValueError(f"zerocore.gathered: modifier_rank={modifier_rank} is not a rank of this {comm.world}-rank "
                          "group")
-    opened = []  # stage-3 groups this context gathered (freed on exit)
+    opened = []  # (engine, group, its unit) of the stage-3 groups this context gathered (freed on exit)
     inits: list[tuple[nn.Parameter, InitShard]] = []
     saved: list[tuple[nn.Parameter, torch.Tensor, int]] = []  # whole already: restored on exit if changed
     try:
@@ -108,7 +114,10 @@ def gathered(params, modifier_rank: int | None = None):
                 engine.guard.check(Op.CONTEXT, gi, 0)
                 g.start_gather(comm, async_op=False)
                 g.finish_gather()
-                opened.append((engine, g))
+                unit = engine.gatherer.by_group.get(gi) if engine.gatherer is not None else None
+                if unit is not None:  # a forward inside the block leaves it whole (generation: one gather)
+                    unit.held = True
+                opened.append((engine, g, unit))
                 continue
             if g.partitioned and state is ParamState.GATHERING:  # a prefetch in flight (inside forward)
                 engine.gatherer.finish_prefetch(gi)  # the gatherer still owns it (and frees it)
@@ -160,9 +169,13 @@ def gathered(params, modifier_rank: int | None = None):
             p._zc_init = rec
             rec.version = p._version
             rec.open = False
-        for engine, g in opened:
-            if g.param_state.value is ParamState.GATHERED:
+        for engine, g, unit in opened:
+            # (a unit whose hold a backward's end released is the gatherer's again: freed there, or by its next pass)
+            if g.param_state.value is ParamState.GATHERED and (unit is None or unit.held):
                 g.free_full_keeping_aliases()  # what the user took from the parameters stays valid
+        for engine, g, unit in opened:
+            if unit is not None:
+                unit.held = False
 
 
 def _discarded_on_exit(engine_groups: dict, inits: list) -> list[tuple[nn.Parameter, str, bool]]:

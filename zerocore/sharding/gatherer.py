@@ -91,6 +91,9 @@ class Unit:
     # reading each other's parameters would otherwise reference each other, a cycle)
     extern: set = dataclasses.field(default_factory=set)
     pending: int = 0  # post-backward Functions applied in forward whose backward has not run yet
+    # a ``zerocore.gathered`` block gathered it: passes inside the block find it whole and leave it so (the
+    # block frees it on exit); ``free_all`` (the end of a backward, before the step changes the chunks) ends that
+    held: bool = False
 
     # Plain attributes, not properties: the hooks read them several times per unit per pass.
     padded: int = 0  # elements of the full (padded) buffers a gather brings in; 0 for an empty root
@@ -217,7 +220,7 @@ class ParamGatherer:
 
     def _free(self, u: Unit) -> None:
         state = u.tracked.value
-        if u.group is None or state is ParamState.SHARDED:
+        if u.group is None or state is ParamState.SHARDED or u.held:
             return
         if state is ParamState.GATHERING:
             self._wait(u)
@@ -231,6 +234,7 @@ class ParamGatherer:
         backward (also one that raised): signals that never fired (unused outputs) are forgotten."""
         for u in self.units:
             u.pending = 0
+            u.held = False  # the chunks may change now: a block's whole copy would go stale
             if u.tracked.value is not ParamState.SHARDED and u.group is not None:  # inline: most are sharded
                 self._free(u)
         self.stack.clear()
