@@ -1,7 +1,8 @@
 """Stage 3 where Transformers expects DeepSpeed ZeRO-3 (issue 34), one torchrun run on a tiny Llama
 saved and loaded back with ``from_pretrained``; writes a JSON (rank 0) with what each rank saw.
 
-argv: out.json then key=value options: backend=zerocore|ddp, mode=lora|seq2seq.
+argv: out.json then key=value options: backend=zerocore|ddp, mode=lora|seq2seq, whole=0|1 (the config's
+``stage3_gather_for_generation``).
 
 - ``lora``: the model loaded partitioned (zerocore's ``from_pretrained`` at stage 3, plain
   ``from_pretrained`` under DDP), LoRA on q/v (PEFT), trained by the Trainer for 8 steps, then
@@ -10,9 +11,9 @@ argv: out.json then key=value options: backend=zerocore|ddp, mode=lora|seq2seq.
   ``model.generate`` (PEFT's, no zerocore helper) with the ranks asking for different numbers of
   new tokens; rank 0 generates the same prompts with an unsharded copy of the trained weights.
 - ``seq2seq``: ``Seq2SeqTrainer(predict_with_generate=True).predict`` before any training (on an
-  engine that trains nothing, built by the prediction), each prompt's generation forced to end (EOS) after a number
-  of tokens that depends on the prompt, so the ranks finish at different steps; rank 0 generates
-  each prompt alone with an unsharded copy of the weights.
+  engine that trains nothing, built by the prediction; each decoder layer a unit), each prompt's generation forced
+  to end (EOS) after a number of tokens that depends on the prompt, so the ranks finish at different steps; rank 0
+  generates each prompt alone with an unsharded copy of the weights. The stage-3 all-gathers issued are counted.
 """
 import json
 import os
@@ -31,18 +32,33 @@ EOS, PAD = 1, 0
 
 
 def opts():
-    o = dict(backend="zerocore", mode="lora")
+    o = dict(backend="zerocore", mode="lora", whole="0")
     for a in sys.argv[2:]:
         k, v = a.split("=", 1)
         o[k] = v
     return o
 
 
-def zero_config():
+def zero_config(whole: bool = False, unit_min: int = 100_000):
     return {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
             "train_batch_size": "auto", "gradient_clipping": "auto",
             "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto",
-                                  "stage3_prefetch_bucket_size": "auto", "reduce_bucket_size": "auto"}}
+                                  "stage3_prefetch_bucket_size": "auto", "reduce_bucket_size": "auto",
+                                  "stage3_gather_for_generation": whole, "stage3_unit_min_params": unit_min}}
+
+
+def count_gathers() -> list:
+    """Every stage-3 all-gather issued from now on appends to the list returned."""
+    from zerocore.sharding.group import ShardedGroup
+
+    seen, start = [], ShardedGroup.start_gather
+
+    def counted(self, *args, **kwargs):
+        seen.append(1)
+        return start(self, *args, **kwargs)
+
+    ShardedGroup.start_gather = counted
+    return seen
 
 
 class Ragged(torch.utils.data.Dataset):
@@ -172,13 +188,19 @@ def run_seq2seq(o, work, rank, world, result):
         from zerocore.integrations.transformers import make_zero_trainer
 
         trainer = make_zero_trainer(transformers.Seq2SeqTrainer)(model=model, args=args,
-                                                                 zerocore_config=zero_config())
+                                                                 zerocore_config=zero_config(o["whole"] == "1", 1000))
     else:
         trainer = transformers.Seq2SeqTrainer(model=model, args=args)
+    gathers, calls = count_gathers(), []
+    generate = type(model).generate
+    type(model).generate = lambda *a, **k: calls.append(1) or generate(*a, **k)
     out = trainer.predict(data, max_new_tokens=8, logits_processor=LogitsProcessorList([EosAfter(4)]))
     result["predictions"] = out.predictions.tolist()
     # (the prediction before training ran on an engine that trains nothing: the evaluation engine)
     engine = getattr(trainer, "zerocore_eval_engine", None)
+    if engine is not None:
+        result.update(gathers=len(gathers), generate_calls=len(calls),
+                      groups=sum(len(u.groups()) for u in engine.gatherer.units))
     result["stage3_engine"] = engine is not None and engine.config.zero_optimization.stage == 3
     state = engine.full_state_dict() if engine is not None else model.state_dict()
     if rank == 0:

@@ -86,3 +86,23 @@ def test_unsupported_version_says_which_are_supported():
         check_version("torch", "99.0", "100", "zerocore.integrations.x")
     with pytest.raises(ImportError, match="not installed"):
         check_version("no-such-dist-zc", "1.0", "2", "zerocore.integrations.x")
+
+
+def test_trl_gather_for_generation_fills_stage3_only_and_the_config_wins(model, tmp_path):
+    """TRL's ``ds3_gather_for_generation`` (default true: TRL gathers DeepSpeed's ZeRO-3 model for generation)
+    becomes ``stage3_gather_for_generation`` at stage 3 unless the config sets it; plain TrainingArguments have no
+    such argument (Transformers' own generation under ZeRO-3 gathers per module)."""
+    trl = pytest.importorskip("trl", reason="trl is not installed")
+    common = dict(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    z3 = {"zero_optimization": {"stage": 3}}
+    grpo = trl.GRPOConfig(**common)
+    assert grpo.ds3_gather_for_generation is True
+    assert fill_auto(z3, grpo, model)["zero_optimization"]["stage3_gather_for_generation"] is True
+    off = trl.GRPOConfig(**common, ds3_gather_for_generation=False)
+    assert fill_auto(z3, off, model)["zero_optimization"]["stage3_gather_for_generation"] is False
+    explicit = {"zero_optimization": {"stage": 3, "stage3_gather_for_generation": False}}
+    assert fill_auto(explicit, grpo, model)["zero_optimization"]["stage3_gather_for_generation"] is False
+    assert "stage3_gather_for_generation" not in fill_auto({"zero_optimization": {"stage": 2}}, grpo,
+                                                           model)["zero_optimization"]
+    plain = TrainingArguments(**common)
+    assert "stage3_gather_for_generation" not in fill_auto(z3, plain, model)["zero_optimization"]

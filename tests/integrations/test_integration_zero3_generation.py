@@ -54,9 +54,15 @@ def test_plain_generate_syncs_ranks_that_stop_at_different_lengths(lora):
     assert ddp["generated"] == ddp["reference"]
 
 
-def test_seq2seq_predict_with_generate_at_stage3(tmp_path):
-    got = run(tmp_path, "s2s", "mode=seq2seq")
+@pytest.mark.parametrize("whole", ["0", "1"])
+def test_seq2seq_predict_with_generate_at_stage3(tmp_path, whole):
+    got = run(tmp_path, "s2s", "mode=seq2seq", f"whole={whole}")
     assert got["stage3_engine"]
+    # each prediction step generates, then runs a forward for its loss (one gather of every group): the generation
+    # gathers every group once (stage3_gather_for_generation), or each at every new token's forward
+    per_call = got["gathers"] / got["generate_calls"]
+    assert per_call == 2 * got["groups"] if whole == "1" else per_call >= 4 * got["groups"], got
+    assert got["groups"] >= 4  # the embeddings and the head (the root), each decoder layer
     assert len(got["predictions"]) == len(got["reference"]) == 8
     lengths = set()
     for row, ref in zip(got["predictions"], got["reference"]):

@@ -33,6 +33,7 @@ DEEPSPEED_DEFAULTS: dict[str, object] = {
     "zero_optimization.stage3_max_reuse_distance": 1_000_000_000,
     "zero_optimization.stage3_unit_classes": ONLY_ZEROCORE, "zero_optimization.stage3_unit_min_params": ONLY_ZEROCORE,
     "zero_optimization.stage3_persistent_param_names": ONLY_ZEROCORE,
+    "zero_optimization.stage3_gather_for_generation": ONLY_ZEROCORE,
     "zero_optimization.stage3_check_divergence": ONLY_ZEROCORE,
     "zero_optimization.stage3_divergence_timeout": ONLY_ZEROCORE, "zero_optimization.enable_sanity_checks": False,
     "zero_optimization.comm_timeout": ONLY_ZEROCORE, "zero_optimization.agreement_timeout": ONLY_ZEROCORE,

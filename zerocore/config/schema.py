@@ -235,6 +235,13 @@ class ZeroOptimizationConfig(_Section):
                                                  "partitioned one is the empty tensor. A pattern matching no "
                                                  "parameter is an error.", kind=list, applies_if=_only_stage3,
                                                  applies="stage 3")
+    stage3_gather_for_generation: bool = option(False, "zerocore: generate() of a Transformers model a stage-3 "
+                                                "engine holds gathers the whole model once for the call (each rank "
+                                                "holds all of it meanwhile) instead of each unit at every forward, "
+                                                "that is at every new token. TRL's trainers set it from their "
+                                                "ds3_gather_for_generation (default true) unless the config sets "
+                                                "it, as TRL gathers DeepSpeed's ZeRO-3 model for generation.",
+                                                kind=bool, applies_if=_only_stage3, applies="stage 3")
     stage3_check_divergence: bool = option(True, "zerocore: before each stage-3 collective, check that every rank "
                                            "is about to issue the same one, and raise naming the unit and ranks "
                                            "if not (instead of hanging or crashing).", kind=bool,

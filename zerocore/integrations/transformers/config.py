@@ -87,6 +87,9 @@ def fill_auto(config, args, model=None, num_training_steps: int | None = None) -
         if z.get("stage") == 3:
             f.fill("zero_optimization.stage3_prefetch_bucket_size", int(0.9 * h * h), "0.9*hidden_size^2", False)
             f.fill("zero_optimization.stage3_param_persistence_threshold", 10 * h, "10*hidden_size", False)
+    if isinstance(z, dict) and z.get("stage") == 3 and hasattr(args, "ds3_gather_for_generation"):
+        # TRL's argument (its default true gathers DeepSpeed's ZeRO-3 model for each generation); the config wins
+        z.setdefault("stage3_gather_for_generation", bool(args.ds3_gather_for_generation))
     if num_training_steps is not None:
         f.fill("scheduler.params.total_num_steps", num_training_steps, "num_training_steps (calculated)")
         f.fill("scheduler.params.warmup_num_steps", max(1, args.get_warmup_steps(num_training_steps)),

@@ -25,6 +25,10 @@ reference or reward model built while a zerocore engine trains. It is visible:
 - inside the Trainer's parameter count as training starts (``zero3_param_counts``), so its log counts the
   partitioned parameters whole.
 
+With ``zero_optimization.stage3_gather_for_generation`` (TRL's trainers set it from their
+``ds3_gather_for_generation``) the swapped ``generate`` also gathers the whole model once for the call, as TRL
+gathers DeepSpeed's ZeRO-3 model for generation, instead of each unit at every new token.
+
 The same swapped class's ``save_pretrained`` refuses, with a message saying how to save the full
 weights, to write a model whose partitioned parameters are empty tensors there (given a ``state_dict``
 it saves that).
@@ -36,7 +40,7 @@ import os
 import weakref
 
 from ...runtime.ds_param_attrs import is_partitioned_now
-from ...runtime.gathered import owner_of
+from ...runtime.gathered import gathered, owner_of
 
 
 class Zero3View:
@@ -104,6 +108,15 @@ def _engine_of(module):
     return next((owner_of(p) for p in module.parameters()), None)
 
 
+def _whole_for_generation(model):
+    """``zero_optimization.stage3_gather_for_generation``: the whole model gathered once for a ``generate`` call
+    (``zerocore.gathered`` keeps the units whole through its forwards), else each unit per forward."""
+    engine = _engine_of(model)
+    if engine is None or not engine.config.zero_optimization.stage3_gather_for_generation:
+        return contextlib.nullcontext()
+    return gathered(list(model.parameters()))
+
+
 _STAGE3: dict[type, type] = {}
 
 
@@ -119,7 +132,7 @@ def stage3_class(cls: type) -> type:
     from transformers.generation import GenerationMixin
 
     def generate(self, *args, **kwargs):
-        with zero3_visible(lambda: _engine_of(self)):
+        with zero3_visible(lambda: _engine_of(self)), _whole_for_generation(self):
             return super(new, self).generate(*args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
