@@ -11,10 +11,10 @@ import traceback
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import zerocore
 from dist_helpers import DTYPES, loss_fn, make_batch, make_model
+from forked_ranks import start_ranks
 
 GLOBAL_ROWS = 16  # samples per optimizer step, whatever the world size
 
@@ -172,8 +172,7 @@ def spawn(jobs: list, world: int, tmp_dir, timeout: float = 50) -> list[dict]:
     """Runs ``jobs`` ((name, fn, args) with ``fn(*args, rank, world)``) on ``world`` gloo ranks;
     returns each rank's {name: result}. Ranks may die (the kill test): whatever they wrote comes back."""
     tmp_dir = str(tmp_dir)
-    ctx = mp.start_processes(_entry, args=(world, os.path.join(tmp_dir, "pg_init"), tmp_dir, jobs), nprocs=world,
-                             join=False, start_method="spawn")
+    ctx = start_ranks(_entry, (world, os.path.join(tmp_dir, "pg_init"), tmp_dir, jobs), world)
     deadline = time.monotonic() + timeout
     while any(p.is_alive() for p in ctx.processes):
         if time.monotonic() > deadline:

@@ -15,10 +15,10 @@ import traceback
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import zerocore
+from forked_ranks import start_ranks
 
 
 # -- models -------------------------------------------------------------------------------------
@@ -366,8 +366,7 @@ def spawn_cases(cases: list, world: int, tmp_dir, timeout: float = 600, run=None
     module-level function; ``run_case`` by default); returns results[rank][case]."""
     tmp_dir = str(tmp_dir)
     init_file = os.path.join(tmp_dir, "pg_init")
-    ctx = mp.start_processes(_entry, args=(world, init_file, tmp_dir, cases, run), nprocs=world, join=False,
-                             start_method="spawn")
+    ctx = start_ranks(_entry, (world, init_file, tmp_dir, cases, run), world)
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=2):
         if time.monotonic() > deadline:

@@ -15,10 +15,10 @@ import traceback
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from dist_helpers import relative_delta_error
+from forked_ranks import start_ranks
 
 LR, WD, MICRO = 1e-2, 0.05, 2
 SPAWN_TIMEOUT = 150  # seconds for a whole spawn (every scenario of it)
@@ -165,13 +165,12 @@ def _entry(rank: int, world: int, init_file: str, out_dir: str, scenarios: list)
         dist.destroy_process_group()
 
 
-def spawn(scenarios: list, world: int, tmp_dir, timeout: float = SPAWN_TIMEOUT) -> list[dict]:
+def spawn(scenarios: list, world: int, tmp_dir, timeout: float = SPAWN_TIMEOUT, fresh: bool = False) -> list[dict]:
     """Runs the scenarios (``sc_<name>`` functions, results keyed by ``<name>``) on ``world`` gloo
     ranks; fails if a rank exits abnormally (a SIGABRT raises ProcessExitedException) or the whole
-    run takes longer than ``timeout``."""
+    run takes longer than ``timeout``. ``fresh``: ranks in new interpreters (``forked_ranks.start_ranks``)."""
     tmp_dir = str(tmp_dir)
-    ctx = mp.start_processes(_entry, args=(world, os.path.join(tmp_dir, "pg"), tmp_dir, scenarios), nprocs=world,
-                             join=False, start_method="spawn")
+    ctx = start_ranks(_entry, (world, os.path.join(tmp_dir, "pg"), tmp_dir, scenarios), world, fresh=fresh)
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=1):
         if time.monotonic() > deadline:

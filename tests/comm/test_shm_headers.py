@@ -14,13 +14,13 @@ import time
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from zerocore.comm.shm_headers import HeaderTimeout, PeerExited, ShmHeaders, _check, _start_time
 
 if not sys.platform.startswith("linux"):
     pytest.skip("shared-memory headers are used on Linux only", allow_module_level=True)
 
+from forked_ranks import start_ranks  # noqa: E402
 from stage3_ranks import results, spawn  # noqa: E402
 
 
@@ -113,7 +113,7 @@ def test_another_host_falls_back_on_every_rank(world2):
 
 
 def test_a_peer_that_exited_is_named_before_the_timeout(tmp_path):
-    mp.start_processes(_peer_exits, args=(2, str(tmp_path)), nprocs=2, start_method="spawn")  # (joins them)
+    start_ranks(_peer_exits, (2, str(tmp_path)), 2, join=True)
     with open(tmp_path / "rank0.json") as f:
         r0 = json.load(f)
     assert r0["error"] is not None and r0["error"].startswith("rank 1 (pid ") and "exited" in r0["error"], r0

@@ -11,10 +11,10 @@ import traceback
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import zerocore
+from forked_ranks import start_ranks
 
 
 def _model():
@@ -69,7 +69,7 @@ def _entry(rank: int, world: int, tmp: str) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("gathered_edit"))
-    ctx = mp.start_processes(_entry, args=(2, tmp), nprocs=2, join=False, start_method="spawn")
+    ctx = start_ranks(_entry, (2, tmp), 2)
     deadline = time.monotonic() + 180
     while not ctx.join(timeout=1):
         if time.monotonic() > deadline:

@@ -11,11 +11,11 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import zerocore
 from zerocore.config import load_config
+from forked_ranks import start_ranks
 
 
 def small_model(seed: int = 0, out: int = 3) -> nn.Module:
@@ -315,8 +315,7 @@ def _progress(tmp) -> int:
 
 
 def _spawn(tmp, names, pg_timeout_s=None):
-    ctx = mp.start_processes(_rank_entry, args=(2, os.path.join(tmp, "pg"), tmp, names, pg_timeout_s), nprocs=2,
-                             join=False, start_method="spawn")
+    ctx = start_ranks(_rank_entry, (2, os.path.join(tmp, "pg"), tmp, names, pg_timeout_s), 2)
     seen, deadline = 0, time.monotonic() + STARTUP_S + SCENARIO_S
     while not ctx.join(timeout=0.5):
         done = _progress(tmp)

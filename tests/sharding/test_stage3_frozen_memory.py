@@ -57,11 +57,11 @@ def sc_frozen_base_memory(rank: int, world: int) -> dict:
 
 
 def test_a_96_mib_frozen_base_is_halved_per_rank_at_world_2(tmp_path):
-    env = {"MALLOC_MMAP_THRESHOLD_": "4096", "MALLOC_TRIM_THRESHOLD_": "0"}  # inherited by the spawned ranks
+    env = {"MALLOC_MMAP_THRESHOLD_": "4096", "MALLOC_TRIM_THRESHOLD_": "0"}  # read by glibc as a fresh rank starts
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        rs = results(spawn([sc_frozen_base_memory], 2, tmp_path, timeout=240), "frozen_base_memory")
+        rs = results(spawn([sc_frozen_base_memory], 2, tmp_path, timeout=240, fresh=True), "frozen_base_memory")
     finally:
         for k, v in saved.items():
             if v is None:
