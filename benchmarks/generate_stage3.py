@@ -55,7 +55,7 @@ def zero_config(a, **zero) -> dict:
     return {"train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": 1,
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
             "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, **zero},
-            **({"bf16": {"enabled": True}} if a.device == "cuda" else {}), "steps_per_print": 10 ** 9}
+            **({"bf16": {"enabled": True}} if a.device == "cuda" else {})}
 
 
 def build(name: str, a, device):
@@ -78,8 +78,8 @@ def build(name: str, a, device):
     import deepspeed
     from deepspeed.runtime.zero import unwrap_model_for_generation
 
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=zero_config(a),
-                                      dist_init_required=False)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config={**zero_config(a), "steps_per_print": 10 ** 9}, dist_init_required=False)
     if name.endswith("_unwrap"):
         def generate(ids):
             with unwrap_model_for_generation(engine):
