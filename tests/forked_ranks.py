@@ -27,7 +27,7 @@ def start_ranks(fn, args: tuple, nprocs: int, join: bool = False, fresh: bool = 
     """``torch.multiprocessing.start_processes(fn, args, nprocs, join)`` through the fork server (``fn(rank, *args)``
     in each rank, module-level, as for "spawn"). ``fresh``: new interpreters ("spawn"), for ranks that need what
     is read only when a process starts (glibc's ``MALLOC_*`` tunables of the memory tests)."""
-    if fresh:
+    if fresh or os.environ.get("ZC_TEST_SPAWN") == "1":  # (ZC_TEST_SPAWN=1: every rank a new interpreter)
         return mp.start_processes(fn, args=args, nprocs=nprocs, join=join, start_method="spawn")
     mp.set_forkserver_preload(_PRELOAD)  # (read when the fork server starts: the first call)
     return mp.start_processes(_with_env, args=(fn, dict(os.environ), *args), nprocs=nprocs, join=join,
