@@ -44,7 +44,8 @@ def make_model(a):
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=int(a.hidden * 2.6875),
-                      num_hidden_layers=a.layers, num_attention_heads=a.hidden // 64, num_key_value_heads=a.hidden // 64,
+                      num_hidden_layers=a.layers, num_attention_heads=a.hidden // 64,
+                      num_key_value_heads=a.hidden // 64,
                       max_position_embeddings=a.prompt + a.new_tokens, tie_word_embeddings=False)
     model = LlamaForCausalLM(cfg)
     model.generation_config.pad_token_id = 0

@@ -5,8 +5,9 @@ The helpers they share (dist_helpers.py, checkpoint_helpers.py, ...) stay here i
 test modules reuse another's checks (``from test_stages import check_against_reference``), so
 tests/ and each of its test folders go on sys.path: any test imports any helper or test module by
 its name, whichever folder it runs from. Rank processes (forked_ranks.py: forked from a server that
-starts with this sys.path, after collection) import their test module by that name too, which is why test file names are unique across the folders
-(none of them is a package; tests/deepspeed_face/ is, and is imported as one)."""
+starts with this sys.path, after collection) import their test module by that name too, which is why
+test file names are unique across the folders (none of them is a package; tests/deepspeed_face/ is,
+and is imported as one)."""
 import os
 import sys
 

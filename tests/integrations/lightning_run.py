@@ -160,7 +160,8 @@ def main():
     if trainer.global_rank == 0:
         with open(out, "w") as f:
             json.dump({"losses": net.losses, "lrs": net.lrs, "grad_norms": net.norms,
-                       "global_step": trainer.global_step, "summary": CountingSummary.counts, "partitioned": partitioned,
+                       "global_step": trainer.global_step, "summary": CountingSummary.counts,
+                       "partitioned": partitioned,
                        "weights": {k: v.reshape(-1).tolist() for k, v in sd.items()}, **result}, f)
     if strategy == "ddp":
         end_reference_run()
