@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import zerocore
-from stage3_ranks import (Stack, _drop, assert_losses, assert_states_close, config, reference, results,
-                          same_on_every_rank, spawn, stack, train, batch)
+from stage3_ranks import (Stack, _drop, assert_losses, assert_states_close, batch, config, reference, results,
+                          same_on_every_rank, spawn, stack, train)
 
 
 # -- scenarios (each runs on every rank; returns what the tests check) ---------------------------------
