@@ -275,6 +275,8 @@ def test_consolidate_stage3_world4_into_a_plain_model(saved, tmp_path):
         assert torch.equal(got[k], w), k
     full = load_full_state_dict(str(root / "fp32"))
     assert full.keys() == want.keys() and all(torch.equal(full[k], w) for k, w in want.items())
+    # a tied weight is one tensor under both names (torch.save then stores it once; DeepSpeed's zero_to_fp32 too)
+    assert full["head.weight"] is full["tok.weight"]
     # sharded, 16-bit: the index maps every tensor to its file; the values are the fp32 ones rounded
     files = consolidate(str(root / "fp32"), str(tmp_path / "bf" / "model.safetensors"), dtype="bf16",
                         max_shard_size="10KB")

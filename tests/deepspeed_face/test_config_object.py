@@ -18,6 +18,7 @@ from zerocore.deepspeed.runtime.precision_config import get_bfloat16_config, get
 from .runner import run_one_rank
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "config_object_script.py")
+PRECISION_SCRIPT = os.path.join(os.path.dirname(__file__), "precision_section_script.py")
 
 
 def test_the_same_values_as_deepspeeds_config_object(tmp_path):
@@ -30,6 +31,32 @@ def test_the_same_values_as_deepspeeds_config_object(tmp_path):
         differ = [k for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k)]
         assert got == want, f"case {i}: " + ", ".join(f"{k}: {got.get(k)!r} vs DeepSpeed's {want.get(k)!r}"
                                                       for k in differ)
+
+
+def test_fp16_section_objects_accept_and_refuse_as_deepspeeds(tmp_path):
+    """DeepSpeed's ``DeepSpeedFP16Config`` beside the face's on 41 sections: the same values, the same refusals,
+    each a pydantic ``ValidationError`` (the face's is zerocore's ``ConfigError`` too)."""
+    pytest.importorskip("deepspeed", reason="comparing with DeepSpeed needs it installed (pip install deepspeed)")
+    pytest.importorskip("pydantic", reason="DeepSpeed's section objects are pydantic models")
+    theirs = run_one_rank(PRECISION_SCRIPT, "deepspeed", str(tmp_path / "ds.pt"))
+    ours = run_one_rank(PRECISION_SCRIPT, "zerocore", str(tmp_path / "zc.pt"))
+    assert len(ours) == len(theirs) == 41
+    assert sum("refused" in t for t in theirs) == 23
+    for i, (got, want) in enumerate(zip(ours, theirs)):
+        assert got == want, f"case {i}: {got} vs DeepSpeed's {want}"
+
+
+def test_fp16_section_errors_are_configerrors_too():
+    pydantic = pytest.importorskip("pydantic", reason="the face raises pydantic's error where pydantic is installed")
+    from zerocore.deepspeed.runtime.precision_config import DeepSpeedFP16Config
+
+    with pytest.raises(ConfigError, match="fp16.loss_scale_window: got 0") as info:
+        DeepSpeedFP16Config(enabled=True, loss_scale=0, loss_scale_window=0)
+    assert isinstance(info.value, pydantic.ValidationError) and info.value.errors()[0]["loc"] == ("loss_scale_window",)
+    # zerocore's own loader: the window and floor are checked where the dynamic scale reads them
+    assert load_config({"fp16": {"enabled": True, "loss_scale": 64, "loss_scale_window": 0}}).fp16.loss_scale_window == 0
+    with pytest.raises(ConfigError, match="fp16.min_loss_scale: got 0; allowed: a number > 0 with the dynamic"):
+        load_config({"fp16": {"enabled": True, "min_loss_scale": 0}})
 
 
 def test_files_json_hjson_base64_and_a_key_given_twice(tmp_path):

@@ -195,8 +195,9 @@ def load_full_state_dict(ckpt_dir: str, tag: str | None = None) -> dict[str, tor
                 flat[pos:pos + k].copy_(src[:k])
                 pos, src = pos + k, src[k:]
         for x, flat in zip(params, flats):
+            t = flat.view(x["shape"])  # one object for every name of a tied weight, as DeepSpeed's
             for a in x["aliases"]:
-                out[a] = flat.view(x["shape"])
+                out[a] = t
         for x in entries:
             if "extra" in x:
                 t = reader.read_extra(x["extra"]).to(x["dtype"])

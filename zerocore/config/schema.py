@@ -304,15 +304,24 @@ class FP16Config(_Section):
                                       le=64)
     loss_scale_window: int = option(1000, "Steps without overflow before the scale doubles: it doubles at the end of "
                                     "the next clean one, then every this many (DeepSpeed's rule since 0.17.1).",
-                                    kind=int, ge=1)
+                                    kind=int, allowed="an integer; >= 1 where the dynamic scale uses it (enabled, "
+                                    "loss_scale 0), any otherwise (as DeepSpeed)")
     hysteresis: int = option(2, "Overflows tolerated before the scale is lowered, at stages 1-3; at stage 0 every "
                                 "overflow lowers it (as DeepSpeed's stage-0 fp16 optimizers do).", kind=int, ge=1)
     consecutive_hysteresis: bool = option(False, "Refill hysteresis after every step without overflow.",
                                           kind=bool)
     min_loss_scale: float = option(1.0, "The scale never goes below this; training continues there with a "
-                                   "warning.", kind=float, gt=0.0)
+                                   "warning.", kind=float, allowed="a number; > 0 where the dynamic scale uses it "
+                                   "(enabled, loss_scale 0), any otherwise (as DeepSpeed)")
 
     def check(self):
+        if self.enabled and self.loss_scale == 0:  # the dynamic scale reads these two; nothing else does
+            if self.loss_scale_window < 1:
+                raise ConfigError(f"{self.PATH}.loss_scale_window: got {self.loss_scale_window}; allowed: an integer "
+                                  ">= 1 with the dynamic loss scale (fp16.enabled with fp16.loss_scale 0)")
+            if not self.min_loss_scale > 0:
+                raise ConfigError(f"{self.PATH}.min_loss_scale: got {self.min_loss_scale:g}; allowed: a number > 0 "
+                                  "with the dynamic loss scale (fp16.enabled with fp16.loss_scale 0)")
         if self.enabled and self.loss_scale == 0 and self.min_loss_scale > 2.0 ** self.initial_scale_power:
             raise ConfigError(f"{self.PATH}.min_loss_scale: got {self.min_loss_scale:g}, above the initial scale "
                               f"2**{self.PATH}.initial_scale_power = {2.0 ** self.initial_scale_power:g}; allowed: at "

@@ -37,6 +37,8 @@ def pytest_collectstart(collector):
     for name, value in list(vars(module).items()):
         # (vars of the MRO, not getattr: the harness's placeholder classes raise on any other name)
         if (isinstance(value, type) and any(vars(c).get("is_dist_fixture") for c in value.__mro__)
-                and value.__name__ == name and value.__module__ == module.__name__ and "run" in vars(value)):
+                and value.__name__ == name and value.__module__ == module.__name__
+                # its own ``run`` or one of a base it shares (``class baseline_ws2(_baseline)``)
+                and any("run" in vars(c) for c in value.__mro__)):
             # beside the class, not over it: its ranks unpickle the class by its module and name
             setattr(module, f"_ds_dist_fixture_{name}", _as_fixture(value))

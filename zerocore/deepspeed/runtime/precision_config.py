@@ -1,12 +1,13 @@
 """``deepspeed.runtime.precision_config``: a config's ``fp16`` / ``bf16`` sections as DeepSpeed's config objects
 (``get_float16_config(param_dict).enabled``, ``get_bfloat16_config(...)``). The keys zerocore has are validated by
-its schema (a bad value is a ``ConfigError`` naming the key); DeepSpeed's keys zerocore has no field for are read
+its schema (a bad value is pydantic's ``ValidationError``, as DeepSpeed's, with zerocore's message naming the key); DeepSpeed's keys zerocore has no field for are read
 as given, else DeepSpeed's default. ``bfloat16`` is DeepSpeed's older name of the ``bf16`` section."""
 from __future__ import annotations
 
 import dataclasses
 
 from ...config import load_config
+from .section_errors import validation_errors
 
 BFLOAT16 = "bf16"
 BFLOAT16_OLD = "bfloat16"
@@ -19,7 +20,8 @@ class _PrecisionSection:
 
     def __init__(self, **section):
         ours = {k: v for k, v in section.items() if k not in self.DEEPSPEED_ONLY}
-        parsed = getattr(load_config({self.SECTION: ours}), self.SECTION)
+        with validation_errors(type(self).__name__, section):
+            parsed = getattr(load_config({self.SECTION: ours}), self.SECTION)
         for f in dataclasses.fields(parsed):
             setattr(self, f.name, getattr(parsed, f.name))
         for key, default in self.DEEPSPEED_ONLY.items():

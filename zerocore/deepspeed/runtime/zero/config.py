@@ -12,6 +12,7 @@ import warnings
 from ....config import load_config
 from ...utils.logging import logger
 from .offload_config import DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig, offload_objects
+from ..section_errors import validation_errors
 
 # DeepSpeed's field name -> zerocore's key (DeepSpeed reads the stage3_ spelling as an alias of its field)
 DEEPSPEED_FIELDS = {
@@ -48,7 +49,8 @@ class DeepSpeedZeroConfig:
         # the offload sections are validated on their own (a config object may name them at any stage, as
         # DeepSpeed's may; zerocore.initialize refuses parameter offload below stage 3)
         rest = {k: v for k, v in section.items() if k not in _OFFLOAD_KEYS}
-        cfg = load_config({"zero_optimization": rest}).zero_optimization
+        with validation_errors("DeepSpeedZeroConfig", section):
+            cfg = load_config({"zero_optimization": rest}).zero_optimization
         for f in dataclasses.fields(cfg):
             setattr(self, f.name, getattr(cfg, f.name))
         for ds_name, key in DEEPSPEED_FIELDS.items():
@@ -64,7 +66,8 @@ class DeepSpeedZeroConfig:
         with warnings.catch_warnings():  # (the deprecated spellings warned once already, or warn here once)
             if not any(k in section for k in ("cpu_offload", "cpu_offload_param")):
                 warnings.simplefilter("ignore")
-            self.offload_optimizer, self.offload_param = offload_objects(offload)
+            with validation_errors("DeepSpeedZeroConfig", section):
+                self.offload_optimizer, self.offload_param = offload_objects(offload)
 
     def __repr__(self) -> str:
         return f"DeepSpeedZeroConfig({self.__dict__})"

@@ -8,6 +8,7 @@ import dataclasses
 from ....config import load_config
 from ....runtime.offload_states import OffloadDevice as OffloadDeviceEnum  # noqa: F401
 from ....runtime.offload_states import OffloadStateType as OffloadStateTypeEnum  # noqa: F401
+from ..section_errors import validation_errors
 
 
 def _section(key: str, section: dict):
@@ -19,7 +20,10 @@ class _OffloadSection:
     KEY = ""
 
     def __init__(self, _values=None, **section):
-        values = _values if _values is not None else _section(self.KEY, section)
+        if _values is None:
+            with validation_errors(type(self).__name__, section):
+                _values = _section(self.KEY, section)
+        values = _values
         for f in dataclasses.fields(values):
             setattr(self, f.name, getattr(values, f.name))
 
