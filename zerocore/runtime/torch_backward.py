@@ -26,6 +26,11 @@ How the bracket is found without ``engine.backward``:
 
 While ``engine.backward`` runs, its own hooks do nothing; another engine whose outputs its loss also
 reached opens its own backward, with the first engine's loss factor taken back out (``_LOSS_FACTORS``).
+
+Under a ``torch.func`` transform (``grad``, ``grad_and_value``, ``jacrev``, ``vjp``, ``vmap`` of them) the
+engine is a plain function: its forward hooks no outputs and a backward inside the transform opens no bracket
+(the transform's gradients are the caller's values, not training gradients: nothing is reduced, scaled or
+stepped), as DeepSpeed's engine does since 0.19.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from .._transforms import functorch_transforming
 from .._weak import GONE, EngineGone
 from ..sharding.reducer import OUTSIDE_BACKWARD
 from . import offload_states
@@ -85,7 +91,7 @@ def output_hook(engine) -> Callable[[], None]:
 
     def on_output_reached() -> None:
         eng = me()
-        if eng is not None and eng._bracket is not ENGINE:
+        if eng is not None and eng._bracket is not ENGINE and not functorch_transforming():
             open_from_autograd(eng, late=False)
     return on_output_reached
 
@@ -184,6 +190,8 @@ class AutogradBackward:
 
     def _opened_late(self) -> None:
         """The reducer's or gatherer's hooks saw a gradient with no backward open."""
+        if functorch_transforming():
+            return
         offload_states.check_resident(self, "backward")
         open_from_autograd(self, late=True)
 
