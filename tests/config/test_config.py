@@ -102,7 +102,7 @@ def test_other_libraries_keys_with_the_value_zerocore_honours_pass_silently():
     ({"zero_optimization": {"reduce_bucket_size": 1.5}}, "zero_optimization.reduce_bucket_size", "integer"),
     ({"zero_optimization": {"reduce_bucket_size": 0}}, "zero_optimization.reduce_bucket_size", ">= 1"),
     ({"fp16": {"loss_scale_window": "x"}}, "fp16.loss_scale_window", "integer"),
-    ({"fp16": {"min_loss_scale": 0}}, "fp16.min_loss_scale", "> 0"),
+    ({"fp16": {"enabled": True, "min_loss_scale": 0}}, "fp16.min_loss_scale", "> 0"),
     ({"optimizer": {"type": "SGD"}}, "optimizer.type", "'Adam', 'AdamW'"),
     ({"optimizer": {"params": {"betas": [0.9]}}}, "optimizer.params.betas", "two numbers"),
     ({"gradient_clipping": "auto"}, "gradient_clipping", "number"),

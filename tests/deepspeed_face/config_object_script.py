@@ -17,7 +17,8 @@ ATTRS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumul
          "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "dataloader_drop_last",
          "prescale_gradients", "gradient_predivide_factor", "communication_data_type", "disable_python_gc",
          "checkpoint_tag_validation_enabled",
-         "checkpoint_tag_validation_fail", "grad_accum_dtype", "wall_clock_breakdown", "memory_breakdown")
+         "checkpoint_tag_validation_fail", "grad_accum_dtype", "wall_clock_breakdown", "memory_breakdown",
+         "torch_autocast_enabled", "torch_autocast_dtype", "torch_autocast_lower_precision_safe_modules")
 PRECISION = {"float16_config": ("enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
                                 "consecutive_hysteresis", "min_loss_scale", "auto_cast"),
              "bfloat16_config": ("enabled", "immediate_grad_update", "check_grad_overflow")}
@@ -73,6 +74,9 @@ CASES = [
                                                                  "stage3_gather_16bit_weights_on_model_save": True},
       "zero_allow_untested_optimizer": True, "dataloader_drop_last": True, "checkpoint": {"tag_validation": "FAIL"},
       "data_types": {"grad_accum_dtype": "fp32"}}, 1),
+    ({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
+      "torch_autocast": {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": ["torch.nn.Linear"]}}, 1),
+    ({"train_micro_batch_size_per_gpu": 2, "torch_autocast": {"enabled": True}}, 1),
     ({"train_batch_size": 4, "quantize_training": {"enabled": True}}, 1),  # removed in 0.19.8: refused
     ({"train_batch_size": 4, "zero_optimization": {"stage": 3, "mics_shard_size": 2}}, 1),
 ]

@@ -52,6 +52,7 @@ DEEPSPEED_DEFAULTS: dict[str, object] = {
     "zero_optimization.leaf_module.name_suffixes": [],
     "aio.block_size": 1_048_576, "aio.queue_depth": 8, "aio.intra_op_parallelism": 1, "aio.single_submit": False,
     "aio.overlap_events": True, "aio.backend": ONLY_ZEROCORE, "checkpoint.tag_validation": "WARN",
+    "torch_autocast.enabled": False, "torch_autocast.dtype": None, "torch_autocast.lower_precision_safe_modules": None,
 }
 
 DIFFERS: dict[str, str] = {

@@ -493,6 +493,45 @@ class CheckpointConfig(_Section):
                                  choices=("WARN", "IGNORE", "FAIL"))
 
 
+AUTOCAST_DTYPES = {k: v for k, v in DTYPE_SPELLINGS.items() if v in ("bf16", "fp16")}
+
+
+@dataclasses.dataclass
+class TorchAutocastConfig(_Section):
+    """DeepSpeed's ``torch_autocast``: torch's own mixed precision inside the engine's forward."""
+
+    PATH = "torch_autocast"
+    enabled: bool = option(
+        False, "Run every forward through the engine under torch.autocast(dtype), as torch AMP does: parameters, "
+        "gradients, the reductions and the optimizer stay in the training dtype (fp32 unless fp16/bf16 is enabled), "
+        "the operations autocast lowers (matrix products, convolutions) compute in `dtype`. An autocast the caller "
+        "opened around the engine is replaced by this one inside it (DeepSpeed's rule). float16 has no loss scale "
+        "here (as DeepSpeed's ZeRO stages 1-3), so it is refused at stage 0, where DeepSpeed adds torch's GradScaler.",
+        kind=bool)
+    dtype: str | None = option(None, "The autocast dtype; null: the device's autocast default "
+                               "(torch.get_autocast_dtype: bfloat16 on CPU, float16 on CUDA).", kind=str,
+                               optional=True, allowed="null or one of " + ", ".join(f'"{k}"' for k in AUTOCAST_DTYPES))
+    lower_precision_safe_modules: list | None = option(
+        None, "DeepSpeed reduces (and at stage 3 gathers) the parameters of these module classes (default: Linear "
+        "and Conv) in the autocast dtype; zerocore communicates every parameter and gradient in the training dtype "
+        "(zero_optimization.reduce_dtype where set), the precision torch AMP has.", kind=list, optional=True,
+        no_effect="zerocore reduces and gathers every parameter in the training dtype (or "
+        "zero_optimization.reduce_dtype), not these modules' in the autocast dtype")
+
+    def check(self):
+        if self.dtype is not None and self.dtype not in AUTOCAST_DTYPES:
+            raise ConfigError(f"{self.PATH}.dtype: got {self.dtype!r}; allowed: null or one of "
+                              + ", ".join(repr(k) for k in AUTOCAST_DTYPES))
+
+    def torch_dtype(self, device_type: str):
+        """The autocast dtype for ``device_type`` (null: torch's default for it)."""
+        import torch
+
+        if self.dtype is None:
+            return torch.get_autocast_dtype(device_type)
+        return torch.bfloat16 if AUTOCAST_DTYPES[self.dtype] == "bf16" else torch.float16
+
+
 @dataclasses.dataclass
 class ZeroConfig(_Section):
     """The whole zerocore config (DeepSpeed ``ds_config.json`` layout)."""
@@ -529,10 +568,17 @@ class ZeroConfig(_Section):
     zero_optimization: ZeroOptimizationConfig = section(ZeroOptimizationConfig, "ZeRO sharding.")
     aio: AioConfig = section(AioConfig, "NVMe I/O engine settings (NVMe offload and checkpoint files).")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "save_checkpoint's checks.")
+    torch_autocast: TorchAutocastConfig = section(TorchAutocastConfig, "torch.autocast inside the engine's forward.")
 
     def check(self):
         if self.fp16.enabled and self.bf16.enabled:
             raise ConfigError("fp16.enabled and bf16.enabled: got both true; allowed: at most one")
+        ac = self.torch_autocast
+        if ac.enabled and ac.dtype is not None and AUTOCAST_DTYPES[ac.dtype] == "fp16" and \
+                self.zero_optimization.stage == 0:
+            raise ConfigError(f"torch_autocast.dtype: got {ac.dtype!r} at zero_optimization.stage 0; allowed there: "
+                              "a bfloat16 spelling (float16 autocast needs a loss scale, which DeepSpeed adds at stage "
+                              "0 with torch's GradScaler and zerocore applies only with fp16.enabled)")
 
     def batch_sizes(self, world_size: int) -> tuple[int, int | None, int | None]:
         """(accumulation steps, micro batch, global batch) resolved DeepSpeed's way (``resolve_batch_sizes``)."""

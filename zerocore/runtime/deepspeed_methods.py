@@ -169,6 +169,22 @@ class DeepSpeedMethods:
     def gradient_clipping(self) -> float:
         return self.config.gradient_clipping
 
+    def torch_autocast_enabled(self) -> bool:
+        return self.config.torch_autocast.enabled
+
+    def torch_autocast_dtype(self):
+        """The forward's autocast dtype (torch's default for the device where the section names none)."""
+        return self.config.torch_autocast.torch_dtype(self.device.type)
+
+    def torch_autocast_lower_precision_safe_modules(self) -> list[str]:
+        """The section's list, else DeepSpeed's default (Linear and Conv): the classes DeepSpeed communicates in the
+        autocast dtype (zerocore communicates every parameter in the training dtype)."""
+        names = self.config.torch_autocast.lower_precision_safe_modules
+        if names is not None:
+            return list(names)
+        return [f"{c.__module__}.{c.__name__}" for c in (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d,
+                                                         torch.nn.Conv3d)]
+
     @property
     def global_rank(self) -> int:
         return self.comm.rank

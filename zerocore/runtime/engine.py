@@ -33,6 +33,7 @@ from .grad_norm import reduce_dtype
 from .update_coef import boundary_coef
 from .deferred_skip import PendingSkip, SettledCount, settle
 from .model_setup import accumulation_dtype, convert_rest, named_params, training_dtype
+from .forward_autocast import forward_autocast
 from .gathered import register_engine
 from .partition_init import check_unchanged, initial_value
 from .group_specs import GroupSpec, engine_groups, hyper_pieces
@@ -108,6 +109,7 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
         skip = {id(p) for _, p in hyper.ungrouped}
         trainable = [(n, p) for n, p in trainable if id(p) not in skip]
         self.device = (trainable + frozen)[0][1].device
+        self._autocast = forward_autocast(config, self.device)  # torch_autocast: (device type, dtype) or None
         self._upcast = upcast_from(trainable, self.dtype)  # a 16-bit model trained in fp32: warned, named on errors
         self._requires_grad = RequiresGradWatch(trainable, frozen)
         own_module_zero_grad(self)
@@ -278,7 +280,11 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
             torch_backward.close_stale(self)
         self.tput_timer.start()
         try:
-            out = module(*args, **kwargs)
+            if self._autocast is None:
+                out = module(*args, **kwargs)
+            else:  # replaces an autocast the caller opened (DeepSpeed's rule)
+                with torch.autocast(self._autocast[0], dtype=self._autocast[1]):
+                    out = module(*args, **kwargs)
         except RuntimeError as e:
             better = explain_dtype_error(e, args, kwargs, self.dtype, self._upcast)
             if better is None:

@@ -21,7 +21,7 @@ import os
 
 from ...config import ConfigError
 from ...config.parse import read_config_file
-from ...config.schema import resolve_batch_sizes
+from ...config.schema import AUTOCAST_DTYPES, resolve_batch_sizes
 from ..utils.logging import logger
 from .precision_config import get_bfloat16_config, get_float16_config
 from .zero.config import DeepSpeedZeroConfig
@@ -89,6 +89,12 @@ def _rank_and_world(config: dict, mpu, mesh_device) -> tuple[int, int]:
     return rank, dist.get_world_size()
 
 
+def _torch_dtype(name: str):
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
 class DeepSpeedConfig:
     def __init__(self, config, mpu=None, mesh_device=None):
         self._param_dict = _read(config)
@@ -142,6 +148,11 @@ class DeepSpeedConfig:
         self.grad_accum_dtype = types.get("grad_accum_dtype")
         self.param_dtype = types.get("param_dtype")
         self.buffer_dtype = types.get("buffer_dtype")
+        autocast = param_dict.get("torch_autocast") or {}  # DeepSpeed's attributes: the dtype as given, else None
+        self.torch_autocast_enabled = autocast.get("enabled", False)
+        dtype = autocast.get("dtype")
+        self.torch_autocast_dtype = None if dtype not in AUTOCAST_DTYPES else _torch_dtype(AUTOCAST_DTYPES[dtype])
+        self.torch_autocast_lower_precision_safe_modules = autocast.get("lower_precision_safe_modules")
 
     # -- the batch sizes, as DeepSpeed resolves and checks them --------------------------------------
     def _configure_train_batch_size(self) -> None:
