@@ -24,12 +24,37 @@ def default_comm(device: torch.device | None = None, timeout_s: float | None = N
     exit (``zerocore.comm.lifetime``). With neither, training runs as a world of one.
     """
     if dist.is_available() and dist.is_initialized():
-        return Comm()
-    if dist.is_available() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        comm = Comm()
+    elif dist.is_available() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         # zerocore owns this group: it is torn down at engine.destroy() and at interpreter exit
         lifetime.init_default("nccl" if device is not None and device.type == "cuda" else "gloo", timeout_s)
-        return Comm()
-    return Comm.single()
+        comm = Comm()
+    else:
+        comm = Comm.single()
+    error = contradicting_single_rank_error(comm.world, None, os.environ)
+    if error is not None:
+        raise RuntimeError(error)
+    return comm
+
+
+def contradicting_single_rank_error(world: int, explicit_group, env) -> str | None:
+    """Why a group of one rank contradicts the launcher (``WORLD_SIZE`` in ``env`` says more processes run), or
+    None: each process would train a model of its own, nothing sharded or averaged, and nothing would say so. A
+    group the caller chose explicitly is taken as meant; a ``WORLD_SIZE`` that is no integer says nothing."""
+    if world != 1 or explicit_group is not None:
+        return None
+    try:
+        launched = int(env.get("WORLD_SIZE"))
+    except (TypeError, ValueError):
+        return None
+    if launched <= 1:
+        return None
+    return (f"zerocore: the launcher started this process as one of WORLD_SIZE={launched}, but its process group "
+            "has 1 rank, so every process would train a model of its own (nothing sharded, no gradient averaged). "
+            "Initialize the group over all the processes before building the engine "
+            "(torch.distributed.init_process_group(), or deepspeed.init_distributed() through zerocore.deepspeed; "
+            "with RANK and WORLD_SIZE set and no group, zerocore initializes it), or unset WORLD_SIZE for a "
+            "one-process run.")
 
 
 class RanksMissing(RuntimeError):
