@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import torch
 
-# (private to torch: a torch without it runs no transform this needs to see)
-_peek_interpreter_stack = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+# (private to torch: a torch without it runs no transform this needs to see). Hot paths call it inline
+# (``peek_interpreter_stack is not None and peek_interpreter_stack() is not None``: one C call, no Python frame).
+peek_interpreter_stack = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
 
 
 def functorch_transforming() -> bool:
     """True inside a ``torch.func`` transform (its interpreter stack is not empty)."""
-    return _peek_interpreter_stack is not None and _peek_interpreter_stack() is not None
+    return peek_interpreter_stack is not None and peek_interpreter_stack() is not None
 
 
 def differentiating_transform() -> bool:

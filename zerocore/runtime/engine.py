@@ -14,7 +14,7 @@ import torch
 
 from .. import ops
 from ..ops.params import param_ops
-from .._transforms import functorch_transforming
+from .._transforms import peek_interpreter_stack
 from .._weak import weak_call
 from ..profiling import label
 from ..comm import Comm
@@ -290,7 +290,8 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
             if better is None:
                 raise
             raise better from e
-        if torch.is_grad_enabled() and self._output_hook is not None and not functorch_transforming():
+        if torch.is_grad_enabled() and self._output_hook is not None and (peek_interpreter_stack is None or
+                                                                          peek_interpreter_stack() is None):
             # loss.backward() on these outputs opens the engine's backward (under torch.func: a plain function)
             torch_backward.hook_outputs(out, self._output_hook, self._call_before)
         return out

@@ -55,7 +55,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from .._transforms import STAGE3_UNDER_TRANSFORM, differentiating_transform
+from .._transforms import STAGE3_UNDER_TRANSFORM, differentiating_transform, peek_interpreter_stack
 from .._weak import GONE, EngineGone, proxy, remove_when_freed
 from ..comm import DONE, Comm
 from ..comm.divergence import DivergenceGuard, Op, Phase
@@ -268,7 +268,8 @@ class ParamGatherer:
             self = me()
             if self is None:
                 raise EngineGone(GONE)
-            if differentiating_transform():  # before anything changes (the engine trains on after the error)
+            if peek_interpreter_stack is not None and peek_interpreter_stack() is not None and \
+                    differentiating_transform():  # before anything changes (the engine trains on after the error)
                 raise RuntimeError(STAGE3_UNDER_TRANSFORM)
             if self.running is Running.BACKWARD:  # activation checkpointing recomputes inside backward:
                 self.stack.append(u)  # the unit's backward follows at once, so it stays gathered
