@@ -193,10 +193,59 @@ def test_optimizer_state_of_another_world_size_is_refused_unless_universal(tmp_p
     assert path is not None
     engine.load_checkpoint(root, load_module_only=True)
     engine, *_ = deepspeed.initialize(model=Net(), config={**_cfg(2), "checkpoint": {"load_universal": True}})
-    engine.load_checkpoint(root)
+    engine.load_checkpoint(root, tag=open(os.path.join(root, "latest")).read())  # (no tag: latest_universal's)
     _train(engine, 1)
     zerocore.initialize(Net(), _cfg(2)).load_checkpoint(root)  # zerocore's own: resharded
     assert os.path.isfile(os.path.join(root, "latest"))
+
+
+def save_tagged(root, rank, world):
+    engine, *_ = deepspeed.initialize(model=Net(), config=_cfg(2))
+    _train(engine)
+    engine.save_checkpoint(root, tag="step2")
+    return {"weights": engine.full_state_dict(), "steps": engine.global_steps}
+
+
+@pytest.mark.slow
+def test_ds_to_universal_then_load_universal_at_another_world_size(tmp_path):
+    """DeepSpeed's route to another world size: save, ``ds_to_universal``, load with ``load_universal`` (the tag
+    from ``latest_universal``). Saved on 2 ranks, loaded on 1."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from zerocore.checkpoint.layout import CheckpointError
+    from zerocore.deepspeed.checkpoint.ds_to_universal import main as convert_to_universal
+
+    root = tmp_path / "ck"
+    saved = result(spawn([("save", save_tagged, (str(root),))], 2, tmp_path, timeout=120), "save")[0]
+    args = SimpleNamespace(input_folder=str(root / "step2"), output_folder=str(root / "step2_universal"),
+                           num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True,
+                           inject_missing_state=False)
+    convert_to_universal(args)
+    assert sorted(os.listdir(root / "step2_universal")) == sorted(os.listdir(root / "step2"))
+    with pytest.raises(CheckpointError, match="exists already"):
+        convert_to_universal(args)
+    with pytest.raises(CheckpointError, match="not a zerocore checkpoint tag folder"):  # the save dir, not the tag's
+        convert_to_universal(SimpleNamespace(input_folder=str(root), output_folder=str(tmp_path / "u")))
+    cfg = {**_cfg(2), "checkpoint": {"load_universal": True}}
+    engine, *_ = deepspeed.initialize(model=Net(), config=cfg)
+    with pytest.raises(ValueError, match="latest_universal does not exist"):
+        engine.load_checkpoint(str(root))
+    (root / "latest_universal").write_text("step2_universal")
+    path, _ = engine.load_checkpoint(str(root))
+    assert path.endswith("step2_universal") and engine.global_steps == saved["steps"]
+    got = engine.full_state_dict()
+    assert all(torch.equal(got[k], w) for k, w in saved["weights"].items())
+    _train(engine, 1)
+    # the command line, on a folder with a file cut short: refused, naming the file, nothing left behind
+    victim = next(f for f in sorted(os.listdir(root / "step2")) if f.endswith(".bin") or "rank" in f)
+    with open(root / "step2" / victim, "r+b") as f:
+        f.truncate(1)
+    proc = subprocess.run([sys.executable, "-m", "zerocore.deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                           str(root / "step2"), "--output_folder", str(root / "again")], capture_output=True, text=True)
+    assert proc.returncode != 0 and victim in proc.stderr and "the manifest records" in proc.stderr
+    assert not (root / "again").exists() and not any(n.startswith(".tmp-") for n in os.listdir(root))
 
 
 @pytest.mark.parametrize("stage, dtype, check, skips", [

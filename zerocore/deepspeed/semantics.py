@@ -174,6 +174,18 @@ class DeepSpeedSemantics:
         if self.assert_unused:
             engine._requires_grad = _UnusedParameterAssert(engine._requires_grad, engine)
 
+    def universal_tag(self, load_dir, tag):
+        """The tag to load: with ``checkpoint.load_universal`` and none given, the one ``latest_universal`` names
+        (DeepSpeed's rule: a ValueError when that file is missing); else ``tag``."""
+        if not self.load_universal or tag is not None:
+            return tag
+        path = os.path.join(os.fspath(load_dir), "latest_universal")
+        if not os.path.isfile(path):
+            raise ValueError(f"Invalid for universal checkpoint: {path} does not exist (load_universal reads the tag "
+                             "from it: write the universal folder's name there, or pass tag=)")
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+
     def before_load(self, engine, load_dir, tag, load_optimizer_states: bool, load_module_only: bool) -> None:
         """DeepSpeed's refusal of ZeRO optimizer states saved at another data-parallel world size
         (unless it loads a universal checkpoint); nothing when there is no checkpoint to read (the load

@@ -278,6 +278,7 @@ class DeepSpeedMethods:
         check_resident(self, "load_checkpoint()")
         wait_pending(self)
         if self.deepspeed_semantics is not None:
+            tag = self.deepspeed_semantics.universal_tag(load_dir, tag)
             self.deepspeed_semantics.before_load(self, load_dir, tag, load_optimizer_states, load_module_only)
         return provided.call("load_checkpoint", self, load_dir, tag, load_optimizer_states, load_module_only,
                              load_lr_scheduler_states=load_lr_scheduler_states, in_place=in_place)

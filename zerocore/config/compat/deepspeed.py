@@ -102,7 +102,8 @@ ACCEPTED: dict[str, dict[str, tuple]] = {
     "checkpoint": {
         "load_universal": (ANY, "zerocore's checkpoints load at any world size and stage without conversion "
                                 "(zerocore.deepspeed.initialize's engines load another world size's optimizer "
-                                "state only with true, as DeepSpeed)"),
+                                "state only with true, and then a load without a tag reads latest_universal, as "
+                                "DeepSpeed; deepspeed.checkpoint.ds_to_universal makes the universal folder)"),
         "use_node_local_storage": (ANY, "a DeepSpeed storage knob (zerocore: every rank writes its own file)"),
         "parallel_write": (ANY, "a DeepSpeed pipeline-parallel storage knob"),
         "writer": (ANY, "DeepSpeed's checkpoint-engine writer settings (zerocore writes with its own aio engine)"),
