@@ -53,8 +53,23 @@ MORE_FILES = [
 ]
 # loss.backward() through the engine, compared with DDP (``--set backward``; about 30 minutes on 2 cores)
 BACKWARD_FILES = ["v1/zero/test_zero_user_backward.py", "runtime/test_multiple_models.py"]
-FILE_SETS = {"issue34": ISSUE_FILES, "more": MORE_FILES, "backward": BACKWARD_FILES,
-             "all": ISSUE_FILES + MORE_FILES + BACKWARD_FILES[:1]}
+# The rest of DeepSpeed's ZeRO, checkpoint, precision and autocast files (``--set wider``): universal checkpoints,
+# zero_to_fp32 with tied weights, torch.func through the engine, torch_autocast, offload_states, the fp16
+# section's validation (docs/deepspeed_unit_tests.md)
+WIDER_FILES = [
+    "checkpoint/test_other_optimizer.py", "checkpoint/test_shared_weights.py",
+    "checkpoint/test_universal_checkpoint.py", "checkpoint/test_convert_checkpoint.py",
+    "runtime/zero/test_nvme_checkpointing.py", "runtime/zero/test_zero_offloadpp.py", "runtime/zero/test_zero_tiled.py",
+    "runtime/test_autocast.py", "runtime/test_multi_output_model.py", "runtime/test_precision_config_dynamic_scale.py",
+    "runtime/test_precision_config_loss_scale.py", "v1/zero/test_offload_states.py",
+    "v1/zero/test_zero2_offload_multi_backward.py", "v1/zero/test_zero_cpu_offload_grad_accum.py",
+    "v1/zero/test_zero_functorch_linear.py", "v1/zero/test_zero_torch_func.py", "v1/zero/test_zero_autocast.py",
+    "v1/zero/test_zero_activation_checkpoint_lifecycle.py", "v1/zero/test_zero_hook_count_regression.py",
+    "v1/zero/test_zero_init_pg_contradiction.py", "v1/zero/test_overlap_comm_record_stream.py",
+    "v1/zero/test_stage2_flatten_on_gpu.py", "runtime/comm/test_coalesced_collectives.py",
+]
+FILE_SETS = {"issue34": ISSUE_FILES, "more": MORE_FILES, "backward": BACKWARD_FILES, "wider": WIDER_FILES,
+             "all": ISSUE_FILES + MORE_FILES + BACKWARD_FILES[:1] + WIDER_FILES}
 
 
 def _env(face: str, local_size: int, timeout: int) -> dict:
@@ -149,8 +164,8 @@ def main() -> None:
     ap.add_argument("--face", choices=("zerocore", "deepspeed"), default="zerocore")
     ap.add_argument("--out", required=True, help="folder for the junit files, logs and table.md")
     ap.add_argument("--set", choices=sorted(FILE_SETS), default="issue34",
-                    help="which files: issue 34's eleven, twenty more, the torch-style backward's two "
-                         "(docs/deepspeed_unit_tests.md), or all of them")
+                    help="which files: issue 34's eleven, twenty more, the torch-style backward's two, "
+                         "twenty-three wider (docs/deepspeed_unit_tests.md), or all of them")
     ap.add_argument("--files", nargs="*", default=None, help="paths under tests/unit (instead of --set)")
     ap.add_argument("-k", default=None, help="pytest -k expression")
     ap.add_argument("--local-size", type=int, default=4, help="CPU 'devices' (the largest world a test asks)")
