@@ -150,3 +150,12 @@ def _keep_in_fp32_setting(cfg):
     with warnings.catch_warnings():  # initialize warns of the config's keys; Init only reads one
         warnings.simplefilter("ignore")
         return load_config(cfg).data_types.keep_in_fp32_modules
+
+
+def __getattr__(name: str):
+    # ``deepspeed.zero.TiledLinear``: the class lives in runtime/zero/tiling.py, imported when first asked for
+    if name in ("TiledLinear", "TiledLinearReturnBias"):
+        from .runtime.zero import tiling
+
+        return getattr(tiling, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
