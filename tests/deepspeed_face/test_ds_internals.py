@@ -65,6 +65,29 @@ def test_stage3_subgroups_are_the_state_views_keys():
     assert not hasattr(opt, "nccl_start_alignment_factor")
 
 
+def test_zero_param_shapes_and_the_stage3_state_groups_calls():
+    """``engine._get_zero_param_shapes()`` names each flat group's parameters with their full shapes in the order
+    its fp32 master holds them (DeepSpeed's universal-checkpoint tests pair them with the state view's sub-groups);
+    ``_set/_clear_fp32_optimizer_param_groups`` change nothing (the view always holds the master pieces)."""
+    engine, opt, *_ = deepspeed.initialize(model=_model(), config=_cfg(3, stage3_param_persistence_threshold=0))
+    shapes = engine._get_zero_param_shapes()
+    full = engine.full_state_dict()
+    assert sorted(k for g in shapes for k in g) == sorted(full)
+    assert all(shape == full[name].shape for g in shapes for name, shape in g.items())
+    for g, group in zip(shapes, engine.groups):  # the group's order
+        assert [full[name].numel() for name in g] == [s.numel for s in group.layout.slots]
+    _train(engine, 1)
+    before = opt.optimizer.state_dict()
+    opt._set_fp32_optimizer_param_groups()
+    after = opt.optimizer.state_dict()
+    opt._clear_fp32_optimizer_param_groups()
+    assert before["state"].keys() == after["state"].keys()
+    assert all(torch.equal(before["state"][k]["exp_avg"], after["state"][k]["exp_avg"]) for k in before["state"])
+    engine, opt, *_ = deepspeed.initialize(model=_model(), config=_cfg(2))
+    assert len(engine._get_zero_param_shapes()) == len(engine.groups)
+    assert not hasattr(opt, "_set_fp32_optimizer_param_groups")  # DeepSpeed's stage-3 optimizer's only
+
+
 def _ranks(root, rank, world):
     out = {}
     engine, opt, *_ = deepspeed.initialize(model=_model(), config=_cfg(2))

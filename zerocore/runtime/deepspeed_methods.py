@@ -169,6 +169,18 @@ class DeepSpeedMethods:
     def gradient_clipping(self) -> float:
         return self.config.gradient_clipping
 
+    def _get_zero_param_shapes(self) -> list:
+        """DeepSpeed's: for each flat group (a stage-3 unit, or a stage 1-2 bucket), an ordered map of its trained
+        parameters' names (the first a tied weight has in the state dict) to their full shapes, in the order the
+        group's flat fp32 master holds them."""
+        from collections import OrderedDict
+
+        names: dict[int, str] = {}
+        for name, t in self.module.state_dict(keep_vars=True).items():
+            names.setdefault(id(t), name)
+        return [OrderedDict((names[id(p)], torch.Size(s.shape)) for p, s in zip(g.params, g.layout.slots))
+                for g in self.groups]
+
     def torch_autocast_enabled(self) -> bool:
         return self.config.torch_autocast.enabled
 

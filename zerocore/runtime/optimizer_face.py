@@ -141,6 +141,20 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return self.optimizer.subgroups
 
     @property
+    def _set_fp32_optimizer_param_groups(self):
+        """DeepSpeed's stage-3 call before reading ``optimizer.optimizer.state_dict()`` (its basic optimizer's
+        groups are emptied between steps): here the state view always holds the fp32 master pieces, so the call
+        has nothing to put back. An attribute at stage 3 only (``hasattr`` tells the stage, as with DeepSpeed)."""
+        self._stage3_subgroups("_set_fp32_optimizer_param_groups")
+        return _nothing
+
+    @property
+    def _clear_fp32_optimizer_param_groups(self):
+        """DeepSpeed's stage-3 counterpart of ``_set_fp32_optimizer_param_groups``: nothing to take out here."""
+        self._stage3_subgroups("_clear_fp32_optimizer_param_groups")
+        return _nothing
+
+    @property
     def fp32_partitioned_groups_flat(self) -> list[torch.Tensor]:
         """DeepSpeed's stage-3 attribute: this rank's flat fp32 master partition of each sub-group,
         the keys of ``optimizer.optimizer.state`` (views of the engine's own master: writing them
@@ -239,3 +253,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def __repr__(self) -> str:
         lrs = ", ".join(f"{g['lr']:g}" if isinstance(g["lr"], float) else str(g["lr"]) for g in self.param_groups)
         return f"ZeroOptimizer({len(self.param_groups)} groups, lr [{lrs}])"
+
+
+def _nothing() -> None:
+    """What ``_set/_clear_fp32_optimizer_param_groups`` do here."""
