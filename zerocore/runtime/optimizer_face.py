@@ -140,18 +140,22 @@ class ZeroOptimizer(torch.optim.Optimizer):
                                  "(DeepSpeed's stage-3 optimizer's sub-groups)")
         return self.optimizer.subgroups
 
+    def _stage3_only(self, name: str) -> None:
+        if self._live().zero_optimization_stage() != 3:
+            raise AttributeError(f"'ZeroOptimizer' has {name} at ZeRO stage 3 only (DeepSpeed's stage-3 optimizer's)")
+
     @property
     def _set_fp32_optimizer_param_groups(self):
         """DeepSpeed's stage-3 call before reading ``optimizer.optimizer.state_dict()`` (its basic optimizer's
-        groups are emptied between steps): here the state view always holds the fp32 master pieces, so the call
-        has nothing to put back. An attribute at stage 3 only (``hasattr`` tells the stage, as with DeepSpeed)."""
-        self._stage3_subgroups("_set_fp32_optimizer_param_groups")
+        groups are emptied between steps): here ``optimizer.optimizer`` (the state view, or the client optimizer)
+        always holds what it steps, so the call has nothing to put back. An attribute at stage 3 only (``hasattr`` tells the stage, as with DeepSpeed)."""
+        self._stage3_only("_set_fp32_optimizer_param_groups")
         return _nothing
 
     @property
     def _clear_fp32_optimizer_param_groups(self):
         """DeepSpeed's stage-3 counterpart of ``_set_fp32_optimizer_param_groups``: nothing to take out here."""
-        self._stage3_subgroups("_clear_fp32_optimizer_param_groups")
+        self._stage3_only("_clear_fp32_optimizer_param_groups")
         return _nothing
 
     @property
