@@ -27,8 +27,8 @@ def differentiating_transform() -> bool:
 
 
 STAGE3_UNDER_TRANSFORM = (
-    "zerocore: a differentiating torch.func transform (grad, grad_and_value, jacrev, vjp, jvp) reached a stage-3 engine's forward: stage 3 "
-    "gathers each parameter into its storage in place as the forward reaches it, which a transform refuses on a "
-    "captured tensor. Stages 0-2 run transforms through the engine; at "
-    "stage 3 compute the transform with a whole copy of the model (engine.full_state_dict() loaded into a plain "
-    "module). Nothing was gathered: training continues.")
+    "zerocore: a differentiating torch.func transform (grad, grad_and_value, jacrev, vjp, jvp) reached a stage-3 "
+    "engine's forward: stage 3 gathers each parameter into its storage in place as the forward reaches it, which a "
+    "transform refuses on a captured tensor. Stages 0-2 run transforms through the engine; at stage 3 compute the "
+    "transform with a whole copy of the model (engine.full_state_dict() loaded into a plain module). Nothing was "
+    "gathered: training continues.")

@@ -75,7 +75,8 @@ CASES = [
       "zero_allow_untested_optimizer": True, "dataloader_drop_last": True, "checkpoint": {"tag_validation": "FAIL"},
       "data_types": {"grad_accum_dtype": "fp32"}}, 1),
     ({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
-      "torch_autocast": {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": ["torch.nn.Linear"]}}, 1),
+      "torch_autocast": {"enabled": True, "dtype": "bfloat16",
+                         "lower_precision_safe_modules": ["torch.nn.Linear"]}}, 1),
     ({"train_micro_batch_size_per_gpu": 2, "torch_autocast": {"enabled": True}}, 1),
     ({"train_batch_size": 4, "quantize_training": {"enabled": True}}, 1),  # removed in 0.19.8: refused
     ({"train_batch_size": 4, "zero_optimization": {"stage": 3, "mics_shard_size": 2}}, 1),

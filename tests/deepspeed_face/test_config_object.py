@@ -54,7 +54,8 @@ def test_fp16_section_errors_are_configerrors_too():
         DeepSpeedFP16Config(enabled=True, loss_scale=0, loss_scale_window=0)
     assert isinstance(info.value, pydantic.ValidationError) and info.value.errors()[0]["loc"] == ("loss_scale_window",)
     # zerocore's own loader: the window and floor are checked where the dynamic scale reads them
-    assert load_config({"fp16": {"enabled": True, "loss_scale": 64, "loss_scale_window": 0}}).fp16.loss_scale_window == 0
+    static = {"fp16": {"enabled": True, "loss_scale": 64, "loss_scale_window": 0}}
+    assert load_config(static).fp16.loss_scale_window == 0
     with pytest.raises(ConfigError, match="fp16.min_loss_scale: got 0; allowed: a number > 0 with the dynamic"):
         load_config({"fp16": {"enabled": True, "min_loss_scale": 0}})
 

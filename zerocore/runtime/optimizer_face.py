@@ -148,7 +148,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def _set_fp32_optimizer_param_groups(self):
         """DeepSpeed's stage-3 call before reading ``optimizer.optimizer.state_dict()`` (its basic optimizer's
         groups are emptied between steps): here ``optimizer.optimizer`` (the state view, or the client optimizer)
-        always holds what it steps, so the call has nothing to put back. An attribute at stage 3 only (``hasattr`` tells the stage, as with DeepSpeed)."""
+        always holds what it steps, so the call has nothing to put back. An attribute at stage 3 only (``hasattr``
+        tells the stage, as with DeepSpeed)."""
         self._stage3_only("_set_fp32_optimizer_param_groups")
         return _nothing
 

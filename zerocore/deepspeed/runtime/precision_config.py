@@ -1,7 +1,8 @@
 """``deepspeed.runtime.precision_config``: a config's ``fp16`` / ``bf16`` sections as DeepSpeed's config objects
 (``get_float16_config(param_dict).enabled``, ``get_bfloat16_config(...)``). The keys zerocore has are validated by
-its schema (a bad value is pydantic's ``ValidationError``, as DeepSpeed's, with zerocore's message naming the key); DeepSpeed's keys zerocore has no field for are read
-as given, else DeepSpeed's default. ``bfloat16`` is DeepSpeed's older name of the ``bf16`` section."""
+its schema (a bad value is pydantic's ``ValidationError``, as DeepSpeed's, with zerocore's message naming the key);
+DeepSpeed's keys zerocore has no field for are read as given, else DeepSpeed's default. ``bfloat16`` is
+DeepSpeed's older name of the ``bf16`` section."""
 from __future__ import annotations
 
 import dataclasses
