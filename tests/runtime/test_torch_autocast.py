@@ -17,6 +17,7 @@ from torch import nn
 
 import zerocore
 from zerocore.config import ConfigError, load_config
+from zerocore.runtime.forward_autocast import autocast_dtype
 from dist_helpers import relative_delta_error
 from stage3_ranks import results, scenarios_of, spawn
 
@@ -159,12 +160,12 @@ def test_linear_layers_compute_in_bf16_and_parameters_stay_fp32():
 
 def test_section_errors_and_defaults():
     ac = load_config({"torch_autocast": {"enabled": True}}).torch_autocast
-    assert ac.dtype is None and ac.torch_dtype("cpu") == torch.get_autocast_dtype("cpu")
+    assert ac.dtype is None and autocast_dtype(ac, "cpu") == torch.get_autocast_dtype("cpu")
     with pytest.raises(ConfigError, match="torch_autocast.dtype: got 'fp32'; allowed: null or one of"):
         load_config({"torch_autocast": {"enabled": True, "dtype": "fp32"}})
     with pytest.raises(ConfigError, match="torch_autocast.dtype: got 'float16' at zero_optimization.stage 0"):
         load_config({"torch_autocast": {"enabled": True, "dtype": "float16"}, "zero_optimization": {"stage": 0}})
-    assert load_config({"torch_autocast": {"enabled": True, "dtype": "fp16"},
-                        "zero_optimization": {"stage": 1}}).torch_autocast.torch_dtype("cpu") == torch.float16
+    fp16 = load_config({"torch_autocast": {"enabled": True, "dtype": "fp16"}, "zero_optimization": {"stage": 1}})
+    assert autocast_dtype(fp16.torch_autocast, "cpu") == torch.float16
     with pytest.warns(UserWarning, match="torch_autocast.lower_precision_safe_modules"):
         load_config({"torch_autocast": {"enabled": True, "lower_precision_safe_modules": ["torch.nn.Linear"]}})

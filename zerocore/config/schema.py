@@ -523,14 +523,6 @@ class TorchAutocastConfig(_Section):
             raise ConfigError(f"{self.PATH}.dtype: got {self.dtype!r}; allowed: null or one of "
                               + ", ".join(repr(k) for k in AUTOCAST_DTYPES))
 
-    def torch_dtype(self, device_type: str):
-        """The autocast dtype for ``device_type`` (null: torch's default for it)."""
-        import torch
-
-        if self.dtype is None:
-            return torch.get_autocast_dtype(device_type)
-        return torch.bfloat16 if AUTOCAST_DTYPES[self.dtype] == "bf16" else torch.float16
-
 
 @dataclasses.dataclass
 class ZeroConfig(_Section):

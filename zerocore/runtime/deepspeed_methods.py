@@ -186,16 +186,17 @@ class DeepSpeedMethods:
 
     def torch_autocast_dtype(self):
         """The forward's autocast dtype (torch's default for the device where the section names none)."""
-        return self.config.torch_autocast.torch_dtype(self.device.type)
+        from .forward_autocast import autocast_dtype
+
+        return autocast_dtype(self.config.torch_autocast, self.device.type)
 
     def torch_autocast_lower_precision_safe_modules(self) -> list[str]:
         """The section's list, else DeepSpeed's default (Linear and Conv): the classes DeepSpeed communicates in the
         autocast dtype (zerocore communicates every parameter in the training dtype)."""
+        from ..deepspeed.runtime.torch_autocast import get_default_autocast_lower_precision_modules
+
         names = self.config.torch_autocast.lower_precision_safe_modules
-        if names is not None:
-            return list(names)
-        return [f"{c.__module__}.{c.__name__}" for c in (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d,
-                                                         torch.nn.Conv3d)]
+        return list(names) if names is not None else get_default_autocast_lower_precision_modules()
 
     @property
     def global_rank(self) -> int:

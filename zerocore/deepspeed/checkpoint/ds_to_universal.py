@@ -18,6 +18,7 @@ import argparse
 import os
 import shutil
 
+from ...checkpoint.blockio import BlockFile
 from ...checkpoint.layout import MANIFEST, CheckpointError, fsync_dir, read_manifest
 
 
@@ -35,14 +36,8 @@ def convert(input_folder, output_folder) -> str:
         raise CheckpointError(f"ds_to_universal: {src} is not a zerocore checkpoint tag folder (no {MANIFEST}); "
                               "zerocore converts the checkpoints zerocore saved (give the tag folder, e.g. "
                               "ckpt/global_step10, not the save directory)")
-    manifest = read_manifest(src)
-    for name, meta in manifest["files"].items():
-        path = os.path.join(src, name)
-        size = os.path.getsize(path) if os.path.isfile(path) else None
-        if size != meta["bytes"]:
-            raise CheckpointError(f"ds_to_universal: {path} is {'missing' if size is None else f'{size} bytes'}; "
-                                  f"the manifest records {meta['bytes']} bytes: the checkpoint is incomplete or "
-                                  "corrupt")
+    for name, record in read_manifest(src)["files"].items():
+        BlockFile(os.path.join(src, name), record)  # present, at the recorded size (ChecksumError naming it)
     if os.path.exists(dst):
         raise CheckpointError(f"ds_to_universal: {dst} exists already; remove it or choose another --output_folder")
     parent = os.path.dirname(os.path.abspath(dst))

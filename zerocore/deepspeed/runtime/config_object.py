@@ -22,6 +22,7 @@ import os
 from ...config import ConfigError
 from ...config.parse import read_config_file
 from ...config.schema import AUTOCAST_DTYPES, resolve_batch_sizes
+from ...runtime.buffer_dtypes import DTYPES
 from ..utils.logging import logger
 from .precision_config import get_bfloat16_config, get_float16_config
 from .zero.config import DeepSpeedZeroConfig
@@ -89,12 +90,6 @@ def _rank_and_world(config: dict, mpu, mesh_device) -> tuple[int, int]:
     return rank, dist.get_world_size()
 
 
-def _torch_dtype(name: str):
-    import torch
-
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}[name]
-
-
 class DeepSpeedConfig:
     def __init__(self, config, mpu=None, mesh_device=None):
         self._param_dict = _read(config)
@@ -151,7 +146,7 @@ class DeepSpeedConfig:
         autocast = param_dict.get("torch_autocast") or {}  # DeepSpeed's attributes: the dtype as given, else None
         self.torch_autocast_enabled = autocast.get("enabled", False)
         dtype = autocast.get("dtype")
-        self.torch_autocast_dtype = None if dtype not in AUTOCAST_DTYPES else _torch_dtype(AUTOCAST_DTYPES[dtype])
+        self.torch_autocast_dtype = None if dtype not in AUTOCAST_DTYPES else DTYPES[AUTOCAST_DTYPES[dtype]]
         self.torch_autocast_lower_precision_safe_modules = autocast.get("lower_precision_safe_modules")
 
     # -- the batch sizes, as DeepSpeed resolves and checks them --------------------------------------

@@ -23,9 +23,8 @@ class _OffloadSection:
         if _values is None:
             with validation_errors(type(self).__name__, section):
                 _values = _section(self.KEY, section)
-        values = _values
-        for f in dataclasses.fields(values):
-            setattr(self, f.name, getattr(values, f.name))
+        for f in dataclasses.fields(_values):
+            setattr(self, f.name, getattr(_values, f.name))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.__dict__})"
