@@ -9,6 +9,7 @@ from .ops import FusedAdam  # noqa: E402
 from .config import ConfigError, ZeroConfig  # noqa: E402
 from .runtime import Engine, gathered, init, initialize  # noqa: E402
 from .comm.divergence import DivergenceError  # noqa: E402
+from .sharding.external import register_external_parameter, unregister_external_parameter  # noqa: E402
 from . import _wiring  # noqa: E402,F401 - gives the runtime the checkpoint package's and the planner's entry points
 
 
@@ -21,4 +22,4 @@ def estimate(*args, **kwargs):
 
 
 __all__ = ["estimate", "ops", "FusedAdam", "initialize", "init", "gathered", "Engine", "ZeroConfig", "ConfigError",
-           "DivergenceError", "__version__"]
+           "DivergenceError", "register_external_parameter", "unregister_external_parameter", "__version__"]

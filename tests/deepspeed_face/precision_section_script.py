@@ -17,6 +17,8 @@ CASES = [
     {}, {"enabled": True}, {"loss_scale": 1}, {"loss_scale": 2.0}, {"loss_scale": 0},
     {"loss_scale": -1}, {"loss_scale": float("inf")}, {"loss_scale": float("nan")}, {"loss_scale": True},
     {"loss_scale": []}, {"loss_scale": {}},
+    # DeepSpeed's validator calls float() on the value: a string holding a number is that number
+    {"loss_scale": "3"}, {"loss_scale": "1e3"}, {"loss_scale": "abc"}, {"loss_scale": "inf"},
     # the dynamic scale's window and floor: refused where it uses them, unused (and kept) otherwise
     *({**DYNAMIC, key: v} for key in ("loss_scale_window", "min_loss_scale") for v in (0, -1, 1, 1000)),
     *({"enabled": True, "loss_scale": 128, key: v} for key in ("loss_scale_window", "min_loss_scale") for v in (0, -1)),

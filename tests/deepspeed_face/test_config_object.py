@@ -34,14 +34,14 @@ def test_the_same_values_as_deepspeeds_config_object(tmp_path):
 
 
 def test_fp16_section_objects_accept_and_refuse_as_deepspeeds(tmp_path):
-    """DeepSpeed's ``DeepSpeedFP16Config`` beside the face's on 41 sections: the same values, the same refusals,
+    """DeepSpeed's ``DeepSpeedFP16Config`` beside the face's on 45 sections: the same values, the same refusals,
     each a pydantic ``ValidationError`` (the face's is zerocore's ``ConfigError`` too)."""
     pytest.importorskip("deepspeed", reason="comparing with DeepSpeed needs it installed (pip install deepspeed)")
     pytest.importorskip("pydantic", reason="DeepSpeed's section objects are pydantic models")
     theirs = run_one_rank(PRECISION_SCRIPT, "deepspeed", str(tmp_path / "ds.pt"))
     ours = run_one_rank(PRECISION_SCRIPT, "zerocore", str(tmp_path / "zc.pt"))
-    assert len(ours) == len(theirs) == 41
-    assert sum("refused" in t for t in theirs) == 23
+    assert len(ours) == len(theirs) == 45
+    assert sum("refused" in t for t in theirs) == 25
     for i, (got, want) in enumerate(zip(ours, theirs)):
         assert got == want, f"case {i}: {got} vs DeepSpeed's {want}"
 
@@ -88,6 +88,9 @@ def test_bad_values_are_named_and_the_users_dict_is_kept():
         DeepSpeedConfig({"train_batch_size": 2, "zero_optimization": {"stage": 7}})
     with pytest.raises(ConfigError, match="loss_scale"):
         get_float16_config({"fp16": {"enabled": True, "loss_scale": -1}})
+    with pytest.raises(ConfigError, match=r"fp16.loss_scale must be a number: got \[\] \(a list\)"):
+        get_float16_config({"fp16": {"enabled": True, "loss_scale": []}})  # DeepSpeed's words, zerocore's key
+    assert get_float16_config({"fp16": {"enabled": True, "loss_scale": "3"}}).loss_scale == 3.0
     assert get_bfloat16_config({"bfloat16": {"enabled": True}}).enabled  # DeepSpeed's older section name
     given = {"train_micro_batch_size_per_gpu": 2}
     DeepSpeedConfig(given)

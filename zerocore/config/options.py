@@ -41,6 +41,9 @@ class Spec:
     # Hugging Face integration's placeholder that is refused for every other non-string key
     auto_is_value: bool = False
     one_is_list: bool = False  # (kind list) a single string is a list of one (DeepSpeed's leaf_module lists)
+    # (kind float) a string holding a number is that number: DeepSpeed's validator of this key calls float() on
+    # it (fp16.loss_scale), so a config that trains there must read the same here
+    number_in_string: bool = False
 
 
 def option(default, doc: str, **spec) -> Any:
@@ -92,13 +95,14 @@ def allowed_text(spec: Spec) -> str:
 def coerce(key: str, value: Any, spec: Spec) -> Any:
     """Checks and normalises one value; raises ConfigError naming ``key`` and what is allowed."""
 
-    def bad(why: str = ""):
+    def bad(why: str = "", must: str = ""):
         got = repr(value)
         if isinstance(value, str) and spec.kind is not str:
             got = f"the string {value!r}"  # '3' and 3 print alike in a message: say which it was
         elif type(value) not in (int, float, bool, str, type(None)):
             got = f"{got} (a {type(value).__name__})"
-        return ConfigError(f"{key}: got {got}{' (' + why + ')' if why else ''}; allowed: {_allowed(spec)}")
+        lead = f"{key} {must}" if must else key  # "must be a number" where the value is not one at all
+        return ConfigError(f"{lead}: got {got}{' (' + why + ')' if why else ''}; allowed: {_allowed(spec)}")
 
     if value is None:
         if spec.optional:
@@ -123,8 +127,13 @@ def coerce(key: str, value: Any, spec: Spec) -> Any:
             raise bad("too large")
         value = int(value)
     elif kind is float:
+        if spec.number_in_string and isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise bad(must="must be a number") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad()
+            raise bad(must="must be a number")
         value = float(value)
         if not math.isfinite(value):
             raise bad("not finite")

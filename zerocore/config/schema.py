@@ -299,7 +299,8 @@ class FP16Config(_Section):
     PATH = "fp16"
     enabled: bool = option(False, "Train with fp16 parameters and gradients, an fp32 master and loss scaling.",
                            kind=bool)
-    loss_scale: float = option(0.0, "0: dynamic loss scaling; > 0: this static scale.", kind=float, ge=0.0)
+    loss_scale: float = option(0.0, "0: dynamic loss scaling; > 0: this static scale.", kind=float, ge=0.0,
+                               number_in_string=True)
     initial_scale_power: int = option(16, "Dynamic scaling starts at 2**initial_scale_power.", kind=int, ge=0,
                                       le=64)
     loss_scale_window: int = option(1000, "Steps without overflow before the scale doubles: it doubles at the end of "

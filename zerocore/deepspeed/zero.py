@@ -1,6 +1,6 @@
 """``deepspeed.zero``: ``Init`` (partition parameters while the model is built) and
 ``GatheredParameters`` (full parameters for a while), over ``zerocore.init`` and
-``zerocore.gathered``."""
+``zerocore.gathered``; ``register_external_parameter`` (``zerocore.sharding.external``)."""
 from __future__ import annotations
 
 import contextlib
@@ -11,6 +11,7 @@ import torch
 from ..runtime.gathered import gathered
 from ..runtime.keep_in_fp32 import AUTO, keep_named_buffers_in_fp32
 from ..runtime.partition_init import init as _zc_init
+from ..sharding.external import register_external_parameter, unregister_external_parameter  # noqa: F401
 from .tensor_overrides import (DEFAULT_TENSOR_OVERRIDES, DeepSpeedTensorOverride, TensorOverrides,
                                accelerator_device, checked_overrides)
 

@@ -61,6 +61,7 @@ from ..comm import DONE, Comm
 from ..comm.divergence import DivergenceGuard, Op, Phase
 from ..ops.params import param_ops
 from .access import make_traceable, restore, swap_class
+from . import external
 from .eager import eager_only
 from .group import ShardedGroup
 from .passes import Pass
@@ -172,6 +173,11 @@ class ParamGatherer:
             self._hooks.append(m.register_forward_pre_hook(self._hook_pre_entry(top, me)))
             self._hooks.append(m.register_forward_hook(self._hook_post_entry(top, me), always_call=True))
         self._swap_getattr()
+        self._watched: set[int] = set()  # ids of the modules hooked for their registered external parameters
+        for m in root.modules():
+            if external.KEY in m.__dict__:
+                self.watch_external(m)
+        external.track(self)
 
     # -- gather / free -------------------------------------------------------------------
     def _gather(self, u: Unit, phase: int, wait: bool = True) -> None:
@@ -303,24 +309,36 @@ class ParamGatherer:
             self.stack.pop()
             if self.running is Running.BACKWARD:
                 return  # a recompute (see the pre-hook)
+            flat = (output,) if isinstance(output, torch.Tensor) else tree_flatten(output)[0]
+            # A partitioned parameter (or a view of one) returned to the caller, which reads it after this
+            # forward (DeepSpeed's "dangling" external parameter: ``return out, self.bias``): its unit stays
+            # gathered and becomes the caller's extern, freed after the caller's forward and gathered again
+            # before the caller's backward. Inline (a dict lookup per output, no Python call): every unit's
+            # forward passes here.
+            handed, uop = (), self.unit_of_param
+            for t in flat:
+                if isinstance(t, torch.Tensor):
+                    w = uop.get(id(t))
+                    if w is None and t._base is not None:
+                        w = uop.get(id(t._base))
+                    if w is not None and self.stack:
+                        handed += (w,)
+                        if w not in self.stack:
+                            self.stack[-1].extern.add(w.pos)
             if torch.is_grad_enabled() and (u.group is not None or u.extern):  # a pre-backward hook on each
                 # output needing a gradient (FSDP2's way: a hook on the output's autograd node, native; the
                 # first to fire in a backward gathers the unit). An empty root gathers nothing (unless it
                 # read another's).
                 hook_bwd = functools.partial(self._pre_backward_hook, u, [-1])
                 call_before = self._call_before
-                if isinstance(output, torch.Tensor):
-                    if output.requires_grad and not call_before(output, hook_bwd):
-                        output.register_hook(hook_bwd)  # an output no node made (a leaf)
-                else:
-                    for t in tree_flatten(output)[0]:
-                        if isinstance(t, torch.Tensor) and t.requires_grad and not call_before(t, hook_bwd):
-                            t.register_hook(hook_bwd)
+                for t in flat:
+                    if isinstance(t, torch.Tensor) and t.requires_grad and not call_before(t, hook_bwd):
+                        t.register_hook(hook_bwd)  # an output no node made (a leaf)
             if u.extern or self.limits.max_reuse > 0:
                 for v in [u, *map(self.units.__getitem__, u.extern)]:
-                    if v not in self.stack and not (self.limits.max_reuse > 0 and self._keep(v)):
+                    if v not in self.stack and v not in handed and not (self.limits.max_reuse > 0 and self._keep(v)):
                         self._free(v)
-            elif u.group is not None and u not in self.stack:
+            elif u.group is not None and u not in self.stack and u not in handed:
                 self._free(u)
             if not self.stack:
                 self._end_forward()
@@ -470,6 +488,30 @@ class ParamGatherer:
         if self.stack and self.stack[-1] is not u:
             self.stack[-1].extern.add(u.pos)
 
+    def watch_external(self, module: nn.Module) -> None:
+        """Hooks ``module``'s forward (once) to gather the parameters registered on it with
+        ``register_external_parameter`` (external.py); a module outside this model is not ours."""
+        if id(module) in self._watched or not any(m is module for m in self.root.modules()):
+            return
+        self._watched.add(id(module))
+        # registered after the units' hooks: when ``module`` is a unit, its own pre-hook has put it on the stack
+        self._hooks.append(module.register_forward_pre_hook(self._hook_external(weakref.ref(self))))
+
+    def _hook_external(self, me: weakref.ref):
+        def hook(module, args):
+            self = me()
+            if self is None or self.running is Running.IDLE:
+                return None  # outside a pass nothing is gathered (as on_access)
+            top = self.stack[-1] if self.stack else None
+            for p in module.__dict__.get(external.KEY, ()):
+                u = self.unit_of_param.get(id(p))
+                if u is not None:  # a parameter of this engine's units (others are whole)
+                    self._gather(u, Phase.ON_DEMAND)
+                    if top is not None and u is not top:
+                        top.extern.add(u.pos)  # freed after top's forward, gathered before its backward
+            return None
+        return eager_only(hook)
+
     def _swap_getattr(self) -> None:
         """Every module registering a partitioned parameter gets the access-hooked class (access.py)."""
         modules = dict(self.root.named_modules(remove_duplicate=False))  # a shared module under each path
@@ -519,9 +561,11 @@ class ParamGatherer:
     def remove_hooks(self) -> None:
         """Removes the module hooks and gives the modules their own classes back (the last swap
         first: a module swapped twice gets its own class)."""
+        external.untrack(self)
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        self._watched.clear()
         for s in reversed(self._swapped):
             s.remove()
         self._swapped.clear()

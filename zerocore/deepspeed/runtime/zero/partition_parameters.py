@@ -9,6 +9,7 @@ import os
 
 from ....comm.group import contradicting_single_rank_error
 from ....runtime.ds_param_attrs import ZeroParamStatus  # noqa: F401
+from ....sharding.external import register_external_parameter, unregister_external_parameter  # noqa: F401
 from ...tensor_overrides import DeepSpeedTensorOverride  # noqa: F401
 from ...zero import GatheredParameters, Init  # noqa: F401
 
@@ -35,4 +36,4 @@ class MultipleAllGatherHandles:
 
 
 __all__ = ["Init", "GatheredParameters", "DeepSpeedTensorOverride", "ZeroParamStatus", "partitioned_param_data_shape",
-           "MultipleAllGatherHandles"]
+           "MultipleAllGatherHandles", "register_external_parameter", "unregister_external_parameter"]
