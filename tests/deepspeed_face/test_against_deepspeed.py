@@ -42,16 +42,30 @@ def _compare(tmp_path, cases):
         assert_same_training(ours[c["name"]], theirs[c["name"]])
 
 
-def test_stage2_resume_with_deepspeed_default_clipping(tmp_path):
+# The two stage-2 resume cases run in one launch per library (a launch is ~5 s of start-up on 2 cores).
+RESUME_CASES = [
     # no gradient_clipping key: DeepSpeed 0.19 clips at 1.0 by default, and so must zerocore
     # (the norms here are above 1, so a different default would change every loss after the first step)
-    _compare(tmp_path, [{"name": "s2", "stage": 2, "gas": 2, "steps": 8, "save_at": 4}])
+    {"name": "s2", "stage": 2, "gas": 2, "steps": 8, "save_at": 4},
+    {"name": "s2_sched", "stage": 2, "gas": 2, "steps": 12, "save_at": 5, "sched": "warmup_decay", "groups": True},
+]
+
+
+@pytest.fixture(scope="module")
+def resume_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ds_resume")
+    return launch("deepspeed", str(tmp / "ds"), RESUME_CASES), launch("zerocore", str(tmp / "zc"), RESUME_CASES)
+
+
+def test_stage2_resume_with_deepspeed_default_clipping(resume_runs):
+    theirs, ours = resume_runs
+    assert_same_training(ours["s2"], theirs["s2"])
 
 
 @needs_groups
-def test_stage2_scheduler_and_groups_resume(tmp_path):
-    _compare(tmp_path, [{"name": "s2_sched", "stage": 2, "gas": 2, "steps": 12, "save_at": 5,
-                         "sched": "warmup_decay", "groups": True}])
+def test_stage2_scheduler_and_groups_resume(resume_runs):
+    theirs, ours = resume_runs
+    assert_same_training(ours["s2_sched"], theirs["s2_sched"])
 
 
 @pytest.mark.slow
@@ -111,10 +125,9 @@ def _assert_deepspeed_skip_rule(records: list[dict], train_batch: int) -> None:
         assert all(math.isfinite(v) for v in r["loss"])
 
 
-def _compare_inf_skip(tmp_path, cases: list[dict]) -> None:
-    theirs = launch("deepspeed", str(tmp_path / "ds"), cases)
-    ours = launch("zerocore", str(tmp_path / "zc"), cases)
-    for c in cases:
+def _compare_inf_skip(runs, names: list[str]) -> None:
+    theirs, ours = runs
+    for c in (INF_CASES[n] for n in names):
         _assert_deepspeed_skip_rule(theirs[c["name"]], train_batch=c["micro"] * c["gas"] * 2)
         if not c.get("bf16"):
             rtol = 2e-5  # fp32: assert_same_training's own tolerance
@@ -136,31 +149,45 @@ def _compare_inf_skip(tmp_path, cases: list[dict]) -> None:
 _BF16 = {"bf16": True, "inf_at": INF_AT, "micro": 4}
 
 
+# The cases of the three tests below, run in one launch per library (module fixture ``inf_runs``).
+INF_CASES = {c["name"]: c for c in [
+    {"name": "s1_gas1", **_BF16, "stage": 1, "gas": 1, "steps": 7, "sched": "warmup_decay", "round_init": True},
+    {"name": "s2_gas2_resume", **_BF16, "stage": 2, "gas": 2, "steps": 6, "sched": "warmup", "round_init": True,
+     "save_at": INF_AT + 1},
+    # outside zero.Init (test_bf16_stage3_zero_init_initial_values builds under it)
+    {"name": "s3_gas2", **_BF16, "stage": 3, "gas": 2, "steps": 6, "sched": "warmup", "round_init": True,
+     "zero_init": 0, "groups": True},
+    {"name": "s2_user_init", **_BF16, "stage": 2, "gas": 2, "steps": 8, "sched": "warmup_decay"},
+    # round_init: only for the tight tolerance (the values zero.Init makes are bf16 in both already)
+    {"name": "s3_zero_init", **_BF16, "stage": 3, "gas": 2, "steps": 6, "sched": "warmup", "round_init": True},
+    {"name": "s2_fp32", "inf_at": INF_AT, "micro": 4, "stage": 2, "gas": 2, "steps": 6, "sched": "warmup"},
+    {"name": "s3_fp32", "inf_at": INF_AT, "micro": 4, "stage": 3, "gas": 1, "steps": 5, "sched": "warmup",
+     "zero_init": 0},
+    {"name": "s3_unchecked", **_BF16, "check_grad_overflow": 0, "stage": 3, "gas": 2, "steps": 6,
+     "sched": "warmup", "round_init": True, "zero_init": 0},
+]}
+
+
+@pytest.fixture(scope="module")
+def inf_runs(tmp_path_factory):
+    tmp, cases = tmp_path_factory.mktemp("ds_inf"), list(INF_CASES.values())
+    return launch("deepspeed", str(tmp / "ds"), cases), launch("zerocore", str(tmp / "zc"), cases)
+
+
 @needs_groups
-def test_bf16_inf_gradient_skips_as_deepspeed(tmp_path):
+def test_bf16_inf_gradient_skips_as_deepspeed(inf_runs):
     """Stages 1, 2, 3: the boundary whose gradients hold an Inf is skipped, counted in skipped_steps and
     leaves the WarmupLR/WarmupDecayLR schedule where it was, as in DeepSpeed; the runs go on equal
     (stage 2 also through a checkpoint saved right after the skipped boundary and resumed)."""
-    _compare_inf_skip(tmp_path, [
-        {"name": "s1_gas1", **_BF16, "stage": 1, "gas": 1, "steps": 7, "sched": "warmup_decay", "round_init": True},
-        {"name": "s2_gas2_resume", **_BF16, "stage": 2, "gas": 2, "steps": 6, "sched": "warmup", "round_init": True,
-         "save_at": INF_AT + 1},
-        # outside zero.Init (test_bf16_stage3_zero_init_initial_values builds under it)
-        {"name": "s3_gas2", **_BF16, "stage": 3, "gas": 2, "steps": 6, "sched": "warmup", "round_init": True,
-         "zero_init": 0, "groups": True},
-        {"name": "s2_user_init", **_BF16, "stage": 2, "gas": 2, "steps": 8, "sched": "warmup_decay"},
-    ])
+    _compare_inf_skip(inf_runs, ["s1_gas1", "s2_gas2_resume", "s3_gas2", "s2_user_init"])
 
 
 @needs_groups
-def test_bf16_stage3_zero_init_initial_values(tmp_path):
+def test_bf16_stage3_zero_init_initial_values(inf_runs):
     """bf16 under deepspeed.zero.Init: both make each new float tensor bf16 as it is created, so Conv2d/Linear's
     kaiming_uniform_ draws in bf16 in both (torch's CPU uniform_ in bf16 can return the lower bound where an fp32
     draw rounded afterwards gives ~+bound) and the models agree from the first forward."""
-    _compare_inf_skip(tmp_path, [
-        # round_init: only for the tight tolerance (the values zero.Init makes are bf16 in both already)
-        {"name": "s3_zero_init", **_BF16, "stage": 3, "gas": 2, "steps": 6, "sched": "warmup", "round_init": True},
-    ])
+    _compare_inf_skip(inf_runs, ["s3_zero_init"])
 
 
 # DeepSpeed 0.19.8 also skips where the overflow check is not asked for, on a non-finite norm alone:
@@ -174,13 +201,7 @@ def test_bf16_stage3_zero_init_initial_values(tmp_path):
 
 
 @needs_groups
-def test_skips_where_deepspeed_skips_without_being_asked(tmp_path):
+def test_skips_where_deepspeed_skips_without_being_asked(inf_runs):
     """fp32 at stages 2 and 3, bf16 with check_grad_overflow false at stage 3: DeepSpeed skips the boundary
-    with the Inf gradient, and so do zerocore.deepspeed's engines (one launch per library)."""
-    _compare_inf_skip(tmp_path, [
-        {"name": "s2_fp32", "inf_at": INF_AT, "micro": 4, "stage": 2, "gas": 2, "steps": 6, "sched": "warmup"},
-        {"name": "s3_fp32", "inf_at": INF_AT, "micro": 4, "stage": 3, "gas": 1, "steps": 5, "sched": "warmup",
-         "zero_init": 0},
-        {"name": "s3_unchecked", **_BF16, "check_grad_overflow": 0, "stage": 3, "gas": 2, "steps": 6,
-         "sched": "warmup", "round_init": True, "zero_init": 0},
-    ])
+    with the Inf gradient, and so do zerocore.deepspeed's engines."""
+    _compare_inf_skip(inf_runs, ["s2_fp32", "s3_fp32", "s3_unchecked"])

@@ -143,6 +143,9 @@ def test_torchrun_environment_initializes_the_default_group(monkeypatch):
     assert "RANK" in os.environ
 
 
+# CI runs the demo on 2 ranks in tests/cli/test_demo.py (stage 3) and tests/project (the README's command);
+# stages 2 and 3 training alike is tests/sharding's; this one runs both stages' demos before a release
+@pytest.mark.slow
 def test_demo_runs_two_ranks_with_torchrun():
     import subprocess
     import sys
