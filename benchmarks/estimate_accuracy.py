@@ -70,8 +70,11 @@ def zero_config(stage: int, offload: str, nvme_dir: str, args) -> dict:
         z["offload_optimizer"] = {"device": offload, "nvme_path": nvme_dir} if offload == "nvme" else {"device": "cpu"}
         if offload == "nvme":
             z["sub_group_size"] = 1 << 16
-    return {"train_micro_batch_size_per_gpu": args.batch, "gradient_clipping": 1.0,
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": z}
+    cfg = {"train_micro_batch_size_per_gpu": args.batch, "gradient_clipping": 1.0,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": z}
+    if args.autocast:
+        cfg["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
+    return cfg
 
 
 def cases(args) -> list[tuple]:
@@ -103,8 +106,9 @@ def worker(rank: int, world: int, init: str, args, out: str) -> None:
         engine = zerocore.initialize(model, cfg)
         gen = torch.Generator().manual_seed(rank)
 
-        def fwd():
-            return batches.lm_loss(engine.module, args.batch, args.seq, torch.device("cpu"), args.vocab, gen)
+        def fwd():  # (the module's call under the engine's torch_autocast, as Engine.forward runs it)
+            return batches.lm_loss(engine.module, args.batch, args.seq, torch.device("cpu"), args.vocab, gen,
+                                   autocast=("cpu", torch.bfloat16) if args.autocast else None)
         for _ in range(args.warmup):
             loss = fwd()
             engine.backward(loss)
@@ -119,6 +123,7 @@ def worker(rank: int, world: int, init: str, args, out: str) -> None:
             plan = estimate(meta, cfg, world=world, micro_batch=args.batch, seq_len=args.seq, device="cpu",
                             checkpointing=args.checkpointing)[0]
             rows.append({"model": kind, "stage": stage, "offload": off, "world": world, "checkpointing": args.checkpointing,
+                         "autocast": args.autocast,
                          "predicted_peak": plan["peak"]["total"], "measured_peak": got["dispatch_peak"], "measured_peak_alloc": got["peak"],
                          "gloo_scratch": plan["gloo_allgather_scratch"],
                          "predicted_between": plan["between_steps"]["total"], "measured_between": got["between"],
@@ -161,6 +166,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--bucket", type=int, default=50_000, help="reduce_bucket_size (elements)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every block")
+    p.add_argument("--autocast", action="store_true", help="torch_autocast (bfloat16) in the config: the forward "
+                   "under torch.autocast")
     p.add_argument("--nvme-root", default=None, help="directory for the NVMe swap files (default: the temp dir)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)

@@ -3,6 +3,8 @@ token ids. The accuracy benchmark runs the same function on real tensors, so pre
 measured steps are the same computation."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,14 +28,17 @@ def is_hf(module: nn.Module) -> bool:
 
 
 def lm_loss(module: nn.Module, batch: int, seq: int, device: torch.device, vocab: int | None = None,
-            generator: torch.Generator | None = None) -> torch.Tensor:
+            generator: torch.Generator | None = None, autocast: tuple | None = None) -> torch.Tensor:
     """Next-token cross-entropy of ``module`` on a (batch, seq) micro-batch of random token ids,
-    made here (inside whatever tracker is running)."""
+    made here (inside whatever tracker is running). ``autocast``: (device type, dtype) the module's call
+    runs under, as the engine's forward runs it with ``torch_autocast`` (runtime/forward_autocast.py);
+    a Transformers model's loss is inside that call, a plain module's is computed after it."""
     v = vocab or vocab_size(module)
     ids = torch.randint(0, v, (batch, seq), device=device, generator=generator)
-    if is_hf(module):
-        return module(input_ids=ids, labels=ids).loss
-    logits = module(ids)
+    with torch.autocast(autocast[0], dtype=autocast[1]) if autocast else contextlib.nullcontext():
+        if is_hf(module):
+            return module(input_ids=ids, labels=ids).loss
+        logits = module(ids)
     return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 

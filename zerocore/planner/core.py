@@ -17,6 +17,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..config import ZeroConfig
+from ..runtime.forward_autocast import forward_autocast
 from ..runtime.model_setup import training_dtype as dtype_of
 from . import batches, dry_engine, fake_ops
 from .trace import StepMemory, trace_step
@@ -37,8 +38,8 @@ class Plan:
     traced_layers: int | None  # None: the whole model was traced
 
 
-def _run_forward(batch: int, seq: int, device: torch.device, vocab: int):
-    return lambda module: batches.lm_loss(module, batch, seq, device, vocab)
+def _run_forward(batch: int, seq: int, device: torch.device, vocab: int, autocast: tuple | None = None):
+    return lambda module: batches.lm_loss(module, batch, seq, device, vocab, autocast=autocast)
 
 
 def block_list(module: nn.Module) -> tuple[nn.Module, str, nn.ModuleList] | None:
@@ -70,7 +71,9 @@ def _trace(meta_module, config, world, rank, micro_batch, seq_len, checkpointing
         if checkpointing:
             batches.enable_checkpointing(module)
         engine = dry_engine.build(module, config, world, rank, device)
-        return trace_step(engine, _run_forward(micro_batch, seq_len, device, vocab), steps=steps)
+        # torch_autocast: the forward as the engine runs it (lower-precision activations, autocast's weight copies)
+        autocast = forward_autocast(config, device)
+        return trace_step(engine, _run_forward(micro_batch, seq_len, device, vocab, autocast), steps=steps)
 
 
 def _extend(a, b, k1: int, k2: int, n: int):
