@@ -190,7 +190,9 @@ def test_deepcopy_of_a_registering_module_registers_the_copy():
 
 def test_the_deepspeed_face_has_the_calls():
     from zerocore.deepspeed import zero
+    from zerocore.deepspeed.runtime import zero as runtime_zero
     from zerocore.deepspeed.runtime.zero import partition_parameters
 
     assert zero.register_external_parameter is zerocore.register_external_parameter
+    assert runtime_zero.register_external_parameter is zerocore.register_external_parameter
     assert partition_parameters.unregister_external_parameter is zerocore.unregister_external_parameter
