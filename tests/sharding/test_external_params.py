@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import zerocore
+from zerocore.runtime.misuse import EMPTY_PARAMETER_NOTE
 from zerocore.sharding.state import ParamState
 
 D = 8
@@ -149,9 +150,17 @@ def test_without_the_registration_the_parameter_is_empty_there():
     """What the registration is for: the reference holds the empty stand-in while its owner is sharded."""
     torch.manual_seed(0)
     engine = _engine(Borrowing(register=False))
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match=r"vec \(0\)") as info:
         engine(torch.randn(2, D))
+    # the error is torch's; a note under it says what a size of 0 at stage 3 likely is and what to do
+    assert info.value.__notes__ == [EMPTY_PARAMETER_NOTE]
     engine.destroy()
+    plain = zerocore.initialize(Borrowing(register=False), {"zero_optimization": {"stage": 2}})
+    # an empty input at stage 2: the same kind of message ("2x0"), and no partitioned parameter to note
+    with pytest.raises(RuntimeError, match=r"\(2x0 and") as info:
+        plain(torch.randn(2, 0))
+    assert not getattr(info.value, "__notes__", None)
+    plain.destroy()
 
 
 def test_a_registration_made_after_initialize_reaches_the_engine():

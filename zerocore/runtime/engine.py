@@ -46,7 +46,8 @@ from .. import schedules
 from . import weights
 from .agreement import agree
 from .misuse import (NoSyncMisuse, RequiresGradWatch, check_loss, checked_lr, explain_dtype_error,
-                     keeps_counters_on_failure, own_module_zero_grad, reports_stalls, upcast_from)
+                     keeps_counters_on_failure, note_empty_parameter, own_module_zero_grad, reports_stalls,
+                     upcast_from)
 from .preflight import check_config, check_model
 from .off_stack import import_off_stack
 from . import offload_states as states_aside
@@ -288,6 +289,8 @@ class Engine(DeepSpeedMethods, BackwardBracket, AutogradBackward, ModuleFace, to
         except RuntimeError as e:
             better = explain_dtype_error(e, args, kwargs, self.dtype, self._upcast)
             if better is None:
+                if self.gatherer is not None:
+                    note_empty_parameter(e)
                 raise
             raise better from e
         if torch.is_grad_enabled() and self._output_hook is not None and (peek_interpreter_stack is None or

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from itertools import filterfalse
 from operator import attrgetter
 import time
@@ -104,6 +105,24 @@ def explain_dtype_error(error: RuntimeError, args, kwargs, dtype: torch.dtype,
     return RuntimeError(f"zerocore: the engine holds the model in {name(dtype)}{why} and input #{i} of the forward is "
                         f"{name(got)}; cast floating inputs to {name(dtype)} (x.to({dtype})) as DeepSpeed requires. "
                         f"({type(error).__name__}: {text})")
+
+
+# A shape or size of 0 in a forward's error message: "(0)", "[0]", "(0,)", "2x0", "0x8", "size 0"
+_EMPTY_IN_MESSAGE = re.compile(r"\(0\)|\[0\]|\(0,\)|\dx0\b|\b0x\d|\bsize 0\b")
+EMPTY_PARAMETER_NOTE = (
+    "zerocore: at stage 3 a parameter is an empty tensor (shape (0,)) outside its unit's forward. A forward reads "
+    "another module's parameter whole when it reads it through its owner (self.other.weight) or when the owner "
+    "returned it; one kept elsewhere (a list, a closure) must be declared: zerocore.register_external_parameter("
+    "module_that_uses_it, parameter) (DeepSpeed's deepspeed.zero.register_external_parameter). "
+    "`with zerocore.debug.partitioned_reads(raise_on_read=True):` around the forward names the parameter and the call.")
+
+
+def note_empty_parameter(error: RuntimeError) -> None:
+    """A stage-3 forward failed with a size of 0 in its message: most likely a partitioned parameter used where it
+    holds no values; a note (shown under the traceback) says how that happens and what names it. The error itself
+    is unchanged (a note, not a new exception: the message may have another cause)."""
+    if _EMPTY_IN_MESSAGE.search(str(error)) and hasattr(error, "add_note"):
+        error.add_note(EMPTY_PARAMETER_NOTE)
 
 
 class NoSyncMisuse(RuntimeError, AssertionError):
