@@ -84,16 +84,17 @@ def _run(stage, offload, rank, world):
 scenarios_of(globals(), _run, VARIANTS)
 
 
-def _torch_amp(world: int):
-    model = _net()
+def _torch_amp(world: int, device=torch.device("cpu"), dtype=torch.bfloat16):
+    """One-process torch AMP on the global batch (also the GPU test's reference: test_torch_autocast_cuda.py)."""
+    model = _net().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     losses, norms = [], []
     for step in range(STEPS):
         opt.zero_grad()
         total = 0.0
         for micro in range(GAS):
-            x, y = _batch(step, micro, world)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            x, y = (t.to(device) for t in _batch(step, micro, world))
+            with torch.autocast(device.type, dtype=dtype):
                 out = model(x)
             loss = nn.functional.mse_loss(out.float(), y) / GAS
             loss.backward()
@@ -101,7 +102,7 @@ def _torch_amp(world: int):
         norms.append(float(nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
         opt.step()
         losses.append(total)
-    return losses, norms, model.state_dict()
+    return losses, norms, {k: v.cpu() for k, v in model.state_dict().items()}
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from torch import nn
 import zerocore
 from dist_helpers import relative_delta_error
 from test_cuda_engine import nccl_world_of_one, pytestmark  # noqa: F401 - the GPU marks and the NCCL world
-from test_torch_autocast import CLIP, GAS, LR, STEPS, _batch, _cfg, _net
+from test_torch_autocast import GAS, STEPS, _batch, _cfg, _net, _torch_amp
 
 VARIANTS = {"stage0": (0, None), "stage1": (1, None), "stage2": (2, None), "stage3": (3, None),
             "stage2_offload": (2, "cpu")}
@@ -47,32 +47,12 @@ def _engine_run(stage, offload, dtype: str, device: torch.device) -> dict:
     return {"losses": losses, "norms": norms, "params": params, "linear_out": seen, "param_dtypes": kinds}
 
 
-def _torch_amp(dtype: torch.dtype, device: torch.device):
-    model = _net().to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses, norms = [], []
-    for step in range(STEPS):
-        opt.zero_grad()
-        total = 0.0
-        for micro in range(GAS):
-            x, y = (t.to(device) for t in _batch(step, micro, 1))
-            with torch.autocast(device.type, dtype=dtype):
-                out = model(x)
-            loss = nn.functional.mse_loss(out.float(), y) / GAS
-            loss.backward()
-            total += loss.item()
-        norms.append(float(nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
-        opt.step()
-        losses.append(total)
-    return losses, norms, {k: v.cpu() for k, v in model.state_dict().items()}
-
-
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_bf16_autocast_trains_as_torch_amp_on_the_gpu(nccl_world_of_one, name):
     stage, offload = VARIANTS[name]
     device = torch.device("cuda", 0)
     got = _engine_run(stage, offload, "bfloat16", device)
-    losses, norms, want = _torch_amp(torch.bfloat16, device)
+    losses, norms, want = _torch_amp(1, device, torch.bfloat16)
     init = _net().state_dict()
     assert got["linear_out"] == {torch.bfloat16} and got["param_dtypes"] == {torch.float32}
     assert got["losses"] == pytest.approx(losses, rel=2e-3)
@@ -86,7 +66,7 @@ def test_bf16_autocast_trains_as_torch_amp_on_the_gpu(nccl_world_of_one, name):
 def test_fp16_autocast_computes_in_fp16_and_trains_as_torch_amp(nccl_world_of_one, stage):
     device = torch.device("cuda", 0)
     got = _engine_run(stage, None, "float16", device)
-    losses, _, _ = _torch_amp(torch.float16, device)
+    losses, _, _ = _torch_amp(1, device, torch.float16)
     assert got["linear_out"] == {torch.float16} and got["param_dtypes"] == {torch.float32}
     assert all(torch.isfinite(torch.tensor(got["losses"])))
     assert got["losses"] == pytest.approx(losses, rel=2e-3)
