@@ -53,10 +53,15 @@ def _train_beside_adamw(model, steps=3, make_input=lambda: torch.randn(2, D)):
         opt.zero_grad()
         assert loss.item() == pytest.approx(want.item(), rel=1e-5, abs=1e-6), step
         assert _gathered(engine) == [], step
+    _same_tensors(engine, ref)
+    return engine
+
+
+def _same_tensors(engine, ref) -> None:
+    """Every tensor of the engine's model equals the reference model's."""
     got = engine.full_state_dict()
     for name, value in ref.state_dict().items():
         torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=name)
-    return engine
 
 
 class ReturnsBias(torch.nn.Linear):

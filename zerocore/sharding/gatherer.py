@@ -176,7 +176,7 @@ class ParamGatherer:
         self._watched: set[int] = set()  # ids of the modules hooked for their registered external parameters
         for m in root.modules():
             if external.KEY in m.__dict__:
-                self.watch_external(m)
+                self._hook_registered(m)
         external.track(self)
 
     # -- gather / free -------------------------------------------------------------------
@@ -484,14 +484,25 @@ class ParamGatherer:
             return  # outside forward/backward no collective is issued: the parameter stays empty
         if u.tracked.value is ParamState.GATHERED:
             return
+        self._lend(u)
+
+    def _lend(self, u: Unit) -> None:
+        """``u``'s parameters are read by the unit running now: gathered, and ``u`` that unit's extern (freed
+        after its forward, gathered again before its backward)."""
         self._gather(u, Phase.ON_DEMAND)
         if self.stack and self.stack[-1] is not u:
             self.stack[-1].extern.add(u.pos)
 
     def watch_external(self, module: nn.Module) -> None:
-        """Hooks ``module``'s forward (once) to gather the parameters registered on it with
-        ``register_external_parameter`` (external.py); a module outside this model is not ours."""
-        if id(module) in self._watched or not any(m is module for m in self.root.modules()):
+        """A registration made after this gatherer was built (external.py): ``module`` is hooked if it is
+        in this model (a module outside it is not ours)."""
+        if any(m is module for m in self.root.modules()):
+            self._hook_registered(module)
+
+    def _hook_registered(self, module: nn.Module) -> None:
+        """Hooks ``module``'s forward (once) to lend it the units of the parameters registered on it with
+        ``register_external_parameter``."""
+        if id(module) in self._watched:
             return
         self._watched.add(id(module))
         # registered after the units' hooks: when ``module`` is a unit, its own pre-hook has put it on the stack
@@ -502,13 +513,10 @@ class ParamGatherer:
             self = me()
             if self is None or self.running is Running.IDLE:
                 return None  # outside a pass nothing is gathered (as on_access)
-            top = self.stack[-1] if self.stack else None
             for p in module.__dict__.get(external.KEY, ()):
                 u = self.unit_of_param.get(id(p))
                 if u is not None:  # a parameter of this engine's units (others are whole)
-                    self._gather(u, Phase.ON_DEMAND)
-                    if top is not None and u is not top:
-                        top.extern.add(u.pos)  # freed after top's forward, gathered before its backward
+                    self._lend(u)
             return None
         return eager_only(hook)
 
